@@ -1,0 +1,43 @@
+"""Where things live, from the environment (AML_HOME, AML_TSDB_URL, AML_SPECS, AML_ENV_LOCATION).
+
+The Dagster resources read the same variables through ``dg.EnvVar``; this module gives the CLI
+and the defaults one place to agree on them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def aml_home() -> Path:
+    return Path(os.environ.get("AML_HOME") or Path.cwd() / ".aml").resolve()
+
+
+def default_tsdb_url(home: Path | None = None) -> str:
+    return f"duckdb:///{(home or aml_home()) / 'tsdb.duckdb'}"
+
+
+def tsdb_url() -> str:
+    return os.environ.get("AML_TSDB_URL") or default_tsdb_url()
+
+
+def specs_dir() -> Path:
+    configured = os.environ.get("AML_SPECS")
+    return Path(configured).resolve() if configured else REPO_ROOT / "specs"
+
+
+def env_location() -> str:
+    return os.environ.get("AML_ENV_LOCATION") or str(aml_home() / "env")
+
+
+def store_dir(home: Path | None = None) -> Path:
+    """Per-run intermediate artifacts of the Dagster assets."""
+    return (home or aml_home()) / "store"
+
+
+def datasets_dir(home: Path | None = None) -> Path:
+    """Published snapshots and their catalog."""
+    return (home or aml_home()) / "datasets"

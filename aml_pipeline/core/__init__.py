@@ -1,0 +1,1 @@
+"""Pure numeric core: numpy functions over columns. Never imports dagster or a database."""

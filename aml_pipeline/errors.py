@@ -1,0 +1,98 @@
+"""Errors a user can act on.
+
+Every user-facing failure is an :class:`AmlError` with a stable ``code`` and a one-line message
+that names the problem (file, field, run, node). The CLI prints ``code: message`` without a
+traceback; anything else escaping is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class AmlError(Exception):
+    """A failure caused by input or environment, reported to the user as one line."""
+
+    code = "AML_ERROR"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def one_line(self) -> str:
+        return f"{self.code}: {' '.join(self.message.split())}"
+
+
+class SpecError(AmlError, ValueError):
+    """A dataset spec that cannot be built; the message names the field."""
+
+    code = "SPEC_INVALID"
+
+
+class UnitContractError(AmlError, ValueError):
+    """A v2 variable whose scale/offset cannot be trusted (never defaulted to 1/0)."""
+
+    code = "UNIT_CONTRACT_INVALID"
+
+
+class InvalidIdError(AmlError, ValueError):
+    """An id that would be unsafe as a path component or a Dagster partition key."""
+
+    code = "INVALID_ID"
+
+
+class TsdbError(AmlError):
+    code = "TSDB_ERROR"
+
+
+class TsdbBusyError(TsdbError):
+    """The embedded database file is locked by another process (e.g. an ingest during a build)."""
+
+    code = "TSDB_BUSY"
+
+
+class UnknownRunError(TsdbError, KeyError):
+    code = "UNKNOWN_RUN"
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.message
+
+
+class UnknownNodeError(TsdbError, KeyError):
+    code = "UNKNOWN_NODE"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class PaginationError(TsdbError):
+    """A backend returned pages that would lose or repeat points (e.g. a cursor that does not advance)."""
+
+    code = "TSDB_PAGINATION"
+
+
+class TruncationError(TsdbError):
+    """A read hit a row limit; continuing would silently drop points."""
+
+    code = "TSDB_TRUNCATED"
+
+
+class IngestError(AmlError, ValueError):
+    """An input file that cannot be ingested; nothing of it was written."""
+
+    code = "INGEST_INVALID"
+
+
+class BuildError(AmlError):
+    """A dataset build that cannot produce a snapshot (e.g. no windows)."""
+
+    code = "BUILD_FAILED"
+
+
+class VerifyError(AmlError):
+    """A snapshot whose bytes do not match its recorded hash."""
+
+    code = "SNAPSHOT_TAMPERED"

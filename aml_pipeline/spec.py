@@ -1,0 +1,239 @@
+"""Dataset spec: the YAML a user writes, validated; ``spec.json`` keeps the seed's camelCase.
+
+Both camelCase (the predecessor's spelling) and snake_case keys are accepted. Unknown keys are
+refused so that a typo (``hampleK``) is an error naming the field, not a silently ignored
+setting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from aml_pipeline.core.units import UnitTransform, check_unit_contract
+from aml_pipeline.errors import InvalidIdError, SpecError, UnitContractError
+from aml_pipeline.ids import check_external_id, check_spec_id
+
+Role = Literal["feature", "control", "target"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class NodeSpec(_Model):
+    node_id: str
+    role: Role = "feature"
+    interp: Literal["linear", "hold"] = "linear"
+    range: tuple[float, float] | None = None
+    hampel_k: int | None = Field(default=None, ge=0)
+    hampel_min_dev: float | None = Field(default=None, ge=0)
+    max_interp_ms: int | None = Field(default=None, ge=0)
+
+    @field_validator("node_id")
+    @classmethod
+    def _node_id(cls, v: str) -> str:
+        try:
+            return check_external_id(v, what="nodeId")
+        except InvalidIdError as e:
+            raise ValueError(e.message) from None
+
+    @field_validator("range")
+    @classmethod
+    def _range(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None:
+            lo, hi = v
+            if math.isnan(lo) or math.isnan(hi) or lo > hi:
+                raise ValueError(f"range [{lo}, {hi}] must satisfy lo <= hi")
+        return v
+
+
+class CleaningSpec(_Model):
+    hampel_k: int = Field(default=5, ge=0)
+    hampel_sigma: float = Field(default=3.0, gt=0, allow_inf_nan=False)
+    hampel_min_dev: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    good_states: tuple[int, ...] = (0,)
+
+    @field_validator("good_states")
+    @classmethod
+    def _states(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v:
+            raise ValueError("goodStates must list at least one state")
+        return tuple(sorted(set(v)))
+
+
+class SplitSpec(_Model):
+    method: Literal["chronological", "hashed"] = "chronological"
+    train: float = Field(default=0.7, gt=0, le=1, allow_inf_nan=False)
+    val: float = Field(default=0.15, ge=0, le=1, allow_inf_nan=False)
+    test: float = Field(default=0.15, ge=0, le=1, allow_inf_nan=False)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _sum_to_one(self) -> SplitSpec:
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(
+                f"train + val + test must sum to 1 (got {self.train} + {self.val} + {self.test} = {total:g})"
+            )
+        return self
+
+
+class VariableSpec(_Model):
+    id: str
+    node_id: str
+    role: str = ""
+    unit: str = ""
+    model_unit: str | None = None
+    # No defaults that could pass as a transform: a missing scale/offset is a contract error.
+    scale: float | None = None
+    offset: float | None = None
+    delay_ms: int = 0
+
+
+class ExtrasSpec(_Model):
+    """The seed's ProcessDatasetExtras: present -> manifest v2."""
+
+    spec_ref: str = ""
+    spec_version: int = 0
+    trainer_ref: str = ""
+    condition_id: str = ""
+    recipe_version: int
+    recipe_content_hash: str
+    evidence_source: Literal["simulation", "real", "unassessed"] = "unassessed"
+    availability_watermark: int | None = None
+    variables: tuple[VariableSpec, ...] = ()
+
+
+class DatasetSpec(_Model):
+    id: str
+    line_id: str
+    product_id: str
+    recipe_id: str
+    from_ms: int | None = None
+    to_ms: int | None = None
+    beat_ms: int = Field(default=1000, ge=1)
+    max_interp_ms: int = Field(default=5000, ge=0)
+    history_steps: int = Field(default=60, ge=1)
+    horizon_steps: int = Field(default=30, ge=1)
+    stride: int = Field(default=1, ge=1)
+    nodes: tuple[NodeSpec, ...] = Field(min_length=1)
+    cleaning: CleaningSpec = CleaningSpec()
+    split: SplitSpec = SplitSpec()
+    note: str = ""
+    extras: ExtrasSpec | None = None
+    # Operational, not part of the dataset's identity: excluded from spec.json and the hash.
+    schedule: str | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        try:
+            return check_spec_id(v)
+        except InvalidIdError as e:
+            raise ValueError(e.message) from None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DatasetSpec:
+        ids = [n.node_id for n in self.nodes]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"nodes list {', '.join(dup)} more than once")
+        if not any(n.role == "target" for n in self.nodes):
+            raise ValueError("nodes need at least one role: target")
+        if self.from_ms is not None and self.to_ms is not None and self.from_ms > self.to_ms:
+            raise ValueError(f"fromMs ({self.from_ms}) is after toMs ({self.to_ms})")
+        return self
+
+    # ---- derived views -------------------------------------------------------------------
+    @property
+    def node_ids(self) -> list[str]:
+        """x column order ("allNodes")."""
+        return [n.node_id for n in self.nodes]
+
+    @property
+    def control_ids(self) -> list[str]:
+        return [n.node_id for n in self.nodes if n.role == "control"]
+
+    @property
+    def target_ids(self) -> list[str]:
+        return [n.node_id for n in self.nodes if n.role == "target"]
+
+    @property
+    def manifest_version(self) -> int:
+        return 2 if self.extras is not None else 1
+
+    def unit_transforms(self) -> dict[str, UnitTransform]:
+        """Validated v2 unit transforms by node id (empty for v1)."""
+        if self.extras is None:
+            return {}
+        return check_unit_contract(
+            ((v.id, v.node_id, v.scale, v.offset) for v in self.extras.variables), self.node_ids
+        )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude={"schedule"})
+
+    def to_json_bytes(self) -> bytes:
+        """The exact bytes of ``spec.json`` (the first input of the snapshot hash)."""
+        return (json.dumps(self.to_json_dict(), indent=2, ensure_ascii=False) + "\n").encode()
+
+    def fingerprint(self) -> str:
+        """Short content hash of spec.json: changes whenever the dataset definition changes."""
+        return hashlib.sha256(self.to_json_bytes()).hexdigest()[:16]
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            name = to_camel(str(item)) if "_" in str(item) else str(item)
+            parts.append(("." if parts else "") + name)
+    return "".join(parts) or "<root>"
+
+
+def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
+    """Validate a mapping into a :class:`DatasetSpec`; errors name the source and the field."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        spec = DatasetSpec.model_validate(dict(data))
+    except ValidationError as e:
+        first = e.errors()[0]
+        msg = first["msg"].removeprefix("Value error, ")
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise SpecError(f"{source}: field {_field_path(first['loc'])}: {msg}{more}") from None
+    try:
+        spec.unit_transforms()
+    except UnitContractError as e:
+        raise UnitContractError(f"{source}: {e.message}") from None
+    return spec
+
+
+def load_spec(path: str | Path) -> DatasetSpec:
+    """Read a YAML (or JSON) spec file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read spec ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    return parse_spec(data, source=str(path))

@@ -1,0 +1,49 @@
+"""TSDB port and adapters. ``open_tsdb(url)`` picks the adapter from the URL scheme."""
+
+from __future__ import annotations
+
+from aml_pipeline.errors import TsdbError
+from aml_pipeline.tsdb.port import (
+    Cursor,
+    Node,
+    NodeSeries,
+    Page,
+    PointColumns,
+    Run,
+    RunScope,
+    TsdbPort,
+    fetch_node_series,
+)
+
+__all__ = [
+    "Cursor",
+    "Node",
+    "NodeSeries",
+    "Page",
+    "PointColumns",
+    "Run",
+    "RunScope",
+    "TsdbPort",
+    "fetch_node_series",
+    "open_tsdb",
+]
+
+
+def open_tsdb(url: str, *, read_only: bool = True) -> TsdbPort:
+    """Open the adapter for ``url``: ``duckdb:///path/file.duckdb`` or ``postgresql://...``.
+
+    ``read_only`` matters for the embedded file: many read-only processes may share it, a
+    writer (ingest) needs it alone.
+    """
+    if url.startswith("duckdb://"):
+        from aml_pipeline.tsdb.duckdb import DuckDBTsdb
+
+        return DuckDBTsdb(url, read_only=read_only)
+    if url.startswith(("postgresql://", "postgres://")):
+        from aml_pipeline.tsdb.postgres import PostgresTsdb
+
+        return PostgresTsdb(url)
+    raise TsdbError(
+        f"unsupported TSDB URL {url!r}: use duckdb:///path/to/file.duckdb or postgresql://user@host/db",
+        code="TSDB_URL_INVALID",
+    )

@@ -1,0 +1,235 @@
+"""The time-series database port: what the dataset build needs from a TSDB, as columns.
+
+Adapters (``duckdb.py``, ``postgres.py``) implement :class:`TsdbPort`. Points never travel as one
+Python object each: pages are numpy columns. Pagination is keyset on ``(ts, seq)``, so points
+sharing a timestamp across a page boundary are neither lost nor repeated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from aml_pipeline.errors import PaginationError, TruncationError
+
+EvidenceSource = Literal["simulation", "real", "unassessed"]
+EVIDENCE_SOURCES: tuple[str, ...] = ("simulation", "real", "unassessed")
+
+DEFAULT_PAGE_LIMIT = 200_000
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    line_id: str
+    product_id: str
+    recipe_id: str
+    recipe_version: int | None
+    recipe_content_hash: str | None
+    started_at: int  # epoch ms
+    ended_at: int | None  # None while the run is in progress
+    evidence_source: str = "unassessed"
+    context_confirmed: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.ended_at is not None
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    unit: str = ""
+    range_lo: float | None = None
+    range_hi: float | None = None
+
+
+@dataclass(frozen=True)
+class RunScope:
+    """Which runs a dataset draws from. ``from_ms``/``to_ms`` keep runs overlapping the window."""
+
+    line_id: str | None = None
+    product_id: str | None = None
+    recipe_id: str | None = None
+    from_ms: int | None = None
+    to_ms: int | None = None
+
+    def admits(self, run: Run) -> bool:
+        if self.line_id is not None and run.line_id != self.line_id:
+            return False
+        if self.product_id is not None and run.product_id != self.product_id:
+            return False
+        if self.recipe_id is not None and run.recipe_id != self.recipe_id:
+            return False
+        if self.to_ms is not None and run.started_at > self.to_ms:
+            return False
+        if self.from_ms is not None and run.ended_at is not None and run.ended_at < self.from_ms:
+            return False
+        return True
+
+
+@dataclass(frozen=True, order=True)
+class Cursor:
+    """Resume strictly after the point ``(ts, seq)``."""
+
+    ts: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class Page:
+    ts: np.ndarray  # int64 epoch ms, ascending with seq
+    value: np.ndarray  # float64
+    state: np.ndarray  # int32
+    seq: np.ndarray  # int64 ingestion sequence
+    next_cursor: Cursor | None
+    done: bool
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+
+@dataclass(frozen=True)
+class PointColumns:
+    """Points as columns, the unit of ingest. ``seq`` is assigned by the adapter."""
+
+    run_id: np.ndarray  # object (str)
+    node_id: np.ndarray  # object (str)
+    ts: np.ndarray  # int64
+    value: np.ndarray  # float64
+    state: np.ndarray  # int32
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+
+@runtime_checkable
+class TsdbPort(Protocol):
+    url: str
+
+    def list_runs(self, scope: RunScope | None = None, finished_only: bool = True) -> list[Run]:
+        """Runs in scope ordered by (started_at, run_id)."""
+
+    def get_run(self, run_id: str) -> Run:
+        """Raises UnknownRunError."""
+
+    def list_nodes(self) -> list[Node]:
+        """Node catalog ordered by node_id."""
+
+    def availability_watermark(self) -> int | None:
+        """Latest point timestamp (epoch ms) the database holds, None when empty."""
+
+    def query_page(
+        self,
+        node_id: str,
+        run_id: str,
+        from_ms: int,
+        to_ms: int,
+        cursor: Cursor | None = None,
+        limit: int = DEFAULT_PAGE_LIMIT,
+    ) -> Page:
+        """Points of one node in one run with ``from_ms <= ts <= to_ms`` and ``(ts, seq) > cursor``,
+        ordered by ``(ts, seq)``, at most ``limit`` of them."""
+
+    def ingest(
+        self,
+        *,
+        runs: Sequence[Run] = (),
+        nodes: Sequence[Node] = (),
+        points: PointColumns | None = None,
+    ) -> int:
+        """Upsert runs and nodes, append points (seq in row order) in one transaction.
+        Returns the number of points written. Nothing is written if anything fails."""
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class NodeSeries:
+    """All points of one node in one run, in (ts, seq) order, with how they were fetched."""
+
+    node_id: str
+    run_id: str
+    ts: np.ndarray
+    value: np.ndarray
+    state: np.ndarray
+    seq: np.ndarray
+    pages: int = 0  # query_page calls it took
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+
+def fetch_node_series(
+    tsdb: TsdbPort,
+    node_id: str,
+    run_id: str,
+    from_ms: int,
+    to_ms: int,
+    *,
+    page_limit: int = DEFAULT_PAGE_LIMIT,
+    max_points: int | None = None,
+) -> NodeSeries:
+    """Read every point of a node in a run, page by page.
+
+    Guards against the ways a backend can lose or repeat points: a cursor that does not advance,
+    a page whose rows do not follow the cursor, a page longer than asked for, a page that says
+    "not done" without a cursor. ``max_points`` bounds memory; exceeding it is an error, never a
+    silent cut.
+    """
+    if page_limit < 1:
+        raise ValueError(f"page_limit must be >= 1, got {page_limit}")
+    chunks: list[Page] = []
+    cursor: Cursor | None = None
+    total = 0
+    queries = 0
+    where = f"node {node_id!r} in run {run_id!r}"
+    while True:
+        page = tsdb.query_page(node_id, run_id, from_ms, to_ms, cursor, page_limit)
+        queries += 1
+        n = len(page)
+        if n > page_limit:
+            raise TruncationError(
+                f"{tsdb.url}: page for {where} has {n} rows, more than the limit {page_limit}"
+            )
+        if n:
+            first = Cursor(int(page.ts[0]), int(page.seq[0]))
+            if cursor is not None and not first > cursor:
+                raise PaginationError(
+                    f"{tsdb.url}: page for {where} starts at {first}, not after cursor {cursor}"
+                )
+            keys_ts, keys_seq = page.ts, page.seq
+            ordered = (np.diff(keys_ts) > 0) | ((np.diff(keys_ts) == 0) & (np.diff(keys_seq) > 0))
+            if not bool(np.all(ordered)):
+                raise PaginationError(f"{tsdb.url}: page for {where} is not ordered by (ts, seq)")
+            chunks.append(page)
+            total += n
+            if max_points is not None and total > max_points:
+                raise TruncationError(
+                    f"{where} has more than {max_points} points in [{from_ms}, {to_ms}]; "
+                    "raise the limit or narrow the window (points are never dropped silently)"
+                )
+        if page.done:
+            break
+        if page.next_cursor is None:
+            raise PaginationError(f"{tsdb.url}: page for {where} is not done but has no cursor")
+        if cursor is not None and not page.next_cursor > cursor:
+            raise PaginationError(
+                f"{tsdb.url}: cursor for {where} did not advance (stuck at {cursor}); "
+                "refusing to loop"
+            )
+        if n == 0:
+            raise PaginationError(f"{tsdb.url}: empty page for {where} that is not done")
+        cursor = page.next_cursor
+    if chunks:
+        ts = np.concatenate([c.ts for c in chunks]).astype(np.int64, copy=False)
+        value = np.concatenate([c.value for c in chunks]).astype(np.float64, copy=False)
+        state = np.concatenate([c.state for c in chunks]).astype(np.int32, copy=False)
+        seq = np.concatenate([c.seq for c in chunks]).astype(np.int64, copy=False)
+    else:
+        ts, value = np.empty(0, np.int64), np.empty(0, np.float64)
+        state, seq = np.empty(0, np.int32), np.empty(0, np.int64)
+    return NodeSeries(node_id, run_id, ts, value, state, seq, pages=queries)
