@@ -1,0 +1,138 @@
+"""Snapshot hash: tamper evidence that travels with the snapshot.
+
+sha256 over the bytes of ``spec.json``, then for each hashed file, in order, its relative name
+(UTF-8) followed by its bytes. v1 hashes ``manifest.json`` and the three arrays; v2 adds every
+other artifact listed in ``manifest.artifacts`` (the predecessor's algorithm, kept so that old
+hashes still verify). The digest is stored beside the hashed files, never inside one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPEC_FILE = "spec.json"
+MANIFEST_FILE = "manifest.json"
+V1_FILES = (MANIFEST_FILE, "arrays/x.f32", "arrays/u.f32", "arrays/y.f32")
+DIGEST_FILE = "sha256.json"  # beside the hashed files; not itself hashed
+
+_CHUNK = 8 << 20
+
+
+def hashed_files(manifest: Mapping[str, Any]) -> list[str]:
+    """Relative names hashed after spec.json, in hash order."""
+    files = list(V1_FILES)
+    if manifest.get("version") == 2:
+        for name in (manifest.get("artifacts") or {}).values():
+            if name not in files:
+                files.append(str(name))
+    return files
+
+
+class SnapshotHasher:
+    """Incremental form of the snapshot hash, so a writer can hash bytes as it writes them.
+
+    Also keeps a per-file sha256 so that a failed verification can name the file that changed.
+    """
+
+    def __init__(self, spec_json: bytes) -> None:
+        self._total = hashlib.sha256(spec_json)
+        self.files: dict[str, str] = {SPEC_FILE: hashlib.sha256(spec_json).hexdigest()}
+        self._name: str | None = None
+        self._file: Any = None
+
+    def begin(self, name: str) -> None:
+        if self._name is not None:
+            raise RuntimeError(f"file {self._name} is still open in the hasher")
+        self._total.update(name.encode("utf-8"))
+        self._name, self._file = name, hashlib.sha256()
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._total.update(data)
+        self._file.update(data)
+
+    def end(self) -> None:
+        assert self._name is not None
+        self.files[self._name] = self._file.hexdigest()
+        self._name, self._file = None, None
+
+    def add_file(self, name: str, path: Path) -> None:
+        self.begin(name)
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                self.update(chunk)
+        self.end()
+
+    def hexdigest(self) -> str:
+        return self._total.hexdigest()
+
+
+@dataclass(frozen=True)
+class SnapshotDigest:
+    sha256: str
+    files: dict[str, str]
+
+    def to_json_bytes(self) -> bytes:
+        return (json.dumps({"sha256": self.sha256, "files": self.files}, indent=2) + "\n").encode()
+
+
+def digest_snapshot(snapshot_dir: str | Path) -> SnapshotDigest:
+    """Recompute the hash of a snapshot directory from its files."""
+    root = Path(snapshot_dir)
+    spec_json = (root / SPEC_FILE).read_bytes()
+    manifest = json.loads((root / MANIFEST_FILE).read_bytes())
+    hasher = SnapshotHasher(spec_json)
+    for name in hashed_files(manifest):
+        hasher.add_file(name, root / name)
+    return SnapshotDigest(hasher.hexdigest(), hasher.files)
+
+
+@dataclass(frozen=True)
+class Verification:
+    ok: bool
+    expected: str | None
+    actual: str | None
+    changed: list[str]  # files whose bytes differ from those recorded at publication
+    problem: str = ""
+
+
+def verify_snapshot(snapshot_dir: str | Path, expected_sha256: str | None = None) -> Verification:
+    """Check every hashed byte of a snapshot against its recorded digest.
+
+    ``expected_sha256`` (e.g. from the catalog) takes precedence over the digest file, so a
+    snapshot whose files and digest file were both rewritten still fails against the catalog.
+    """
+    root = Path(snapshot_dir)
+    recorded: dict[str, Any] = {}
+    try:
+        recorded = json.loads((root / DIGEST_FILE).read_bytes())
+    except FileNotFoundError:
+        if expected_sha256 is None:
+            return Verification(False, None, None, [], f"{root / DIGEST_FILE} is missing")
+    except (OSError, ValueError) as e:
+        return Verification(False, expected_sha256, None, [DIGEST_FILE], f"{DIGEST_FILE} unreadable: {e}")
+    expected = expected_sha256 or recorded.get("sha256")
+    try:
+        actual = digest_snapshot(root)
+    except FileNotFoundError as e:
+        missing = Path(e.filename).relative_to(root).as_posix() if e.filename else "?"
+        return Verification(False, expected, None, [missing], f"{missing} is missing")
+    except (OSError, ValueError) as e:
+        return Verification(False, expected, None, [MANIFEST_FILE], f"cannot read snapshot: {e}")
+    recorded_files: dict[str, str] = recorded.get("files") or {}
+    changed = sorted(
+        name
+        for name in set(actual.files) | set(recorded_files)
+        if actual.files.get(name) != recorded_files.get(name)
+    )
+    ok = expected is not None and hmac.compare_digest(expected, actual.sha256)
+    if ok:
+        return Verification(True, expected, actual.sha256, [])
+    if not changed:
+        changed = ["(the digest file itself)"]
+    return Verification(False, expected, actual.sha256, changed, "hash mismatch")

@@ -1,0 +1,121 @@
+"""manifest.json and the v2 sidecar: what a consumer needs to read a snapshot without this code.
+
+camelCase throughout (the predecessor's contract). v1 keeps the predecessor's fields; v2 (a spec
+with ``extras``) adds data kind, spec ref, variables, artifacts and provenance.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aml_pipeline.core.lineage import RunLineage
+
+ARRAYS_V1 = {"x": "arrays/x.f32", "u": "arrays/u.f32", "y": "arrays/y.f32"}
+ARTIFACTS_V2 = {
+    **ARRAYS_V1,
+    "timestamps": "arrays/timestamps.f64",
+    "mask": "arrays/mask.f32",
+    "sidecar": "arrays/sidecar.json",
+}
+SPLITS = ("train", "val", "test")
+
+
+def to_json_bytes(obj: Any) -> bytes:
+    """The one JSON encoding of snapshot files: stable key order as built, 2-space indent."""
+    return (json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
+
+
+def build_manifest(
+    spec_json: Mapping[str, Any],
+    *,
+    node_ids: Sequence[str],
+    control_ids: Sequence[str],
+    target_ids: Sequence[str],
+    history: int,
+    horizon: int,
+    beat_ms: int,
+    split: Mapping[str, Any],
+    norm: Mapping[str, Any],
+    lineage: RunLineage | None,
+    extras: Mapping[str, Any] | None,
+    availability_watermark: int | None,
+    captured_at: str,
+) -> dict[str, Any]:
+    n = int(split["train"]) + int(split["val"]) + int(split["test"])
+    manifest: dict[str, Any] = {
+        "version": 1,
+        "spec": dict(spec_json),
+        "allNodes": list(node_ids),
+        "controls": list(control_ids),
+        "targets": list(target_ids),
+        "historySteps": history,
+        "horizonSteps": horizon,
+        "shapes": {
+            "x": [n, history, len(node_ids)],
+            "u": [n, horizon, len(control_ids)],
+            "y": [n, horizon, len(target_ids)],
+        },
+        "split": dict(split),
+        "norm": dict(norm),
+        "beatMs": beat_ms,
+        "lineageVerified": 0,
+    }
+    if extras is None:
+        return manifest
+    run_ids = [r for part in SPLITS for r in split[f"{part}RunIds"]]
+    lineage = lineage or RunLineage()
+    manifest.update(
+        {
+            "version": 2,
+            "lineageVerified": lineage.lineage_verified,
+            "dataKind": "static" if extras.get("trainerRef") == "static_response@1" else "dynamic",
+            "specHash": extras.get("specRef", ""),
+            "specVersion": extras.get("specVersion"),
+            "recipeVersion": extras.get("recipeVersion"),
+            "variables": list(extras.get("variables") or []),
+            "artifacts": dict(ARTIFACTS_V2),
+            "provenance": {
+                "lineId": spec_json["lineId"],
+                "productId": spec_json["productId"],
+                "recipeId": spec_json["recipeId"],
+                "recipeVersion": extras.get("recipeVersion"),
+                "runIds": run_ids,
+                "recipeContentHash": extras.get("recipeContentHash"),
+                "evidenceSource": extras.get("evidenceSource"),
+                "availabilityWatermark": availability_watermark,
+                "capturedAt": captured_at,
+                "lineageVerified": lineage.lineage_verified,
+                "runLineage": lineage.to_json(),
+            },
+        }
+    )
+    manifest["shapes"].update({"timestamps": [n, history + horizon], "mask": [n, history + horizon]})
+    return manifest
+
+
+def build_sidecar(
+    extras: Mapping[str, Any], split: Mapping[str, Any], availability_watermark: int | None
+) -> dict[str, Any]:
+    variables = list(extras.get("variables") or [])
+    return {
+        "delays": {v["id"]: v.get("delayMs") or 0 for v in variables},
+        "units": [
+            {
+                "id": v["id"],
+                "unit": v.get("unit", ""),
+                "modelUnit": v.get("modelUnit") or v.get("unit", ""),
+                "scale": v["scale"],
+                "offset": v["offset"],
+            }
+            for v in variables
+        ],
+        "variableOrder": [v["id"] for v in variables],
+        "trainerRef": extras.get("trainerRef", ""),
+        "conditionId": extras.get("conditionId", ""),
+        "recipeContentHash": extras.get("recipeContentHash"),
+        "evidenceSource": extras.get("evidenceSource"),
+        "availabilityWatermark": availability_watermark,
+        "splitRunIds": {part: list(split[f"{part}RunIds"]) for part in SPLITS},
+    }

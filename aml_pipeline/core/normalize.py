@@ -1,0 +1,234 @@
+"""Normalisation statistics fitted on train windows only, and their application (DESIGN 4.7).
+
+Fit and transform are separate so the fit can stream over runs (one run's grid in memory at a time)
+and the transform can never see anything but the frozen statistics.
+
+Statistics are per column over every value a train window *uses* (x: every node over the H history
+rows; u: controls over the F future rows; y: targets over the F future rows). Overlapping windows
+use a grid row many times, so instead of materialising windows each grid row is weighted by the
+number of train windows that use it (:func:`window_row_weights`); the weighted moments equal the
+moments over the explicit windows.
+
+Accumulation is float64 with a per-batch two-pass (mean, then centred squares) and Chan et al.'s
+pairwise merge across batches. A naive running sum of squares cancels catastrophically for plant
+signals such as 300 K +- 0.01 K.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)  # eq on numpy fields would be ambiguous
+class NormStats:
+    mean: np.ndarray  # float64 [cols]
+    std: np.ndarray  # float64 [cols]; population (ddof 0), 1.0 where the data had none
+    zero_std: np.ndarray  # bool [cols]: std was 0 and was replaced by 1.0
+    count: float  # total weight (number of values per column)
+
+    def to_json(self) -> dict[str, list[float]]:
+        return {"mean": [float(v) for v in self.mean], "std": [float(v) for v in self.std]}
+
+
+class MomentAccumulator:
+    """Streaming weighted count, mean and M2 (sum of squared deviations) per column."""
+
+    def __init__(self, n_cols: int) -> None:
+        n_cols = _as_int("n_cols", n_cols)
+        if n_cols < 0:
+            raise ValueError(f"MomentAccumulator: n_cols must be >= 0, got {n_cols}")
+        self.n_cols = n_cols
+        self.count = 0.0
+        self.mean = np.zeros(n_cols)
+        self.m2 = np.zeros(n_cols)
+
+    def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Add ``[rows, cols]`` values, row ``r`` counted ``weights[r]`` times (default once).
+
+        Rows of weight 0 are ignored entirely, so they may hold NaN (grid rows no window uses).
+        """
+        values = np.asarray(values, dtype=np.float64)
+        if values.ndim != 2 or values.shape[1] != self.n_cols:
+            raise ValueError(
+                f"MomentAccumulator.add: values must be [rows, {self.n_cols}], got shape {values.shape}"
+            )
+        if weights is None:
+            w = np.ones(values.shape[0])
+        else:
+            w = np.asarray(weights, dtype=np.float64)
+            if w.shape != (values.shape[0],):
+                raise ValueError(
+                    f"MomentAccumulator.add: weights must have shape ({values.shape[0]},), got {w.shape}"
+                )
+            if not (np.isfinite(w).all() and (w >= 0).all()):
+                raise ValueError("MomentAccumulator.add: weights must be finite and >= 0")
+        used = w > 0
+        if not used.any():
+            return
+        w = w[used]
+        total = float(w.sum())
+        if self.n_cols == 0:
+            self._merge(total, np.zeros(0), np.zeros(0))
+            return
+        # [cols, rows] so each column's sums reduce along contiguous memory: numpy's pairwise
+        # summation, accurate and identical on every machine (a BLAS dot would be neither).
+        vt = np.ascontiguousarray(values[used].T)
+        if not np.isfinite(vt).all():
+            col = int(np.flatnonzero(~np.isfinite(vt).all(axis=1))[0])
+            raise ValueError(
+                f"MomentAccumulator.add: column {col} has a non-finite value in a row of weight > 0"
+            )
+        mean = (vt * w).sum(axis=1) / total
+        # The true mean lies within [min, max]; clamping makes a constant column's mean exact, so
+        # its M2 is exactly 0 and it is flagged zero_std instead of getting a std of rounding noise.
+        np.clip(mean, vt.min(axis=1), vt.max(axis=1), out=mean)
+        d = vt - mean[:, None]
+        wd = d * w
+        # Second term: the classic correction for the rounding error left in the mean.
+        m2 = (wd * d).sum(axis=1) - wd.sum(axis=1) ** 2 / total
+        np.maximum(m2, 0.0, out=m2)
+        self._merge(total, mean, m2)
+
+    def merge(self, other: MomentAccumulator) -> None:
+        """Fold another accumulator (e.g. another run's) into this one."""
+        if other.n_cols != self.n_cols:
+            raise ValueError(f"MomentAccumulator.merge: {other.n_cols} columns into {self.n_cols}")
+        self._merge(other.count, other.mean, other.m2)
+
+    def _merge(self, n_b: float, mean_b: np.ndarray, m2_b: np.ndarray) -> None:
+        if n_b == 0:
+            return
+        n_a = self.count
+        if n_a == 0:
+            self.count, self.mean, self.m2 = n_b, mean_b.copy(), m2_b.copy()
+            return
+        n = n_a + n_b
+        delta = mean_b - self.mean
+        self.mean = self.mean + delta * (n_b / n)
+        self.m2 = self.m2 + m2_b + delta * delta * (n_a * n_b / n)
+        self.count = n
+
+    def result(self) -> NormStats:
+        if self.count == 0:
+            raise ValueError("no training windows: normalisation statistics need at least one train window")
+        std = np.sqrt(self.m2 / self.count)
+        zero = std == 0.0
+        std[zero] = 1.0
+        return NormStats(mean=self.mean.copy(), std=std, zero_std=zero, count=self.count)
+
+
+def window_row_weights(starts: np.ndarray, n_rows: int, lo: int, hi: int) -> np.ndarray:
+    """For every grid row ``r``, the number of starts ``t`` with ``t + lo <= r < t + hi`` (int64).
+
+    x uses ``lo=-H, hi=0``; u and y use ``lo=0, hi=F``.
+    """
+    n_rows, lo, hi = _as_int("n_rows", n_rows), _as_int("lo", lo), _as_int("hi", hi)
+    if n_rows < 0:
+        raise ValueError(f"window_row_weights: n_rows must be >= 0, got {n_rows}")
+    if lo >= hi:
+        raise ValueError(f"window_row_weights: need lo < hi, got lo={lo}, hi={hi}")
+    starts = np.asarray(starts)
+    if starts.ndim != 1 or (starts.size and not np.issubdtype(starts.dtype, np.integer)):
+        raise ValueError("window_row_weights: starts must be a 1-D integer array")
+    starts = starts.astype(np.int64, copy=False)
+    if starts.size and (int(starts.min()) + lo < 0 or int(starts.max()) + hi > n_rows):
+        raise ValueError(
+            f"window_row_weights: a window [t{lo:+d}, t{hi:+d}) falls outside the {n_rows} grid rows"
+        )
+    # Difference array: +1 where a window's span begins, -1 one past its end; the running sum is
+    # the number of spans covering each row.
+    diff = np.bincount(starts + lo, minlength=n_rows + 1) - np.bincount(starts + hi, minlength=n_rows + 1)
+    return np.cumsum(diff[:n_rows], dtype=np.int64)
+
+
+def accumulate_window_stats(
+    acc_x: MomentAccumulator,
+    acc_u: MomentAccumulator,
+    acc_y: MomentAccumulator,
+    grid: np.ndarray,
+    starts: np.ndarray,
+    history: int,
+    horizon: int,
+    control_cols: Sequence[int],
+    target_cols: Sequence[int],
+) -> None:
+    """Add one run's (train) windows, given by their ``starts`` on ``grid``, to the accumulators.
+
+    Use this to stream a split run by run into one set of accumulators; use
+    :func:`fit_window_stats` for per-run accumulators to :meth:`MomentAccumulator.merge` later.
+    """
+    grid = np.asarray(grid, dtype=np.float64)
+    if grid.ndim != 2:
+        raise ValueError(f"grid must be 2-D [rows, nodes], got shape {grid.shape}")
+    H, F = _as_int("history", history), _as_int("horizon", horizon)
+    if H < 1 or F < 1:
+        raise ValueError(f"history and horizon must be >= 1, got {H} and {F}")
+    n_nodes = grid.shape[1]
+    ctrl, tgt = list(control_cols), list(target_cols)
+    for name, cols in (("control_cols", ctrl), ("target_cols", tgt)):
+        for c in cols:
+            if not (0 <= _as_int(name, c) < n_nodes):
+                raise ValueError(
+                    f"{name}: column index {c} is out of range for a grid with {n_nodes} columns"
+                )
+    for name, acc, n in (("acc_x", acc_x, n_nodes), ("acc_u", acc_u, len(ctrl)), ("acc_y", acc_y, len(tgt))):
+        if acc.n_cols != n:
+            raise ValueError(f"{name} has {acc.n_cols} columns, expected {n}")
+    T = grid.shape[0]
+    past = window_row_weights(starts, T, -H, 0)
+    future = window_row_weights(starts, T, 0, F)
+    acc_x.add(grid, past)
+    acc_u.add(grid[:, ctrl], future)
+    acc_y.add(grid[:, tgt], future)
+
+
+def fit_window_stats(
+    grid: np.ndarray,
+    starts: np.ndarray,
+    history: int,
+    horizon: int,
+    control_cols: Sequence[int],
+    target_cols: Sequence[int],
+) -> tuple[MomentAccumulator, MomentAccumulator, MomentAccumulator]:
+    """Fresh x/u/y accumulators holding one run's windows (see :func:`accumulate_window_stats`)."""
+    grid = np.asarray(grid, dtype=np.float64)
+    if grid.ndim != 2:
+        raise ValueError(f"grid must be 2-D [rows, nodes], got shape {grid.shape}")
+    acc = (
+        MomentAccumulator(grid.shape[1]),
+        MomentAccumulator(len(control_cols)),
+        MomentAccumulator(len(target_cols)),
+    )
+    accumulate_window_stats(*acc, grid, starts, history, horizon, control_cols, target_cols)
+    return acc
+
+
+def apply_norm(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """``float32((v - mean) / std)`` computed in float64, broadcasting over the last axis."""
+    v = np.asarray(values, dtype=np.float64)
+    mean = np.asarray(mean, dtype=np.float64)
+    std = np.asarray(std, dtype=np.float64)
+    n = v.shape[-1] if v.ndim else None
+    if mean.shape != (n,) or std.shape != (n,):
+        raise ValueError(
+            f"apply_norm: mean {mean.shape} and std {std.shape} must be 1-D, matching the last axis "
+            f"of values {v.shape}"
+        )
+    if not (np.isfinite(std).all() and (std != 0).all()):
+        raise ValueError(
+            "apply_norm: std must be finite and non-zero (zero std is replaced by 1.0 at fit time)"
+        )
+    return ((v - mean) / std).astype(np.float32)
+
+
+def _as_int(name: str, v: object) -> int:
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        return operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {v!r}") from None

@@ -1,0 +1,203 @@
+"""Sliding windows over one run's aligned grid (DESIGN 4.5).
+
+A window starting at grid row ``t`` uses ``x`` = rows ``t-H..t-1`` of every node, ``u`` = rows
+``t..t+F-1`` of the controls and ``y`` = rows ``t..t+F-1`` of the targets. It is dropped if anything
+it *uses* is missing: a gap in a pure feature's future does not cost a window, because that part
+of the feature is never read.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def window_starts(
+    grid: np.ndarray,
+    history: int,
+    horizon: int,
+    stride: int,
+    control_cols: Sequence[int],
+    target_cols: Sequence[int],
+) -> np.ndarray:
+    """Start rows ``t = H, H+stride, ... <= T-F`` of the complete windows (int64, ascending)."""
+    grid = _grid(grid)
+    H, F = _positive("history", history), _positive("horizon", horizon)
+    stride = _positive("stride", stride)
+    ctrl, tgt = (
+        _cols("control_cols", control_cols, grid.shape[1]),
+        _cols("target_cols", target_cols, grid.shape[1]),
+    )
+    T = grid.shape[0]
+    if T < H + F:
+        return np.empty(0, dtype=np.int64)
+    starts = np.arange(H, T - F + 1, stride, dtype=np.int64)
+    # Prefix sums of "row has a missing value" answer "any missing in rows a..b-1" for every
+    # window at once; a window is complete iff both its spans count zero bad rows.
+    past_bad = _prefix_bad_rows(grid)
+    future_cols = np.union1d(ctrl, tgt)
+    future_bad = (
+        _prefix_bad_rows(grid[:, future_cols]) if future_cols.size else np.zeros(T + 1, dtype=np.int64)
+    )
+    ok = (past_bad[starts] == past_bad[starts - H]) & (future_bad[starts + F] == future_bad[starts])
+    return starts[ok]
+
+
+def gather_windows(
+    grid: np.ndarray,
+    starts: np.ndarray,
+    history: int,
+    horizon: int,
+    control_cols: Sequence[int],
+    target_cols: Sequence[int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Materialise ``x [N, H, nodes]``, ``u [N, F, controls]``, ``y [N, F, targets]`` (new C-order arrays).
+
+    ``u`` has 0 columns when there are no controls. The dtype is the grid's. Column selection
+    happens before the gather, so only the windows' own values are copied per window.
+    """
+    grid = _grid(grid)
+    H, F = _positive("history", history), _positive("horizon", horizon)
+    n_nodes = grid.shape[1]
+    ctrl, tgt = _cols("control_cols", control_cols, n_nodes), _cols("target_cols", target_cols, n_nodes)
+    starts = _starts(starts, grid.shape[0], H, F)
+    x = window_block(grid, starts, -H, 0)
+    u = window_block(grid[:, ctrl], starts, 0, F)
+    y = window_block(grid[:, tgt], starts, 0, F)
+    return x, u, y
+
+
+def window_block(values: np.ndarray, starts: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Rows ``t+lo..t+hi-1`` of ``values [T, cols]`` for every start ``t``: a new ``[N, hi-lo, cols]`` array.
+
+    The building block of x (``lo=-H, hi=0``), u/y (``lo=0, hi=F``) and timestamps (``-H, F``),
+    so a caller can normalise whole grid columns once and then cut windows, in any dtype.
+    """
+    values = np.asarray(values)
+    if values.ndim != 2:
+        raise ValueError(f"window_block: values must be 2-D [rows, cols], got shape {values.shape}")
+    lo, hi = _int("lo", lo), _int("hi", hi)
+    if lo >= hi:
+        raise ValueError(f"window_block: need lo < hi, got lo={lo}, hi={hi}")
+    starts = np.asarray(starts)
+    if starts.ndim != 1 or (starts.size and not np.issubdtype(starts.dtype, np.integer)):
+        raise ValueError("window_block: starts must be a 1-D integer array")
+    starts = starts.astype(np.int64, copy=False)
+    T = values.shape[0]
+    if starts.size and (int(starts.min()) + lo < 0 or int(starts.max()) + hi > T):
+        raise ValueError(f"window_block: a window [t{lo:+d}, t{hi:+d}) falls outside the {T} rows")
+    # One gather with a [N, steps] row matrix writes [N, steps, cols] in C order directly.
+    return values[starts[:, None] + np.arange(lo, hi, dtype=np.int64)]
+
+
+def window_timestamps(grid_ts: np.ndarray, starts: np.ndarray, history: int, horizon: int) -> np.ndarray:
+    """Grid timestamps of rows ``t-H..t+F-1`` for every window: ``[N, H+F]``."""
+    grid_ts = np.asarray(grid_ts)
+    if grid_ts.ndim != 1:
+        raise ValueError(f"window_timestamps: grid_ts must be 1-D, got shape {grid_ts.shape}")
+    H, F = _positive("history", history), _positive("horizon", horizon)
+    starts = _starts(starts, grid_ts.size, H, F)
+    return grid_ts[starts[:, None] + np.arange(-H, F, dtype=np.int64)]
+
+
+def explain_no_windows(
+    grid: np.ndarray,
+    history: int,
+    horizon: int,
+    control_cols: Sequence[int],
+    target_cols: Sequence[int],
+    node_ids: Sequence[str],
+) -> str:
+    """One line saying why a run yields no window (meant for runs where window_starts is empty)."""
+    grid = _grid(grid)
+    H, F = _positive("history", history), _positive("horizon", horizon)
+    if len(node_ids) != grid.shape[1]:
+        raise ValueError(
+            f"explain_no_windows: {len(node_ids)} node ids for a grid with {grid.shape[1]} columns"
+        )
+    _cols("control_cols", control_cols, grid.shape[1])
+    _cols("target_cols", target_cols, grid.shape[1])
+    T = grid.shape[0]
+    if T < H + F:
+        return f"run has {T} grid rows, fewer than historySteps + horizonSteps = {H + F}"
+    ratios = np.count_nonzero(~np.isfinite(grid), axis=0) / T
+    order = [j for j in np.argsort(-ratios, kind="stable") if ratios[j] > 0][:3]
+    if not order:
+        return "no window without missing values"
+    parts = [
+        f"{node_ids[j]} ({_percent(float(ratios[j]))}{' missing' if i == 0 else ''})"
+        for i, j in enumerate(order)
+    ]
+    return "no window without missing values; most missing: " + ", ".join(parts)
+
+
+def _percent(r: float) -> str:
+    # "0%" for a node that is missing somewhere would read as "not the problem".
+    if r < 0.01:
+        return "<1%"
+    if r < 1.0 and round(r * 100) == 100:
+        return ">99%"
+    return f"{round(r * 100)}%"
+
+
+def _prefix_bad_rows(block: np.ndarray) -> np.ndarray:
+    bad = (~np.isfinite(block)).any(axis=1)
+    out = np.zeros(block.shape[0] + 1, dtype=np.int64)
+    np.cumsum(bad, out=out[1:])
+    return out
+
+
+def _grid(grid: np.ndarray) -> np.ndarray:
+    grid = np.asarray(grid)
+    if grid.ndim != 2:
+        raise ValueError(f"grid must be 2-D [rows, nodes], got shape {grid.shape}")
+    if not np.issubdtype(grid.dtype, np.floating):
+        raise ValueError(f"grid must be floating point (NaN = missing), got dtype {grid.dtype}")
+    return grid
+
+
+def _int(name: str, v: object) -> int:
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        return operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {v!r}") from None
+
+
+def _positive(name: str, v: object) -> int:
+    i = _int(name, v)
+    if i < 1:
+        raise ValueError(f"{name} must be >= 1, got {i}")
+    return i
+
+
+def _cols(name: str, cols: Sequence[int], n_nodes: int) -> np.ndarray:
+    arr = np.asarray(list(cols))
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if not np.issubdtype(arr.dtype, np.integer) or arr.ndim != 1:
+        raise ValueError(f"{name} must be a sequence of column indices, got {list(cols)!r}")
+    bad = arr[(arr < 0) | (arr >= n_nodes)]
+    if bad.size:
+        raise ValueError(
+            f"{name}: column index {int(bad[0])} is out of range for a grid with {n_nodes} columns"
+        )
+    return arr.astype(np.int64)
+
+
+def _starts(starts: np.ndarray, T: int, H: int, F: int) -> np.ndarray:
+    starts = np.asarray(starts)
+    if starts.ndim != 1:
+        raise ValueError(f"starts must be 1-D, got shape {starts.shape}")
+    if starts.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if not np.issubdtype(starts.dtype, np.integer):
+        raise ValueError(f"starts must be integer grid rows, got dtype {starts.dtype}")
+    starts = starts.astype(np.int64, copy=False)
+    bad = starts[(starts < H) | (starts > T - F)]
+    if bad.size:
+        raise ValueError(f"window start {int(bad[0])} is outside [H={H}, T-F={T - F}] for a grid of {T} rows")
+    return starts

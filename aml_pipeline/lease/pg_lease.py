@@ -1,0 +1,308 @@
+"""Multi-host lease: PostgreSQL session-level advisory locks.
+
+Every held lease is one dedicated database connection: the session *is* the lease. A reader
+holds ``pg_try_advisory_lock_shared(key)``, the exclusive holder ``pg_try_advisory_lock(key)``,
+where ``key`` is a stable 64-bit hash of the lease name. Releasing unlocks and closes the
+connection; a holder that dies ends its session, and the server drops the lock with it (for a
+vanished *host*, once TCP keepalive gives up: the lease session sets
+``tcp_keepalives_idle/interval/count`` = 10/5/3 s, and turns ``idle_session_timeout`` off so an
+idle holder is not disconnected behind its back).
+
+Holders are told apart by ``application_name`` = ``aml-lease:<r|x>:<pid>@<host>:<holder>``
+(PostgreSQL keeps 63 ASCII bytes of it, so long holder names are shortened with ``...``).
+``status`` reads them from ``pg_locks`` joined with ``pg_stat_activity``: only sessions that
+hold the lock right now, so a dead holder never shows. Its ``since`` is the session's
+``state_change`` (when the acquiring query finished; the lease session runs nothing after it).
+
+The URL's password (if any) is used to connect and never shown: messages and ``location`` carry
+the URL without it. Passwords may also come from ``PGPASSWORD`` / ``~/.pgpass`` as libpq reads
+them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import select
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from aml_pipeline.lease.base import (
+    DEFAULT_LEASE_NAME,
+    EnvLease,
+    HolderInfo,
+    LeaseError,
+    LeaseHandle,
+    LeaseStatus,
+    _Attempt,
+    hostname,
+    short_host,
+)
+
+APP_PREFIX = "aml-lease:"
+_APP_MAX_BYTES = 63  # NAMEDATALEN - 1
+_MODE_LETTER = {"read": "r", "exclusive": "x"}
+
+_SQL_TRY = {
+    "read": "SELECT pg_try_advisory_lock_shared(%s::bigint)",
+    "exclusive": "SELECT pg_try_advisory_lock(%s::bigint)",
+}
+_SQL_UNLOCK = {
+    "read": "SELECT pg_advisory_unlock_shared(%s::bigint)",
+    "exclusive": "SELECT pg_advisory_unlock(%s::bigint)",
+}
+_SQL_SESSION_SETUP = (
+    "SELECT set_config('tcp_keepalives_idle', '10', false),"
+    " set_config('tcp_keepalives_interval', '5', false),"
+    " set_config('tcp_keepalives_count', '3', false)"
+)
+_SQL_NO_IDLE_TIMEOUT = "SELECT set_config('idle_session_timeout', '0', false)"  # PostgreSQL >= 14
+# A bigint advisory key shows in pg_locks as classid = high 32 bits, objid = low 32 bits,
+# objsubid = 1, in the database of the session that took it.
+_SQL_HOLDERS = """
+SELECT l.mode,
+       a.pid,
+       a.application_name,
+       extract(epoch FROM coalesce(a.state_change, a.backend_start))::float8,
+       host(a.client_addr)
+  FROM pg_locks l
+  JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory'
+   AND l.granted
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.classid::int8 = %s
+   AND l.objid::int8 = %s
+   AND l.objsubid = 1
+ ORDER BY 4, a.pid
+"""
+
+
+def advisory_key(name: str) -> int:
+    """The signed 64-bit advisory-lock key of a lease name (stable across hosts and versions)."""
+    digest = hashlib.sha256(f"aml_pipeline.lease:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def redact_url(url: str) -> str:
+    """``url`` without password or query string, for messages and status."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        port = f":{parts.port}" if parts.port else ""
+        user = f"{parts.username}@" if parts.username else ""
+        return f"{parts.scheme}://{user}{host}{port}{parts.path}"
+    except ValueError:
+        return "postgresql://<unparseable url>"
+
+
+def _ascii(text: str) -> str:
+    return "".join(c if 32 <= ord(c) < 127 else "?" for c in text)
+
+
+def application_name(mode: str, holder: str, pid: int, host: str) -> str:
+    head = f"{APP_PREFIX}{_MODE_LETTER[mode]}:{pid}@{short_host(host)}:"
+    name = _ascii(holder)
+    room = _APP_MAX_BYTES - len(head)
+    if len(name) > room:
+        name = name[: room - 3] + "..."
+    return head + name
+
+
+def parse_application_name(app: str | None) -> tuple[str, int | None, str | None] | None:
+    """``(holder, pid, host)`` from an application_name made by :func:`application_name`."""
+    if not app or not app.startswith(APP_PREFIX):
+        return None
+    parts = app[len(APP_PREFIX) :].split(":", 2)
+    if len(parts) != 3:
+        return None
+    _mode, who, holder = parts
+    pid_s, _, host = who.partition("@")
+    try:
+        pid = int(pid_s)
+    except ValueError:
+        pid = None
+    return holder, pid, host or None
+
+
+class _PgHandle(LeaseHandle):
+    def __init__(self, lease: PgLease, mode: str, holder: str, conn: psycopg.Connection) -> None:
+        super().__init__(holder=holder, mode=mode, location=lease.location, name=lease.name)
+        self._conn = conn
+        self._key = lease.key
+        self.backend_pid = conn.info.backend_pid
+
+    def info(self) -> HolderInfo:
+        base = super().info()
+        return HolderInfo(
+            base.holder, base.mode, base.pid, base.host, base.since, backend_pid=self.backend_pid
+        )
+
+    def is_held(self) -> bool:
+        """Whether the lease session is still there (a server restart or a terminated backend
+        ends it, and its lock). Runs no query, so the holder's ``since`` in status stays put."""
+        if self._released or self._conn.closed:
+            return False
+        pgconn = self._conn.pgconn
+        try:
+            # An idle session gets unsolicited bytes only for a notice or its termination
+            # (FATAL message, then EOF): consume what is there and see whether it survived.
+            for _ in range(8):
+                readable, _, _ = select.select([pgconn.socket], [], [], 0)
+                if not readable or pgconn.status != psycopg.pq.ConnStatus.OK:
+                    break
+                pgconn.consume_input()
+        except (OSError, ValueError, psycopg.Error):
+            return False
+        return pgconn.status == psycopg.pq.ConnStatus.OK
+
+    def _release(self) -> None:
+        conn = self._conn
+        try:
+            # Unlock explicitly: closing alone would let the server drop the lock a moment
+            # *after* close() returns, and a request made right after could be refused.
+            conn.execute(_SQL_UNLOCK[self.mode], (self._key,))
+        except psycopg.Error:
+            pass  # the session is broken or gone: so is its lock
+        finally:
+            conn.close()
+
+    def _drop_inherited(self) -> None:
+        # A forked child shares the parent's socket. Point the child's descriptor at /dev/null:
+        # the child then neither keeps the session alive after the parent dies nor ends it
+        # (libpq's goodbye message goes nowhere).
+        self._released = True
+        try:
+            sock = self._conn.pgconn.socket
+        except Exception:
+            return
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(devnull, sock, inheritable=False)
+        finally:
+            os.close(devnull)
+
+
+def _key_parts(key: int) -> tuple[int, int]:
+    """(classid, objid) under which pg_locks shows a bigint advisory key."""
+    unsigned = key & 0xFFFFFFFFFFFFFFFF
+    return unsigned >> 32, unsigned & 0xFFFFFFFF
+
+
+class _PgAttempt(_Attempt):
+    def __init__(self, lease: PgLease, mode: str, holder: str) -> None:
+        self.lease = lease
+        self.mode = mode
+        self.holder = holder
+        app = application_name(mode, holder, os.getpid(), hostname())
+        self.conn: psycopg.Connection | None = lease._connect(app)
+        try:
+            self.conn.execute(_SQL_SESSION_SETUP)
+            if self.conn.info.server_version >= 140000:
+                self.conn.execute(_SQL_NO_IDLE_TIMEOUT)
+        except psycopg.Error as exc:
+            self.abandon()
+            raise lease._error("cannot set up the lease session", exc) from exc
+
+    def try_acquire(self) -> LeaseHandle | None:
+        assert self.conn is not None
+        try:
+            row = self.conn.execute(_SQL_TRY[self.mode], (self.lease.key,)).fetchone()
+        except psycopg.Error as exc:
+            raise self.lease._error("advisory lock request failed", exc) from exc
+        if not (row and row[0]):
+            return None
+        conn, self.conn = self.conn, None
+        try:
+            return _PgHandle(self.lease, self.mode, self.holder, conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    def busy_status(self) -> LeaseStatus:
+        assert self.conn is not None
+        return self.lease._status_on(self.conn)
+
+    def abandon(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+
+class PgLease(EnvLease):
+    """Lease shared by several hosts through one PostgreSQL database."""
+
+    backend = "postgres"
+
+    def __init__(
+        self, url: str, *, name: str = DEFAULT_LEASE_NAME, connect_timeout_s: int = 10
+    ) -> None:
+        super().__init__(location=redact_url(url), name=name)
+        self._url = url
+        self.key = advisory_key(self.name)
+        self.connect_timeout_s = int(connect_timeout_s)
+        try:
+            self._params = conninfo_to_dict(url)
+        except psycopg.Error as exc:
+            raise LeaseError(f"invalid lease database URL {self.location}: {exc}") from None
+        self._secret = str(self._params.get("password") or "")
+
+    def _begin(self, mode: str, holder: str) -> _Attempt:
+        return _PgAttempt(self, mode, holder)
+
+    def _error(self, what: str, exc: BaseException) -> LeaseError:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        return LeaseError(f"{what} on {self.location}: {text}")
+
+    def _connect(self, app_name: str) -> psycopg.Connection:
+        kwargs: dict[str, object] = {"autocommit": True, "application_name": app_name}
+        defaults = {
+            "connect_timeout": self.connect_timeout_s,
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+        }
+        for key, value in defaults.items():
+            if key not in self._params:
+                kwargs[key] = value
+        try:
+            return psycopg.connect(self._url, **kwargs)
+        except psycopg.Error as exc:
+            raise self._error("cannot connect to the lease database", exc) from exc
+
+    def status(self) -> LeaseStatus:
+        conn = self._connect(f"{APP_PREFIX}status")
+        try:
+            return self._status_on(conn)
+        finally:
+            conn.close()
+
+    def _status_on(self, conn: psycopg.Connection) -> LeaseStatus:
+        try:
+            rows = conn.execute(_SQL_HOLDERS, _key_parts(self.key)).fetchall()
+        except psycopg.Error as exc:
+            raise self._error("cannot read lease holders", exc) from exc
+        readers: list[HolderInfo] = []
+        exclusive: list[HolderInfo] = []
+        for lock_mode, backend_pid, app, since, client_addr in rows:
+            parsed = parse_application_name(app)
+            if parsed is None:
+                holder, pid, host = f"<session of backend pid {backend_pid}>", None, client_addr
+            else:
+                holder, pid, host = parsed
+            mode = "exclusive" if lock_mode == "ExclusiveLock" else "read"
+            info = HolderInfo(holder, mode, pid, host, since, backend_pid=backend_pid)
+            (exclusive if mode == "exclusive" else readers).append(info)
+        return LeaseStatus(
+            location=self.location,
+            name=self.name,
+            backend=self.backend,
+            reader_leases=tuple(readers),
+            exclusive=exclusive[0] if exclusive else None,
+        )

@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aml_pipeline.core.clean import CLEAN_CAUSES, CleanedSeries, clean_series
+from aml_pipeline_tests.reference import hampel_reference
+
+DEFAULTS = dict(
+    good_states=[0], range_lo=None, range_hi=None, hampel_k=0, hampel_sigma=3.0, hampel_min_dev=0.0
+)
+
+
+def _clean(ts, value, state=None, **overrides) -> CleanedSeries:
+    ts = np.asarray(ts, dtype=np.int64)
+    value = np.asarray(value, dtype=np.float64)
+    state = np.zeros(ts.size, dtype=np.int32) if state is None else np.asarray(state, dtype=np.int32)
+    return clean_series(ts, value, state, **{**DEFAULTS, **overrides})
+
+
+def _assert_counts_add_up(c: CleanedSeries) -> None:
+    assert set(c.counts) == {"input", "kept", *CLEAN_CAUSES}
+    assert c.counts["input"] == sum(c.counts[k] for k in CLEAN_CAUSES) + c.counts["kept"]
+    assert c.counts["kept"] == c.ts.size == c.value.size
+    assert c.counts["hampel_outlier"] == c.outlier_ts.size == c.outlier_value.size
+
+
+def test_clean_input_passes_through() -> None:
+    c = _clean([0, 1000, 2000], [1.0, 2.0, 3.0])
+    assert c.ts.tolist() == [0, 1000, 2000]
+    assert c.value.tolist() == [1.0, 2.0, 3.0]
+    assert c.ts.dtype == np.int64 and c.value.dtype == np.float64
+    assert c.counts == {"input": 3, **{k: 0 for k in CLEAN_CAUSES}, "kept": 3}
+
+
+def test_each_cause_counts_a_point_once_in_rule_order() -> None:
+    ts = [0, 1, 2, 3, 4, 5, 6, 7]
+    value = [np.nan, np.inf, 5.0, 500.0, 500.0, 5.0, -np.inf, 6.0]
+    state = [1, 0, 1, 1, 0, 0, 0, 0]
+    c = _clean(ts, value, state, range_lo=0.0, range_hi=100.0)
+    # index 0: NaN and bad state -> non_finite only; 1, 6: +-inf -> non_finite;
+    # 2: bad state; 3: bad state and out of range -> bad_state only; 4: out of range.
+    assert c.counts["non_finite"] == 3
+    assert c.counts["bad_state"] == 2
+    assert c.counts["out_of_range"] == 1
+    assert c.ts.tolist() == [5, 7]
+    _assert_counts_add_up(c)
+
+
+def test_range_is_inclusive_and_none_is_unbounded() -> None:
+    ts = [0, 1, 2, 3, 4]
+    value = [-0.001, 0.0, 50.0, 100.0, 100.001]
+    c = _clean(ts, value, range_lo=0.0, range_hi=100.0)
+    assert c.value.tolist() == [0.0, 50.0, 100.0]
+    assert c.counts["out_of_range"] == 2
+    assert _clean(ts, value, range_lo=0.0, range_hi=None).value.tolist() == [0.0, 50.0, 100.0, 100.001]
+    assert _clean(ts, value, range_lo=None, range_hi=100.0).value.tolist() == [-0.001, 0.0, 50.0, 100.0]
+
+
+def test_good_states_may_list_several_codes() -> None:
+    c = _clean([0, 1, 2, 3], [1.0, 2.0, 3.0, 4.0], [0, 192, 3, 192], good_states=[0, 192])
+    assert c.ts.tolist() == [0, 1, 3]
+    assert c.counts["bad_state"] == 1
+
+
+def test_duplicates_keep_the_highest_seq() -> None:
+    # Input order is (ts, seq): within an equal-ts group the last row has the highest seq.
+    ts = [0, 1000, 1000, 1000, 2000, 3000, 3000]
+    value = [1.0, 10.0, 11.0, 12.0, 2.0, 20.0, 21.0]
+    c = _clean(ts, value)
+    assert c.ts.tolist() == [0, 1000, 2000, 3000]
+    assert c.value.tolist() == [1.0, 12.0, 2.0, 21.0]
+    assert c.counts["duplicate_ts"] == 3
+    _assert_counts_add_up(c)
+
+
+def test_duplicates_are_judged_after_the_earlier_rules() -> None:
+    # The newest row of the group is bad, so the older good one survives and is no duplicate.
+    c = _clean([0, 1000, 1000, 2000], [1.0, 10.0, np.nan, 2.0], [0, 0, 0, 0])
+    assert c.value.tolist() == [1.0, 10.0, 2.0]
+    assert c.counts["non_finite"] == 1 and c.counts["duplicate_ts"] == 0
+    c = _clean([0, 1000, 1000, 2000], [1.0, 10.0, 11.0, 2.0], [0, 0, 5, 0])
+    assert c.value.tolist() == [1.0, 10.0, 2.0]
+    assert c.counts["bad_state"] == 1 and c.counts["duplicate_ts"] == 0
+
+
+def test_hampel_runs_over_the_surviving_points_and_reports_outliers() -> None:
+    ts = np.arange(12) * 1000
+    value = np.array([10.0, 10.1, np.nan, 9.9, 10.0, 80.0, 10.2, 9.8, 10.0, 10.1, 9.9, 10.0])
+    c = _clean(ts, value, hampel_k=3, hampel_sigma=3.0)
+    assert c.outlier_ts.tolist() == [5000]
+    assert c.outlier_value.tolist() == [80.0]
+    assert 5000 not in c.ts.tolist()
+    assert c.counts["hampel_outlier"] == 1 and c.counts["non_finite"] == 1
+    _assert_counts_add_up(c)
+    # Same flags as running the reference on the points that reached the Hampel stage.
+    survivors = value[np.isfinite(value)]
+    assert c.counts["hampel_outlier"] == int(hampel_reference(survivors, 3, 3.0).sum())
+
+
+def test_hampel_k_zero_keeps_setpoint_steps() -> None:
+    value = [5.0, 5.0, 5.0, 30.0, 5.0, 5.0, 5.0]
+    assert _clean(range(7), value, hampel_k=0).counts["hampel_outlier"] == 0
+    assert _clean(range(7), value, hampel_k=3).counts["hampel_outlier"] == 1
+    assert _clean(range(7), value, hampel_k=3, hampel_min_dev=30.0).counts["hampel_outlier"] == 0
+
+
+def test_all_points_bad_gives_an_empty_series_whose_counts_add_up() -> None:
+    c = _clean([0, 1, 2, 3], [np.nan, 1.0, 200.0, 3.0], [0, 9, 0, 9], range_hi=100.0, hampel_k=5)
+    assert c.ts.size == 0 and c.value.size == 0 and c.outlier_ts.size == 0
+    assert c.counts == {
+        "input": 4,
+        "non_finite": 1,
+        "bad_state": 2,
+        "out_of_range": 1,
+        "duplicate_ts": 0,
+        "hampel_outlier": 0,
+        "kept": 0,
+    }
+
+
+def test_empty_input() -> None:
+    c = clean_series(np.empty(0, np.int64), np.empty(0), np.empty(0, np.int32), **{**DEFAULTS, "hampel_k": 5})
+    assert c.counts == {"input": 0, **{k: 0 for k in CLEAN_CAUSES}, "kept": 0}
+    assert c.ts.dtype == np.int64
+
+
+def test_random_counts_always_add_up() -> None:
+    rng = np.random.default_rng(5)
+    n = 5000
+    ts = np.sort(rng.integers(0, 2000, n))  # many duplicate timestamps
+    value = np.round(rng.normal(50, 10, n))
+    value[rng.random(n) < 0.02] = np.nan
+    state = (rng.random(n) < 0.05).astype(np.int32)
+    c = _clean(ts, value, state, range_lo=20.0, range_hi=80.0, hampel_k=4, hampel_min_dev=1.0)
+    _assert_counts_add_up(c)
+    assert np.all(np.diff(c.ts) > 0)
+    assert np.isfinite(c.value).all() and c.value.min() >= 20.0 and c.value.max() <= 80.0
+
+
+def test_decreasing_timestamps_are_rejected_naming_the_index() -> None:
+    with pytest.raises(ValueError, match="index 2"):
+        _clean([0, 1000, 999, 2000], [1.0, 2.0, 3.0, 4.0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"good_states": []}, "good_states"),
+        ({"range_lo": 10.0, "range_hi": 0.0}, "range_lo"),
+        ({"range_lo": float("nan")}, "range_lo"),
+        ({"hampel_k": -1}, "k must be"),
+    ],
+)
+def test_bad_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _clean([0, 1], [1.0, 2.0], **kwargs)
+
+
+def test_mismatched_lengths_and_float_timestamps_are_rejected() -> None:
+    with pytest.raises(ValueError, match="length"):
+        clean_series(np.arange(3), np.zeros(2), np.zeros(3, np.int32), **DEFAULTS)
+    with pytest.raises(ValueError, match="integer"):
+        clean_series(np.arange(3.0), np.zeros(3), np.zeros(3, np.int32), **DEFAULTS)

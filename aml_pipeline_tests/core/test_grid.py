@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aml_pipeline.core.grid import align, align_hold, align_linear, grid_times, missing_ratio
+from aml_pipeline_tests.reference import align_hold_reference, align_linear_reference
+
+# --- grid_times ---------------------------------------------------------------------------------
+
+
+def test_grid_starts_at_the_first_beat_multiple_and_includes_end() -> None:
+    g = grid_times(1_700_000_000_250, 1_700_000_003_000, 1000)
+    assert g.dtype == np.int64
+    assert g.tolist() == [1_700_000_001_000, 1_700_000_002_000, 1_700_000_003_000]
+
+
+def test_grid_aligned_start_is_included() -> None:
+    assert grid_times(2000, 4500, 1000).tolist() == [2000, 3000, 4000]
+    assert grid_times(2000, 2000, 1000).tolist() == [2000]
+
+
+def test_grid_negative_start_uses_integer_ceil() -> None:
+    assert grid_times(-2500, 0, 1000).tolist() == [-2000, -1000, 0]
+    assert grid_times(-3000, -1000, 1000).tolist() == [-3000, -2000, -1000]
+
+
+def test_grid_is_empty_when_no_beat_fits() -> None:
+    assert grid_times(1001, 1999, 1000).size == 0
+    assert grid_times(5000, 1000, 1000).size == 0
+    assert grid_times(5000, 1000, 1000).dtype == np.int64
+
+
+def test_grid_uses_exact_integer_arithmetic_for_large_epochs() -> None:
+    start = 2**53 + 1  # a float round-trip would lose the last digit
+    g = grid_times(start, start + 10, 3)
+    assert g.tolist() == [t for t in range(start, start + 11) if t % 3 == 0]
+
+
+@pytest.mark.parametrize("args", [(0, 10, 0), (0, 10, -5), (0.5, 10, 1), (0, 10, 1.0), (0, 10, True)])
+def test_grid_rejects_bad_arguments(args: tuple) -> None:
+    with pytest.raises(ValueError):
+        grid_times(*args)
+
+
+# --- linear -------------------------------------------------------------------------------------
+
+TS = np.array([1000, 3000, 8000, 9000], dtype=np.int64)
+VAL = np.array([1.0, 3.0, 8.0, -1.0])
+
+
+def test_linear_exact_hits_take_the_point_value() -> None:
+    out = align_linear(TS, VAL, TS.copy(), max_interp_ms=0)
+    assert out.tolist() == VAL.tolist()
+
+
+def test_linear_interpolates_within_max_gap() -> None:
+    out = align_linear(TS, VAL, np.array([2000, 8500]), max_interp_ms=2000)
+    assert out.tolist() == [2.0, 3.5]
+
+
+def test_linear_gap_exactly_max_is_bridged_one_ms_more_is_not() -> None:
+    # The gap 3000 -> 8000 is 5000 ms.
+    g = np.array([4000, 5000, 7999])
+    bridged = align_linear(TS, VAL, g, max_interp_ms=5000)
+    assert bridged.tolist() == [4.0, 5.0, 3.0 + 5.0 * (4999 / 5000)]
+    assert np.isnan(align_linear(TS, VAL, g, max_interp_ms=4999)).all()
+    # Exact hits at both ends of the long gap still count.
+    assert align_linear(TS, VAL, np.array([3000, 8000]), max_interp_ms=0).tolist() == [3.0, 8.0]
+
+
+def test_linear_never_extrapolates() -> None:
+    out = align_linear(TS, VAL, np.array([0, 999, 9001, 20000]), max_interp_ms=10**9)
+    assert np.isnan(out).all()
+
+
+def test_linear_with_one_or_no_points() -> None:
+    one = align_linear(np.array([5000]), np.array([7.0]), np.array([4000, 5000, 6000]), max_interp_ms=10**6)
+    assert np.isnan(one[0]) and one[1] == 7.0 and np.isnan(one[2])
+    none = align_linear(np.empty(0, np.int64), np.empty(0), np.array([0, 1000]), max_interp_ms=1000)
+    assert none.shape == (2,) and np.isnan(none).all()
+    assert align_linear(TS, VAL, np.empty(0, np.int64), 1000).shape == (0,)
+
+
+def test_linear_matches_reference_bitwise_on_random_data() -> None:
+    rng = np.random.default_rng(11)
+    ts = np.cumsum(rng.integers(1, 4000, 3000)) + 1_700_000_000_000
+    value = rng.normal(300.0, 5.0, ts.size)
+    grid = grid_times(int(ts[0]) - 5000, int(ts[-1]) + 5000, 1000)
+    for max_gap in (0, 999, 1000, 2500, 10_000):
+        got = align_linear(ts, value, grid, max_gap)
+        want = align_linear_reference(ts, value, grid, max_gap)
+        assert np.array_equal(got, want, equal_nan=True)
+
+
+# --- hold ---------------------------------------------------------------------------------------
+
+
+def test_hold_carries_the_last_value_up_to_the_age_limit() -> None:
+    g = np.array([1000, 2000, 3000, 3001, 8000, 8500])
+    out = align_hold(TS, VAL, g, max_interp_ms=2000)
+    # 3000 is an exact hit (age 0); 3001 holds 3.0 from 3000 (age 1); 2000 holds 1.0 (age 1000).
+    assert out.tolist()[:4] == [1.0, 1.0, 3.0, 3.0]
+    assert out[4] == 8.0 and out[5] == 8.0
+
+
+def test_hold_age_exactly_at_limit_is_kept_one_ms_older_is_not() -> None:
+    out = align_hold(TS, VAL, np.array([3000 + 2000, 3000 + 2001]), max_interp_ms=2000)
+    assert out[0] == 3.0 and np.isnan(out[1])
+
+
+def test_hold_is_nan_before_the_first_point() -> None:
+    out = align_hold(TS, VAL, np.array([0, 999, 1000]), max_interp_ms=10**9)
+    assert np.isnan(out[0]) and np.isnan(out[1]) and out[2] == 1.0
+
+
+def test_hold_matches_reference_on_random_data() -> None:
+    rng = np.random.default_rng(12)
+    ts = np.cumsum(rng.integers(1, 5000, 2000))
+    value = rng.normal(size=ts.size)
+    grid = grid_times(-3000, int(ts[-1]) + 9000, 700)
+    for max_age in (0, 699, 700, 3000):
+        assert np.array_equal(
+            align_hold(ts, value, grid, max_age),
+            align_hold_reference(ts, value, grid, max_age),
+            equal_nan=True,
+        )
+
+
+# --- dispatch, validation, missing ratio ----------------------------------------------------
+
+
+def test_align_dispatches_on_interp() -> None:
+    g = np.array([2000])
+    assert align(TS, VAL, g, interp="linear", max_interp_ms=5000).tolist() == [2.0]
+    assert align(TS, VAL, g, interp="hold", max_interp_ms=5000).tolist() == [1.0]
+    with pytest.raises(ValueError, match="interp"):
+        align(TS, VAL, g, interp="cubic", max_interp_ms=5000)
+
+
+@pytest.mark.parametrize("fn", [align_linear, align_hold])
+def test_alignment_rejects_bad_inputs(fn) -> None:
+    with pytest.raises(ValueError, match="strictly increasing"):
+        fn(np.array([0, 1000, 1000]), np.zeros(3), np.array([0]), 1000)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        fn(np.array([0, 2000, 1000]), np.zeros(3), np.array([0]), 1000)
+    with pytest.raises(ValueError, match="max_interp_ms"):
+        fn(TS, VAL, np.array([0]), -1)
+    with pytest.raises(ValueError, match="same length"):
+        fn(TS, VAL[:2], np.array([0]), 1000)
+    with pytest.raises(ValueError, match="integer"):
+        fn(TS.astype(float), VAL, np.array([0]), 1000)
+
+
+def test_missing_ratio() -> None:
+    assert missing_ratio(np.array([1.0, np.nan, 2.0, np.nan])) == 0.5
+    assert missing_ratio(np.array([1.0, 2.0])) == 0.0
+    assert missing_ratio(np.full(3, np.nan)) == 1.0
+    assert missing_ratio(np.empty(0)) == 1.0  # an empty grid observed nothing
