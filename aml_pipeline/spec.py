@@ -237,3 +237,31 @@ def load_spec(path: str | Path) -> DatasetSpec:
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
     return parse_spec(data, source=str(path))
+
+
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+
+def discover_specs(directory: str | Path) -> tuple[list[tuple[Path, DatasetSpec]], list[tuple[Path, str]]]:
+    """Every spec file in ``directory``: the valid ones, and one-line errors for the others.
+
+    A broken spec must not take the other datasets down, so errors are returned, not raised.
+    Two files declaring the same id are both an error (asset keys would collide).
+    """
+    directory = Path(directory)
+    found: list[tuple[Path, DatasetSpec]] = []
+    errors: list[tuple[Path, str]] = []
+    if not directory.is_dir():
+        return found, [(directory, f"{directory}: specs folder does not exist")]
+    for path in sorted(p for p in directory.iterdir() if p.suffix in SPEC_SUFFIXES and p.is_file()):
+        try:
+            found.append((path, load_spec(path)))
+        except (SpecError, UnitContractError) as e:
+            errors.append((path, e.one_line()))
+    by_id: dict[str, list[Path]] = {}
+    for path, spec in found:
+        by_id.setdefault(spec.id, []).append(path)
+    dup = {i for i, paths in by_id.items() if len(paths) > 1}
+    for i in sorted(dup):
+        errors.append((by_id[i][0], f"SPEC_INVALID: id {i!r} is declared by {', '.join(map(str, by_id[i]))}"))
+    return [(p, s) for p, s in found if s.id not in dup], errors

@@ -1,0 +1,188 @@
+"""``aml-pipeline``: demo, ingest, build, verify, datasets, env.
+
+User errors print one line ``CODE: message`` on stderr and exit 2 (1 for a failed
+verification); they never print a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from aml_pipeline import config
+from aml_pipeline.errors import AmlError
+
+
+def _progress(total: int, desc: str, unit: str = "it"):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb.ingest import ingest_files
+
+    url = args.tsdb or config.tsdb_url()
+    with open_tsdb(url, read_only=False) as db, _progress(0, "ingest", "pts") as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+        counts = ingest_files(db, points=args.points, runs=args.runs, nodes=args.nodes, progress=progress)
+    print(json.dumps({"tsdb": url, **counts}))
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from aml_pipeline.defs.inprocess import materialize_dataset
+    from aml_pipeline.spec import load_spec
+
+    spec = load_spec(args.spec)
+    url = args.tsdb or config.tsdb_url()
+    home = Path(args.home).resolve() if args.home else config.aml_home()
+    summary = materialize_dataset(
+        spec,
+        tsdb_url=url,
+        home=home,
+        datasets_dir=Path(args.out).resolve() if args.out else None,
+        instance=_instance(args),
+        on_stage=lambda label: print(f"materialising {spec.id}: {label}", file=sys.stderr),
+    )
+    _print_summary(summary, as_json=args.json)
+    return 0
+
+
+def _instance(args: argparse.Namespace):
+    """The persistent instance when DAGSTER_HOME is set (the UI then shows this build)."""
+    if os.environ.get("DAGSTER_HOME") and not getattr(args, "ephemeral", False):
+        import dagster as dg
+
+        return dg.DagsterInstance.get()
+    return None
+
+
+def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
+    if not as_json:
+        w, r = summary["windows"], summary["runs"]
+        print(f"snapshot  {summary['snapshotDir']}")
+        print(f"sha256    {summary['sha256']}")
+        print(f"manifest  v{summary['manifestVersion']}  lineageVerified={summary['lineageVerified']}")
+        print(f"windows   train {w['train']}  val {w['val']}  test {w['test']}")
+        print(f"runs      train {r['train']}  val {r['val']}  test {r['test']}  excluded {r['excluded']}")
+    print(json.dumps(summary))
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from aml_pipeline.core.hashing import verify_snapshot
+    from aml_pipeline.pipeline.publish import Catalog
+
+    snapshot = Path(args.snapshot_dir)
+    if not snapshot.is_dir():
+        raise AmlError(f"{snapshot}: not a snapshot directory", code="NOT_FOUND")
+    entry = Catalog(snapshot.resolve().parent.parent).find_by_path(snapshot.resolve())
+    result = verify_snapshot(snapshot, entry.sha256 if entry else None)
+    if result.ok:
+        print(f"OK {result.actual} {snapshot}")
+        return 0
+    print(
+        f"SNAPSHOT_TAMPERED: {snapshot}: {result.problem}; changed: {', '.join(result.changed)}",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def cmd_datasets(args: argparse.Namespace) -> int:
+    from aml_pipeline.pipeline.publish import Catalog
+
+    root = Path(args.root) if args.root else config.datasets_dir()
+    entries = Catalog(root).entries(args.spec)
+    if args.json:
+        print(json.dumps([e.to_json() for e in entries]))
+        return 0
+    if not entries:
+        print(f"no published snapshots under {root}")
+        return 0
+    print(f"{'spec':<16} {'cur':<3} {'sha256':<16} {'v':<2} {'created':<20} {'train/val/test windows':<24} path")
+    for e in entries:
+        windows = "/".join(str(e.windows[p]) for p in ("train", "val", "test"))
+        print(
+            f"{e.spec_id:<16} {'*' if e.current else '':<3} {e.sha256[:16]:<16} {e.manifest_version:<2} "
+            f"{e.created_at:<20} {windows:<24} {e.path}"
+        )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from aml_pipeline.demo import run_demo
+
+    summary = run_demo(
+        home=Path(args.home).resolve() if args.home else config.aml_home(),
+        spec_path=Path(args.spec) if args.spec else None,
+        runs=args.runs,
+        instance=_instance(args),
+    )
+    _print_summary(summary, as_json=args.json)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aml-pipeline", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="seed the simulated plant and build the example dataset through Dagster")
+    d.add_argument("--home", help="AML_HOME (default: $AML_HOME or ./.aml)")
+    d.add_argument("--spec", help="spec to build (default specs/reactor_a.yaml)")
+    d.add_argument("--runs", type=int, default=12, help="simulated runs to seed")
+    d.add_argument("--json", action="store_true", help="print only the JSON summary")
+    d.set_defaults(func=cmd_demo)
+
+    i = sub.add_parser("ingest", help="ingest points/runs/nodes files (CSV or Parquet) into a TSDB")
+    i.add_argument("--tsdb", help="TSDB URL (default: $AML_TSDB_URL or the embedded file in AML_HOME)")
+    i.add_argument("--points", help="points file: run_id, node_id, ts, value, state")
+    i.add_argument("--runs", help="runs file")
+    i.add_argument("--nodes", help="nodes file")
+    i.set_defaults(func=cmd_ingest)
+
+    b = sub.add_parser("build", help="build and publish a dataset snapshot through its Dagster assets")
+    b.add_argument("spec", help="dataset spec (YAML)")
+    b.add_argument("--tsdb", help="TSDB URL (default: $AML_TSDB_URL or the embedded file in AML_HOME)")
+    b.add_argument("--out", help="datasets root to publish into (default: $AML_HOME/datasets)")
+    b.add_argument("--home", help="AML_HOME for intermediate artifacts (default: $AML_HOME or ./.aml)")
+    b.add_argument("--json", action="store_true", help="print only the JSON summary")
+    b.add_argument("--ephemeral", action="store_true", help="do not record in $DAGSTER_HOME's instance")
+    b.set_defaults(func=cmd_build)
+
+    v = sub.add_parser("verify", help="check every hashed byte of a snapshot (exit 0 only if intact)")
+    v.add_argument("snapshot_dir")
+    v.set_defaults(func=cmd_verify)
+
+    ls = sub.add_parser("datasets", help="list published snapshots")
+    ls.add_argument("--root", help="datasets root (default: $AML_HOME/datasets)")
+    ls.add_argument("--spec", help="only this spec id")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_datasets)
+
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except AmlError as e:
+        print(e.one_line(), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""One asset group per spec file in the specs folder (``AML_SPECS``, default ``specs/``).
+
+A spec that fails validation is logged with its one-line reason and skipped; the other
+datasets load normally.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from aml_pipeline import config
+from aml_pipeline.defs.assets import dataset_assets
+from aml_pipeline.spec import DatasetSpec, discover_specs
+
+log = dg.get_dagster_logger("aml_pipeline")
+
+
+def dataset_definitions(spec: DatasetSpec) -> dg.Definitions:
+    return dg.Definitions(assets=dataset_assets(spec))
+
+
+@dg.definitions
+def datasets() -> dg.Definitions:
+    specs, errors = discover_specs(config.specs_dir())
+    for path, message in errors:
+        log.error(f"spec {path} skipped: {message}")
+    return dg.Definitions.merge(*(dataset_definitions(spec) for _, spec in specs)) if specs else dg.Definitions()

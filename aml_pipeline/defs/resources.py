@@ -1,0 +1,69 @@
+"""Resources: the TSDB, the artifact store and the shared environment, configured by environment.
+
+Each resource is a small ConfigurableResource. Values come from ``AML_TSDB_URL``, ``AML_HOME`` and
+``AML_ENV_LOCATION`` through ``dg.EnvVar`` when they are set, so the UI shows where a value comes
+from; unset, the documented defaults under ``AML_HOME`` apply.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+
+from aml_pipeline import config
+from aml_pipeline.pipeline.store import DatasetStore
+from aml_pipeline.tsdb import TsdbPort, open_tsdb
+from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT
+
+
+class TsdbResource(dg.ConfigurableResource):
+    """The plant's time-series database. The URL picks the adapter:
+    ``duckdb:///path/file.duckdb`` (embedded) or ``postgresql://user@host/db``."""
+
+    url: str
+    page_limit: int = DEFAULT_PAGE_LIMIT
+
+    @contextmanager
+    def open(self, *, read_only: bool = True) -> Iterator[TsdbPort]:
+        """One connection for the whole step (never one per page)."""
+        tsdb = open_tsdb(self.url, read_only=read_only)
+        try:
+            yield tsdb
+        finally:
+            tsdb.close()
+
+
+class StoreResource(dg.ConfigurableResource):
+    """Where artifacts live: per-run intermediates under ``<home>/store`` and published
+    snapshots under ``datasets_dir`` (default ``<home>/datasets``)."""
+
+    home: str
+    datasets_dir: str | None = None
+
+    def dataset_store(self, spec_id: str) -> DatasetStore:
+        return DatasetStore(config.store_dir(Path(self.home)), spec_id)
+
+    @property
+    def datasets_root(self) -> Path:
+        return Path(self.datasets_dir) if self.datasets_dir else config.datasets_dir(Path(self.home))
+
+
+def _env_or(name: str, default: str) -> str | dg.EnvVar:
+    return dg.EnvVar(name) if os.environ.get(name) else default
+
+
+def default_resources() -> dict[str, dg.ConfigurableResource]:
+    home = config.aml_home()
+    return {
+        "tsdb": TsdbResource(url=_env_or("AML_TSDB_URL", config.default_tsdb_url(home))),
+        "store": StoreResource(home=_env_or("AML_HOME", str(home))),
+    }
+
+
+@dg.definitions
+def resources() -> dg.Definitions:
+    return dg.Definitions(resources=default_resources())

@@ -1,0 +1,390 @@
+"""Dataset-level stages: split runs, fit normalisation on train, write the snapshot.
+
+Runs are streamed from the store one at a time, so memory is bounded by the largest run, not
+by the dataset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aml_pipeline.core.clean import CLEAN_CAUSES
+from aml_pipeline.core.hashing import SnapshotHasher
+from aml_pipeline.core.lineage import RunContext, RunLineage, classify_lineage
+from aml_pipeline.core.manifest import SPLITS, build_manifest, build_sidecar, to_json_bytes
+from aml_pipeline.core.normalize import MomentAccumulator, NormStats, apply_norm, fit_window_stats
+from aml_pipeline.core.split import split_blocks, split_runs
+from aml_pipeline.core.stats import LagCorrelation, NodeSummary
+from aml_pipeline.core.windows import window_block
+from aml_pipeline.errors import BuildError
+from aml_pipeline.pipeline.runs import stage_fingerprint
+from aml_pipeline.pipeline.store import DatasetStore
+from aml_pipeline.spec import DatasetSpec
+
+SPLIT_FILE = "split.json"
+NORM_FILE = "norm.json"
+
+
+@dataclass
+class DatasetPlan:
+    """Which runs go where. ``split`` is the manifest's ``split`` section."""
+
+    split: dict[str, Any]
+    lineage: RunLineage | None
+    runs: dict[str, dict[str, Any]]  # run id -> windows-stage summary, for runs in the dataset
+
+    def ordered_runs(self) -> list[tuple[str, str]]:
+        """(split, run id) in snapshot order: train, val, test; runs in split order."""
+        return [(part, r) for part in SPLITS for r in self.split[f"{part}RunIds"]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "split": self.split,
+            "lineage": None if self.lineage is None else self.lineage.to_json(),
+            "runs": self.runs,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> DatasetPlan:
+        lin = obj.get("lineage")
+        return cls(obj["split"], None if lin is None else RunLineage(**lin), obj["runs"])
+
+
+def plan_dataset(spec: DatasetSpec, run_ids: Sequence[str], store: DatasetStore) -> DatasetPlan:
+    """Split the given runs (the dataset's partitions) by run, never by window."""
+    fingerprint = stage_fingerprint(spec)
+    metas: dict[str, dict[str, Any]] = {}
+    excluded: list[dict[str, str]] = []
+    for run_id in run_ids:
+        meta = store.read_meta(run_id, "windows")
+        if meta is None:
+            excluded.append({"runId": run_id, "reason": "run_windows not materialised for this run"})
+        elif meta.get("fingerprint") != fingerprint:
+            raise BuildError(
+                f"run {run_id!r}: its windows were built for another version of spec {spec.id!r} "
+                f"({meta.get('fingerprint')}, now {fingerprint}); rematerialise the run partitions"
+            )
+        else:
+            metas[run_id] = meta
+
+    lineage: RunLineage | None = None
+    if spec.extras is not None:
+        lineage = classify_lineage(
+            (
+                RunContext(
+                    r,
+                    bool(m["run"]["context_confirmed"]),
+                    m["run"]["recipe_version"],
+                    m["run"]["recipe_content_hash"],
+                )
+                for r, m in metas.items()
+            ),
+            recipe_version=spec.extras.recipe_version,
+            recipe_content_hash=spec.extras.recipe_content_hash,
+        )
+        excluded.extend(lineage.excluded)
+
+    lineage_out = lineage.excluded_ids if lineage else set()
+    candidates: list[tuple[str, int]] = []
+    for run_id, meta in metas.items():
+        if run_id in lineage_out:
+            continue
+        if meta["windows"] == 0:
+            excluded.append({"runId": run_id, "reason": f"no windows: {meta['reason']}"})
+        else:
+            candidates.append((run_id, int(meta["run"]["started_at"])))
+    excluded.sort(key=lambda e: e["runId"])
+
+    if not candidates:
+        reasons = "; ".join(f"{e['runId']}: {e['reason']}" for e in excluded[:3])
+        more = f" (and {len(excluded) - 3} more)" if len(excluded) > 3 else ""
+        raise BuildError(
+            f"spec {spec.id!r}: the build yields no windows from {len(run_ids)} run(s)"
+            + (f" — {reasons}{more}" if reasons else ""),
+            code="NO_WINDOWS",
+        )
+    s = spec.split
+    parts = split_runs(candidates, method=s.method, train=s.train, val=s.val, test=s.test, seed=s.seed)
+    if not parts["train"]:
+        raise BuildError(
+            f"spec {spec.id!r}: no run falls into train ({len(candidates)} run(s) with windows, "
+            f"split {s.method}); normalisation is fitted on train only",
+            code="NO_TRAIN_RUNS",
+        )
+    windows = {r: int(metas[r]["windows"]) for r, _ in candidates}
+    split = {
+        "trainRunIds": parts["train"],
+        "valRunIds": parts["val"],
+        "testRunIds": parts["test"],
+        "excluded": excluded,
+        **{part: sum(windows[r] for r in parts[part]) for part in SPLITS},
+        "blocks": split_blocks(parts, windows),
+    }
+    return DatasetPlan(split, lineage, {r: metas[r] for r, _ in candidates})
+
+
+def _checked(spec: DatasetSpec, store: DatasetStore, name: str, asset: str) -> dict[str, Any]:
+    try:
+        obj = store.read_json(name)
+    except FileNotFoundError:
+        raise BuildError(f"spec {spec.id!r}: {asset} has not been materialised yet") from None
+    if obj.get("fingerprint") != stage_fingerprint(spec):
+        raise BuildError(
+            f"spec {spec.id!r}: the stored {asset} was built for another version of the spec; "
+            f"rematerialise {asset}"
+        )
+    return obj
+
+
+def save_plan(spec: DatasetSpec, plan: DatasetPlan, store: DatasetStore) -> Path:
+    return store.write_json(SPLIT_FILE, {"fingerprint": stage_fingerprint(spec), **plan.to_json()})
+
+
+def load_plan(spec: DatasetSpec, store: DatasetStore) -> DatasetPlan:
+    return DatasetPlan.from_json(_checked(spec, store, SPLIT_FILE, "dataset_split"))
+
+
+@dataclass
+class RunArrays:
+    run_id: str
+    grid: np.ndarray  # [T, nodes] model units
+    grid_ts: np.ndarray
+    starts: np.ndarray
+
+
+def iter_runs(store: DatasetStore, run_ids: Sequence[str]) -> Iterator[RunArrays]:
+    for run_id in run_ids:
+        a = store.read_arrays(run_id, "windows")
+        yield RunArrays(run_id, a["grid"], a["grid_ts"], a["starts"])
+
+
+@dataclass
+class Columns:
+    """Column indices of the three window groups in the node-ordered grid."""
+
+    controls: list[int]
+    targets: list[int]
+
+    @classmethod
+    def of(cls, spec: DatasetSpec) -> Columns:
+        idx = {n: j for j, n in enumerate(spec.node_ids)}
+        return cls([idx[n] for n in spec.control_ids], [idx[n] for n in spec.target_ids])
+
+
+@dataclass
+class Normalization:
+    x: NormStats
+    u: NormStats
+    y: NormStats
+
+    def to_json(self, spec: DatasetSpec) -> dict[str, Any]:
+        out = {}
+        for key, stats, names in (
+            ("x", self.x, spec.node_ids),
+            ("u", self.u, spec.control_ids),
+            ("y", self.y, spec.target_ids),
+        ):
+            out[key] = stats.to_json()
+            out[key]["zeroStd"] = [n for n, z in zip(names, stats.zero_std, strict=True) if z]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], spec: DatasetSpec) -> Normalization:
+        def stats(key: str, names: list[str]) -> NormStats:
+            g = obj[key]
+            if len(g["mean"]) != len(names):
+                raise BuildError(
+                    f"spec {spec.id!r}: stored normalisation of {key} has {len(g['mean'])} columns, "
+                    f"the spec {len(names)}; rematerialise normalization_stats"
+                )
+            return NormStats(
+                mean=np.asarray(g["mean"], dtype=np.float64),
+                std=np.asarray(g["std"], dtype=np.float64),
+                zero_std=np.asarray([n in g["zeroStd"] for n in names], dtype=bool),
+                count=float("nan"),
+            )
+
+        return cls(stats("x", spec.node_ids), stats("u", spec.control_ids), stats("y", spec.target_ids))
+
+
+def save_norm(spec: DatasetSpec, norm: Normalization, store: DatasetStore) -> Path:
+    return store.write_json(NORM_FILE, {"fingerprint": stage_fingerprint(spec), **norm.to_json(spec)})
+
+
+def load_norm(spec: DatasetSpec, store: DatasetStore) -> Normalization:
+    return Normalization.from_json(_checked(spec, store, NORM_FILE, "normalization_stats"), spec)
+
+
+def fit_normalization(spec: DatasetSpec, plan: DatasetPlan, store: DatasetStore) -> Normalization:
+    """mean/std per column over train windows only (float64, streamed run by run)."""
+    cols = Columns.of(spec)
+    acc = None
+    for run in iter_runs(store, plan.split["trainRunIds"]):
+        part = fit_window_stats(
+            run.grid, run.starts, spec.history_steps, spec.horizon_steps, cols.controls, cols.targets
+        )
+        if acc is None:
+            acc = part
+        else:
+            for a, p in zip(acc, part, strict=True):
+                a.merge(p)
+    if acc is None:
+        raise BuildError(f"spec {spec.id!r}: no train windows to fit normalisation on", code="NO_TRAIN_RUNS")
+    return Normalization(*(a.result() for a in acc))
+
+
+# ---- snapshot writing ------------------------------------------------------------------------
+
+
+@dataclass
+class SnapshotFiles:
+    """A finished, fsynced snapshot in its staging directory, with its hash."""
+
+    staging: Path
+    manifest: dict[str, Any]
+    sha256: str
+    files: dict[str, str]
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def _array_for(kind: str, run: RunArrays, spec: DatasetSpec, cols: Columns, norm: Normalization) -> np.ndarray:
+    H, F = spec.history_steps, spec.horizon_steps
+    if kind == "x":
+        return window_block(apply_norm(run.grid, norm.x.mean, norm.x.std), run.starts, -H, 0)
+    if kind == "u":
+        return window_block(apply_norm(run.grid[:, cols.controls], norm.u.mean, norm.u.std), run.starts, 0, F)
+    if kind == "y":
+        return window_block(apply_norm(run.grid[:, cols.targets], norm.y.mean, norm.y.std), run.starts, 0, F)
+    if kind == "timestamps":
+        return window_block(run.grid_ts.astype(np.float64)[:, None], run.starts, -H, F)[:, :, 0]
+    if kind == "mask":
+        # Windows with a gap are dropped, so every kept step is an observed grid value.
+        return np.ones((run.starts.shape[0], H + F), dtype=np.float32)
+    raise ValueError(f"unknown array kind {kind!r}")
+
+
+def _write_synced(path: Path, data: bytes, hasher: SnapshotHasher | None = None, name: str = "") -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if hasher is not None:
+        hasher.begin(name)
+        hasher.update(data)
+        hasher.end()
+
+
+def write_snapshot_files(
+    spec: DatasetSpec,
+    plan: DatasetPlan,
+    norm: Normalization,
+    store: DatasetStore,
+    staging: Path,
+    *,
+    availability_watermark: int | None,
+    captured_at: str,
+) -> SnapshotFiles:
+    """Write every artifact of the snapshot into ``staging`` (fsynced), hashing as it goes."""
+    (staging / "arrays").mkdir(parents=True, exist_ok=False)
+    cols = Columns.of(spec)
+    spec_json = spec.to_json_bytes()
+    extras = None if spec.extras is None else spec.extras.model_dump(mode="json", by_alias=True)
+    watermark = availability_watermark
+    if extras is not None and extras.get("availabilityWatermark") is not None:
+        watermark = extras["availabilityWatermark"]
+    manifest = build_manifest(
+        spec.to_json_dict(),
+        node_ids=spec.node_ids,
+        control_ids=spec.control_ids,
+        target_ids=spec.target_ids,
+        history=spec.history_steps,
+        horizon=spec.horizon_steps,
+        beat_ms=spec.beat_ms,
+        split=plan.split,
+        norm=norm.to_json(spec),
+        lineage=plan.lineage,
+        extras=extras,
+        availability_watermark=watermark,
+        captured_at=captured_at,
+    )
+    hasher = SnapshotHasher(spec_json)
+    _write_synced(staging / "spec.json", spec_json)
+    _write_synced(staging / "manifest.json", to_json_bytes(manifest), hasher, "manifest.json")
+
+    run_order = [r for _, r in plan.ordered_runs()]
+    kinds = ["x", "u", "y"] + (["timestamps", "mask"] if extras is not None else [])
+    report = _ReportBuilder(spec, cols)
+    for kind in kinds:
+        name = f"arrays/{kind}.{'f64' if kind == 'timestamps' else 'f32'}"
+        expected_rows = 0
+        hasher.begin(name)
+        with open(staging / name, "wb") as f:
+            for run in iter_runs(store, run_order):
+                if kind == "x":
+                    report.add_run(run, plan)
+                block = _array_for(kind, run, spec, cols, norm)
+                data = memoryview(np.ascontiguousarray(block, dtype="<f8" if kind == "timestamps" else "<f4")).cast("B")
+                f.write(data)
+                hasher.update(data)
+                expected_rows += run.starts.shape[0]
+            f.flush()
+            os.fsync(f.fileno())
+        hasher.end()
+        if expected_rows != manifest["shapes"]["x"][0]:
+            raise BuildError(
+                f"spec {spec.id!r}: stored windows changed while writing {name} "
+                f"({expected_rows} rows, manifest says {manifest['shapes']['x'][0]})"
+            )
+    if extras is not None:
+        sidecar = to_json_bytes(build_sidecar(extras, plan.split, watermark))
+        _write_synced(staging / "arrays" / "sidecar.json", sidecar, hasher, "arrays/sidecar.json")
+    report_json = report.result(plan)
+    _write_synced(staging / "report.json", to_json_bytes(report_json))
+    digest = hasher.hexdigest()
+    return SnapshotFiles(staging, manifest, digest, dict(hasher.files), report_json)
+
+
+class _ReportBuilder:
+    """report.json: cleaning counts, per-node summary (model units), lag cross-correlation."""
+
+    def __init__(self, spec: DatasetSpec, cols: Columns) -> None:
+        self.spec = spec
+        self.cols = cols
+        self.nodes = [NodeSummary() for _ in spec.node_ids]
+        self.max_lag = spec.history_steps + spec.horizon_steps
+        self.lags = {
+            (c, t): LagCorrelation(self.max_lag) for c in spec.control_ids for t in spec.target_ids
+        }
+        self.counts = {n: dict.fromkeys(("input", *CLEAN_CAUSES, "kept"), 0) for n in spec.node_ids}
+        self.columns = {n: j for j, n in enumerate(spec.node_ids)}
+
+    def add_run(self, run: RunArrays, plan: DatasetPlan) -> None:
+        for j, summary in enumerate(self.nodes):
+            summary.add(run.grid[:, j])
+        meta = plan.runs[run.run_id]
+        for node, counts in meta["counts"].items():
+            for cause, n in counts.items():
+                self.counts[node][cause] += int(n)
+        # Lag estimates, like every fitted statistic, come from train runs only.
+        if run.run_id in plan.split["trainRunIds"]:
+            for (c, t), lag in self.lags.items():
+                lag.add(run.grid[:, self.columns[c]], run.grid[:, self.columns[t]])
+
+    def result(self, plan: DatasetPlan) -> dict[str, Any]:
+        totals = {k: sum(c[k] for c in self.counts.values()) for k in ("input", *CLEAN_CAUSES, "kept")}
+        return {
+            "cleaning": {"totals": totals, "byNode": self.counts},
+            "nodes": {n: s.result() for n, s in zip(self.spec.node_ids, self.nodes, strict=True)},
+            "lagCrossCorrelation": [
+                {"control": c, "target": t, **lag.result(self.spec.beat_ms)}
+                for (c, t), lag in self.lags.items()
+            ],
+            "excluded": plan.split["excluded"],
+            "missing": {r: m["missing"] for r, m in plan.runs.items()},
+        }

@@ -1,0 +1,214 @@
+"""Publishing snapshots: atomic rename into place, the ``current`` pointer, and the catalog.
+
+A snapshot is built in ``<root>/<spec>/.staging-*``, fsynced, then renamed to
+``<root>/<spec>/<sha256[:16]>`` (content-addressed and immutable). A crash at any moment leaves
+either no new directory or a complete one; the previous snapshots are never touched.
+``current`` is a symlink replaced atomically once the blocking checks have passed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aml_pipeline.core.hashing import DIGEST_FILE, SnapshotDigest, verify_snapshot
+from aml_pipeline.ids import check_spec_id
+
+CATALOG_FILE = "catalog.sqlite"
+CURRENT_LINK = "current"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def staging_dir(root: Path, spec_id: str) -> Iterator[Path]:
+    """A fresh staging directory, removed again unless it was published (renamed away)."""
+    parent = Path(root) / check_spec_id(spec_id, what="spec id")
+    parent.mkdir(parents=True, exist_ok=True)
+    path = parent / f".staging-{uuid.uuid4().hex}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def publish_staged(staging: Path, digest: SnapshotDigest) -> Path:
+    """Record the digest beside the files, fsync everything and rename into place."""
+    (staging / DIGEST_FILE).write_bytes(digest.to_json_bytes())
+    with open(staging / DIGEST_FILE, "rb+") as f:
+        os.fsync(f.fileno())
+    for d in (staging / "arrays", staging):
+        if d.is_dir():
+            _fsync_dir(d)
+    target = staging.parent / digest.sha256[:16]
+    if target.exists():
+        # Same content was published before: keep the existing (immutable) snapshot if intact.
+        check = verify_snapshot(target, digest.sha256)
+        if check.ok:
+            return target
+        broken = target.with_name(f".broken-{target.name}-{uuid.uuid4().hex[:8]}")
+        os.rename(target, broken)
+    os.rename(staging, target)
+    _fsync_dir(staging.parent)
+    return target
+
+
+def set_current(snapshot_dir: Path) -> None:
+    """Point ``<spec>/current`` at ``snapshot_dir`` atomically."""
+    parent = snapshot_dir.parent
+    tmp = parent / f".current-{uuid.uuid4().hex}"
+    os.symlink(snapshot_dir.name, tmp)
+    os.replace(tmp, parent / CURRENT_LINK)
+    _fsync_dir(parent)
+
+
+def current_snapshot(root: Path, spec_id: str) -> Path | None:
+    link = Path(root) / check_spec_id(spec_id, what="spec id") / CURRENT_LINK
+    return link.resolve() if link.is_symlink() else None
+
+
+# ---- catalog ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    spec_id: str
+    sha256: str
+    path: str
+    manifest_version: int
+    created_at: str
+    windows: dict[str, int]
+    runs: dict[str, int]
+    lineage_verified: int
+    current: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "specId": self.spec_id,
+            "sha256": self.sha256,
+            "snapshotDir": self.path,
+            "manifestVersion": self.manifest_version,
+            "createdAt": self.created_at,
+            "windows": self.windows,
+            "runs": self.runs,
+            "lineageVerified": self.lineage_verified,
+            "current": self.current,
+        }
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    spec_id TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    path TEXT NOT NULL,
+    manifest_version INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    windows_train INTEGER, windows_val INTEGER, windows_test INTEGER,
+    runs_train INTEGER, runs_val INTEGER, runs_test INTEGER, runs_excluded INTEGER,
+    lineage_verified INTEGER NOT NULL,
+    current INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (spec_id, sha256)
+)
+"""
+
+
+class Catalog:
+    """Published snapshots of every spec under a datasets root (SQLite, safe across processes)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.path = self.root / CATALOG_FILE
+
+    def _connect(self) -> sqlite3.Connection:
+        self.root.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=30)
+        conn.execute(_SCHEMA)
+        return conn
+
+    def record(self, snapshot_dir: Path, manifest: dict[str, Any], sha256: str, *, current: bool) -> CatalogEntry:
+        split = manifest["split"]
+        spec_id = manifest["spec"]["id"]
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        row = (
+            spec_id,
+            sha256,
+            str(snapshot_dir),
+            manifest["version"],
+            created,
+            split["train"],
+            split["val"],
+            split["test"],
+            len(split["trainRunIds"]),
+            len(split["valRunIds"]),
+            len(split["testRunIds"]),
+            len(split["excluded"]),
+            int(manifest.get("lineageVerified", 0)),
+            int(current),
+        )
+        with closing(self._connect()) as conn, conn:
+            if current:
+                conn.execute("UPDATE snapshots SET current = 0 WHERE spec_id = ?", (spec_id,))
+            conn.execute(
+                "INSERT INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT (spec_id, sha256) DO UPDATE SET path = excluded.path, "
+                "current = excluded.current",
+                row,
+            )
+        return self.get(spec_id, sha256)  # type: ignore[return-value]
+
+    def entries(self, spec_id: str | None = None) -> list[CatalogEntry]:
+        if not self.path.exists():
+            return []
+        sql = "SELECT * FROM snapshots"
+        args: tuple = ()
+        if spec_id is not None:
+            sql += " WHERE spec_id = ?"
+            args = (spec_id,)
+        with closing(self._connect()) as conn:
+            rows = conn.execute(sql + " ORDER BY spec_id, created_at, sha256", args).fetchall()
+        return [_entry(r) for r in rows]
+
+    def get(self, spec_id: str, sha256: str) -> CatalogEntry | None:
+        with closing(self._connect()) as conn:
+            r = conn.execute(
+                "SELECT * FROM snapshots WHERE spec_id = ? AND sha256 = ?", (spec_id, sha256)
+            ).fetchone()
+        return None if r is None else _entry(r)
+
+    def find_by_path(self, snapshot_dir: Path) -> CatalogEntry | None:
+        if not self.path.exists():
+            return None
+        with closing(self._connect()) as conn:
+            r = conn.execute(
+                "SELECT * FROM snapshots WHERE path = ?", (str(Path(snapshot_dir).resolve()),)
+            ).fetchone()
+        return None if r is None else _entry(r)
+
+
+def _entry(r: tuple) -> CatalogEntry:
+    return CatalogEntry(
+        spec_id=r[0],
+        sha256=r[1],
+        path=r[2],
+        manifest_version=r[3],
+        created_at=r[4],
+        windows={"train": r[5], "val": r[6], "test": r[7]},
+        runs={"train": r[8], "val": r[9], "test": r[10], "excluded": r[11]},
+        lineage_verified=r[12],
+        current=bool(r[13]),
+    )

@@ -1,0 +1,787 @@
+"""The embedded default TSDB: one DuckDB file, shared by many read-only processes.
+
+URL
+    ``duckdb:///abs/path/file.duckdb`` names an absolute path; extra leading slashes are
+    collapsed, so ``duckdb:////abs/path`` (what ``f"duckdb:///{abs_path}"`` produces) is the
+    same file. A path that starts with ``./`` or ``../`` after the third slash
+    (``duckdb:///./x.duckdb``), or that has no third slash (``duckdb://x.duckdb``), is relative
+    to the current working directory.
+
+Schema (version :data:`SCHEMA_VERSION`, recorded in ``schema_version``)
+    ``runs(run_id PK, run_key, line_id, product_id, recipe_id, recipe_version, recipe_content_hash,
+    started_at, ended_at, evidence_source, context_confirmed)``,
+    ``nodes(node_id PK, node_key, unit, range_lo, range_hi)``,
+    ``points(run_key, node_key, ts, value, state, seq)`` and the view
+    ``points_by_id(run_id, node_id, ts, value, state, seq)`` for people querying the file.
+
+    Points carry small integer surrogate keys instead of the run/node id strings: DuckDB's zone
+    maps keep only an 8-byte prefix of string min/max, so plant ids that share a prefix
+    (``BATCH-2024-...``) would defeat row-group pruning (measured: 2.7x slower per-series reads
+    on 3.7M points). Integer keys prune exactly. Keys are assigned once, on first insert, and
+    never change. Every ingest sorts its points by ``(run_key, node_key, ts, seq)`` before the
+    insert, so one series occupies few, contiguous row groups.
+
+Concurrency
+    DuckDB locks the file: many read-only connections (in as many processes) or one read-write
+    connection. An open that finds the file locked is retried for ``lock_timeout_s`` and then
+    fails with :class:`TsdbBusyError`. Note that a read-only instance holds its shared lock
+    until :meth:`DuckDBTsdb.close`, so keep read-only instances short-lived (a build step, not a
+    whole server). Within one process DuckDB refuses to mix read-only and read-write handles
+    on the same file; that is reported at once (retrying cannot help).
+
+``seq`` is a global ingestion sequence: the points of one ingest get ``max(seq) + 1 + row
+index`` in the order they were given (file row order).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from aml_pipeline.errors import (
+    IngestError,
+    InvalidIdError,
+    TsdbBusyError,
+    TsdbError,
+    UnknownNodeError,
+    UnknownRunError,
+)
+from aml_pipeline.ids import check_external_id
+from aml_pipeline.tsdb.port import (
+    DEFAULT_PAGE_LIMIT,
+    EVIDENCE_SOURCES,
+    Cursor,
+    Node,
+    Page,
+    PointColumns,
+    Run,
+    RunScope,
+)
+
+SCHEMA_VERSION = 1
+URL_PREFIX = "duckdb://"
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+
+_DDL = (
+    """CREATE TABLE IF NOT EXISTS schema_version (
+        version INTEGER NOT NULL,
+        applied_at_ms BIGINT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id VARCHAR PRIMARY KEY,
+        run_key INTEGER NOT NULL UNIQUE,
+        line_id VARCHAR NOT NULL,
+        product_id VARCHAR NOT NULL,
+        recipe_id VARCHAR NOT NULL,
+        recipe_version INTEGER,
+        recipe_content_hash VARCHAR,
+        started_at BIGINT NOT NULL,
+        ended_at BIGINT,
+        evidence_source VARCHAR NOT NULL
+            CHECK (evidence_source IN ('simulation', 'real', 'unassessed')),
+        context_confirmed BOOLEAN NOT NULL DEFAULT FALSE,
+        CHECK (ended_at IS NULL OR ended_at >= started_at)
+    )""",
+    """CREATE TABLE IF NOT EXISTS nodes (
+        node_id VARCHAR PRIMARY KEY,
+        node_key INTEGER NOT NULL UNIQUE,
+        unit VARCHAR NOT NULL DEFAULT '',
+        range_lo DOUBLE,
+        range_hi DOUBLE
+    )""",
+    """CREATE TABLE IF NOT EXISTS points (
+        run_key INTEGER NOT NULL,
+        node_key INTEGER NOT NULL,
+        ts BIGINT NOT NULL,
+        value DOUBLE NOT NULL,
+        state INTEGER NOT NULL,
+        seq BIGINT NOT NULL
+    )""",
+    """CREATE OR REPLACE VIEW points_by_id AS
+        SELECT r.run_id, n.node_id, p.ts, p.value, p.state, p.seq
+        FROM points p JOIN runs r USING (run_key) JOIN nodes n USING (node_key)""",
+)
+
+_RUN_COLUMNS = (
+    "run_id, line_id, product_id, recipe_id, recipe_version, recipe_content_hash, "
+    "started_at, ended_at, evidence_source, context_confirmed"
+)
+
+# Ingests within one process are serialised per file: seq = max(seq) + 1 + i must not race
+# between two read-write handles that share DuckDB's in-process database instance.
+_INGEST_LOCKS: dict[str, threading.Lock] = {}
+_INGEST_LOCKS_GUARD = threading.Lock()
+
+
+def _ingest_lock(path: Path) -> threading.Lock:
+    with _INGEST_LOCKS_GUARD:
+        return _INGEST_LOCKS.setdefault(str(path), threading.Lock())
+
+
+def parse_duckdb_url(url: str) -> Path:
+    """The file a ``duckdb://`` URL names (see the module docstring for the forms)."""
+    if not isinstance(url, str) or not url.startswith(URL_PREFIX):
+        raise TsdbError(
+            f"not a DuckDB URL: {url!r} (use duckdb:///absolute/path/file.duckdb)",
+            code="TSDB_URL_INVALID",
+        )
+    rest = url[len(URL_PREFIX) :]
+    if "?" in rest or "#" in rest:
+        raise TsdbError(
+            f"DuckDB URL {url!r} must not have a query or fragment", code="TSDB_URL_INVALID"
+        )
+    if rest.startswith(("/./", "/../")):
+        raw = rest[1:]
+    elif rest.startswith("/"):
+        raw = "/" + rest.lstrip("/")
+    else:
+        raw = rest
+    if raw.strip("/") in ("", ".", ".."):
+        raise TsdbError(f"DuckDB URL {url!r} names no file", code="TSDB_URL_INVALID")
+    if raw == ":memory:" or raw.endswith("/:memory:"):
+        raise TsdbError(
+            f"DuckDB URL {url!r}: in-memory databases are not supported; name a file",
+            code="TSDB_URL_INVALID",
+        )
+    return Path(os.path.abspath(raw))
+
+
+class DuckDBTsdb:
+    """:class:`~aml_pipeline.tsdb.port.TsdbPort` over one embedded DuckDB file.
+
+    One connection per instance, used under a lock (DuckDB connections are not safe for
+    concurrent use from several threads). ``read_only=False`` creates the file and its schema
+    if needed; ``read_only=True`` requires an existing, initialised file.
+    """
+
+    def __init__(self, url: str, read_only: bool = True, *, lock_timeout_s: float = 10.0) -> None:
+        self.url = url
+        self.path = parse_duckdb_url(url)
+        self.read_only = bool(read_only)
+        self.lock_timeout_s = float(lock_timeout_s)
+        self._lock = threading.RLock()
+        self._run_keys: dict[str, int] = {}
+        self._node_keys: dict[str, int] = {}
+        if self.read_only and not self.path.exists():
+            raise TsdbError(
+                f"{self.path}: no TSDB file there yet; ingest data first "
+                "(aml-pipeline ingest ..., or aml-pipeline demo for a simulated plant)",
+                code="TSDB_EMPTY",
+            )
+        if not self.read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._con: duckdb.DuckDBPyConnection | None = self._connect()
+        try:
+            self._init_schema()
+        except BaseException:
+            self._con.close()
+            self._con = None
+            raise
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        deadline = time.monotonic() + max(0.0, self.lock_timeout_s)
+        delay = 0.05
+        mode = "read-only" if self.read_only else "read-write"
+        while True:
+            try:
+                return duckdb.connect(str(self.path), read_only=self.read_only)
+            except duckdb.ConnectionException as e:
+                if "different configuration" in str(e):
+                    raise TsdbBusyError(
+                        f"{self.path} is already open in this process in another mode; close "
+                        f"that handle before opening it {mode} (DuckDB allows either many "
+                        "read-only handles or read-write ones, not both)"
+                    ) from None
+                raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
+            except duckdb.IOException as e:
+                text = str(e)
+                if "lock" not in text.lower():
+                    if "database does not exist" in text:
+                        raise TsdbError(
+                            f"{self.path}: no TSDB file there yet; ingest data first",
+                            code="TSDB_EMPTY",
+                        ) from None
+                    raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    holder = _lock_holder(text)
+                    raise TsdbBusyError(
+                        f"{self.path} is in use by another process (a build reading it, or "
+                        "another ingest); try again when it finishes "
+                        f"(waited {self.lock_timeout_s:g} s to open it {mode}{holder})"
+                    ) from None
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 2, 0.5)
+            except duckdb.Error as e:
+                raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
+
+    def _init_schema(self) -> None:
+        con = self._con
+        assert con is not None
+        has_table = con.execute(
+            "SELECT count(*) FROM information_schema.tables "
+            "WHERE table_schema = 'main' AND table_name = 'schema_version'"
+        ).fetchall()[0][0]
+        version = None
+        if has_table:
+            version = con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0]
+        if version is None:
+            if self.read_only:
+                raise TsdbError(
+                    f"{self.path} holds no TSDB schema yet (an empty or foreign DuckDB file); "
+                    "ingest data first (aml-pipeline ingest ..., or aml-pipeline demo)",
+                    code="TSDB_EMPTY",
+                )
+            clashing = [
+                r[0]
+                for r in con.execute(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+                    "AND table_name IN ('runs', 'nodes', 'points', 'points_by_id') ORDER BY 1"
+                ).fetchall()
+            ]
+            if clashing:
+                raise TsdbError(
+                    f"{self.path} is a DuckDB file of something else (it has {', '.join(clashing)} "
+                    "but no aml_pipeline schema_version); refusing to change it, use a new file",
+                    code="TSDB_SCHEMA_VERSION",
+                )
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for ddl in _DDL:
+                    con.execute(ddl)
+                con.execute(
+                    "INSERT INTO schema_version VALUES (?, ?)",
+                    [SCHEMA_VERSION, int(time.time() * 1000)],
+                )
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            return
+        if version != SCHEMA_VERSION:
+            newer = version > SCHEMA_VERSION
+            raise TsdbError(
+                f"{self.path} has TSDB schema version {version}, this aml_pipeline reads "
+                f"version {SCHEMA_VERSION}"
+                + ("; upgrade aml_pipeline" if newer else "; re-ingest into a new file"),
+                code="TSDB_SCHEMA_VERSION",
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._con is not None:
+                try:
+                    self._con.close()
+                finally:
+                    self._con = None
+
+    def __enter__(self) -> DuckDBTsdb:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "ro" if self.read_only else "rw"
+        state = "closed" if self._con is None else "open"
+        return f"DuckDBTsdb({str(self.path)!r}, {mode}, {state})"
+
+    @property
+    def _c(self) -> duckdb.DuckDBPyConnection:
+        if self._con is None:
+            raise TsdbError(f"{self.url}: this TSDB handle is closed")
+        return self._con
+
+    # ---- catalog ---------------------------------------------------------------------------
+    def list_runs(self, scope: RunScope | None = None, finished_only: bool = True) -> list[Run]:
+        where: list[str] = []
+        params: list[Any] = []
+        if scope is not None:
+            for column, value in (
+                ("line_id", scope.line_id),
+                ("product_id", scope.product_id),
+                ("recipe_id", scope.recipe_id),
+            ):
+                if value is not None:
+                    where.append(f"{column} = ?")
+                    params.append(value)
+            if scope.to_ms is not None:
+                where.append("started_at <= ?")
+                params.append(_clamp_i64(scope.to_ms))
+            if scope.from_ms is not None:
+                where.append("(ended_at IS NULL OR ended_at >= ?)")
+                params.append(_clamp_i64(scope.from_ms))
+        if finished_only:
+            where.append("ended_at IS NOT NULL")
+        sql = f"SELECT {_RUN_COLUMNS} FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY started_at, run_id"
+        with self._lock:
+            rows = self._c.execute(sql, params).fetchall()
+        return [_run_from_row(r) for r in rows]
+
+    def get_run(self, run_id: str) -> Run:
+        with self._lock:
+            rows = self._c.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", [run_id]
+            ).fetchall()
+        if not rows:
+            raise UnknownRunError(f"unknown run {run_id!r}: not in {self.url}")
+        return _run_from_row(rows[0])
+
+    def list_nodes(self) -> list[Node]:
+        with self._lock:
+            rows = self._c.execute(
+                "SELECT node_id, unit, range_lo, range_hi FROM nodes ORDER BY node_id"
+            ).fetchall()
+        return [Node(r[0], r[1] or "", _opt_float(r[2]), _opt_float(r[3])) for r in rows]
+
+    def availability_watermark(self) -> int | None:
+        with self._lock:
+            value = self._c.execute("SELECT max(ts) FROM points").fetchall()[0][0]
+        return None if value is None else int(value)
+
+    def point_count(self, run_id: str | None = None, node_id: str | None = None) -> int:
+        """Number of stored points (optionally of one run and/or node); not part of the port."""
+        where, params = [], []
+        with self._lock:
+            if run_id is not None:
+                where.append("run_key = ?")
+                params.append(self._run_key(run_id))
+            if node_id is not None:
+                where.append("node_key = ?")
+                params.append(self._node_key(node_id))
+            sql = "SELECT count(*) FROM points" + (" WHERE " + " AND ".join(where) if where else "")
+            return int(self._c.execute(sql, params).fetchall()[0][0])
+
+    def _run_key(self, run_id: str) -> int:
+        key = self._run_keys.get(run_id)
+        if key is None:
+            rows = self._c.execute(
+                "SELECT run_key FROM runs WHERE run_id = ?", [run_id]
+            ).fetchall()
+            if not rows:
+                raise UnknownRunError(f"unknown run {run_id!r}: not in {self.url}")
+            key = self._run_keys[run_id] = int(rows[0][0])
+        return key
+
+    def _node_key(self, node_id: str) -> int:
+        key = self._node_keys.get(node_id)
+        if key is None:
+            rows = self._c.execute(
+                "SELECT node_key FROM nodes WHERE node_id = ?", [node_id]
+            ).fetchall()
+            if not rows:
+                raise UnknownNodeError(f"unknown node {node_id!r}: not in {self.url}")
+            key = self._node_keys[node_id] = int(rows[0][0])
+        return key
+
+    # ---- points ----------------------------------------------------------------------------
+    def query_page(
+        self,
+        node_id: str,
+        run_id: str,
+        from_ms: int,
+        to_ms: int,
+        cursor: Cursor | None = None,
+        limit: int = DEFAULT_PAGE_LIMIT,
+    ) -> Page:
+        """Keyset page on ``(ts, seq)``; ``done`` is exact (``limit + 1`` rows are asked for)."""
+        limit = int(limit)
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        with self._lock:
+            con = self._c
+            run_key = self._run_key(run_id)
+            node_key = self._node_key(node_id)
+            lo, hi = _clamp_i64(from_ms), _clamp_i64(to_ms)
+            where = "run_key = ? AND node_key = ? AND ts BETWEEN ? AND ?"
+            if cursor is not None:
+                # ts >= cursor.ts is folded into the range (so zone maps prune on it); within it,
+                # (ts, seq) > cursor  <=>  ts > cursor.ts OR seq > cursor.seq.
+                lo = max(lo, _clamp_i64(cursor.ts))
+                where += " AND (ts > ? OR seq > ?)"
+            if lo > hi:
+                return _empty_page(cursor)
+            params: list[Any] = [run_key, node_key, lo, hi]
+            if cursor is not None:
+                params += [_clamp_i64(cursor.ts), _clamp_i64(cursor.seq)]
+            cols = None
+            if cursor is None:
+                # First page: most series fit in one page. An unordered LIMIT limit+1 that
+                # returns <= limit rows returned them all, and sorting them here is cheaper
+                # than DuckDB's top-N. Continuation pages go straight to the ordered query.
+                cols = con.execute(
+                    f"SELECT ts, value, state, seq FROM points WHERE {where} LIMIT ?",
+                    [*params, limit + 1],
+                ).fetchnumpy()
+                if len(cols["ts"]) > limit:
+                    cols = None
+                else:
+                    cols = _sorted_by_ts_seq(cols)
+            if cols is None:
+                cols = con.execute(
+                    f"SELECT ts, value, state, seq FROM points WHERE {where} "
+                    "ORDER BY ts, seq LIMIT ?",
+                    [*params, limit + 1],
+                ).fetchnumpy()
+        ts = np.asarray(cols["ts"], dtype=np.int64)
+        value = np.asarray(cols["value"], dtype=np.float64)
+        state = np.asarray(cols["state"], dtype=np.int32)
+        seq = np.asarray(cols["seq"], dtype=np.int64)
+        done = ts.shape[0] <= limit
+        if not done:
+            ts, value, state, seq = ts[:limit], value[:limit], state[:limit], seq[:limit]
+        next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
+        return Page(ts, value, state, seq, next_cursor, done)
+
+    # ---- ingest ----------------------------------------------------------------------------
+    def ingest(
+        self,
+        *,
+        runs: Sequence[Run] = (),
+        nodes: Sequence[Node] = (),
+        points: PointColumns | None = None,
+    ) -> int:
+        if self.read_only:
+            raise TsdbError(f"{self.url} is open read-only; open it with read_only=False to ingest")
+        runs, nodes = list(runs), list(nodes)
+        runs_tab = _runs_table(runs)
+        nodes_tab = _nodes_table(nodes)
+        prepared = _prepare_points(points) if points is not None and len(points) else None
+        with _ingest_lock(self.path), self._lock:
+            con = self._c
+            con.execute("BEGIN TRANSACTION")
+            try:
+                if nodes_tab is not None:
+                    self._upsert_nodes(con, nodes_tab)
+                if runs_tab is not None:
+                    self._upsert_runs(con, runs_tab)
+                written = 0
+                if prepared is not None:
+                    written = self._append_points(con, prepared)
+                con.execute("COMMIT")
+            except BaseException as e:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass
+                # Keys assigned inside the rolled-back transaction must not stay cached.
+                self._run_keys.clear()
+                self._node_keys.clear()
+                if isinstance(e, duckdb.Error):
+                    raise IngestError(f"{self.url}: ingest failed, nothing written ({_one_line(e)})") from e
+                raise
+        return written
+
+    @staticmethod
+    def _upsert_nodes(con: duckdb.DuckDBPyConnection, tab: pa.Table) -> None:
+        con.register("_aml_nodes", tab)
+        try:
+            con.execute(
+                """INSERT INTO nodes (node_id, node_key, unit, range_lo, range_hi)
+                SELECT s.node_id,
+                       (SELECT coalesce(max(node_key), 0) FROM nodes) + row_number() OVER (ORDER BY s.ord),
+                       s.unit, s.range_lo, s.range_hi
+                FROM _aml_nodes s
+                ON CONFLICT (node_id) DO UPDATE SET
+                    unit = excluded.unit, range_lo = excluded.range_lo, range_hi = excluded.range_hi"""
+            )
+        finally:
+            con.unregister("_aml_nodes")
+
+    @staticmethod
+    def _upsert_runs(con: duckdb.DuckDBPyConnection, tab: pa.Table) -> None:
+        con.register("_aml_runs", tab)
+        try:
+            con.execute(
+                """INSERT INTO runs (run_id, run_key, line_id, product_id, recipe_id, recipe_version,
+                    recipe_content_hash, started_at, ended_at, evidence_source, context_confirmed)
+                SELECT s.run_id,
+                       (SELECT coalesce(max(run_key), 0) FROM runs) + row_number() OVER (ORDER BY s.ord),
+                       s.line_id, s.product_id, s.recipe_id, s.recipe_version, s.recipe_content_hash,
+                       s.started_at, s.ended_at, s.evidence_source, s.context_confirmed
+                FROM _aml_runs s
+                ON CONFLICT (run_id) DO UPDATE SET
+                    line_id = excluded.line_id, product_id = excluded.product_id,
+                    recipe_id = excluded.recipe_id, recipe_version = excluded.recipe_version,
+                    recipe_content_hash = excluded.recipe_content_hash,
+                    started_at = excluded.started_at, ended_at = excluded.ended_at,
+                    evidence_source = excluded.evidence_source,
+                    context_confirmed = excluded.context_confirmed"""
+            )
+        finally:
+            con.unregister("_aml_runs")
+
+    def _append_points(self, con: duckdb.DuckDBPyConnection, p: _PreparedPoints) -> int:
+        run_map = _key_map(con, "runs", "run_id", "run_key", p.run_uniques)
+        node_map = _key_map(con, "nodes", "node_id", "node_key", p.node_uniques)
+        run_keys = _codes_to_keys(p, p.run_codes, p.run_uniques, run_map, "run")
+        node_keys = _codes_to_keys(p, p.node_codes, p.node_uniques, node_map, "node")
+        base = int(con.execute("SELECT coalesce(max(seq), -1) + 1 FROM points").fetchall()[0][0])
+        n = p.n
+        tab = pa.table(
+            {
+                "run_key": pa.array(run_keys, type=pa.int32()),
+                "node_key": pa.array(node_keys, type=pa.int32()),
+                "ts": pa.array(p.ts, type=pa.int64()),
+                "value": pa.array(p.value, type=pa.float64()),
+                "state": pa.array(p.state, type=pa.int32()),
+                "seq": pa.array(np.arange(base, base + n, dtype=np.int64), type=pa.int64()),
+            }
+        )
+        con.register("_aml_points", tab)
+        try:
+            con.execute(
+                "INSERT INTO points SELECT run_key, node_key, ts, value, state, seq "
+                "FROM _aml_points ORDER BY run_key, node_key, ts, seq"
+            )
+        finally:
+            con.unregister("_aml_points")
+        self._run_keys.update(run_map)
+        self._node_keys.update(node_map)
+        return n
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+class _PreparedPoints:
+    __slots__ = ("n", "run_codes", "run_uniques", "node_codes", "node_uniques", "ts", "value", "state")
+
+    def __init__(self, **kw: Any) -> None:
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+def _prepare_points(points: PointColumns) -> _PreparedPoints:
+    """Coerce and check the columns (vectorised) before the transaction starts."""
+    n = len(points)
+    for name in ("run_id", "node_id", "value", "state"):
+        if np.shape(getattr(points, name))[0] != n:
+            raise IngestError(
+                f"points: column {name} has {np.shape(getattr(points, name))[0]} rows, ts has {n}"
+            )
+    ts = _int_column(points.ts, "ts", _I64_MIN, _I64_MAX, np.int64)
+    state = _int_column(points.state, "state", _I32_MIN, _I32_MAX, np.int32)
+    value = np.asarray(points.value)
+    if value.dtype.kind not in "fiu":
+        raise IngestError(f"points: column value must be numeric, got dtype {value.dtype}")
+    value = value.astype(np.float64, copy=False)
+    run_codes, run_uniques = pd.factorize(np.asarray(points.run_id, dtype=object), use_na_sentinel=True)
+    node_codes, node_uniques = pd.factorize(np.asarray(points.node_id, dtype=object), use_na_sentinel=True)
+    for codes, what in ((run_codes, "run_id"), (node_codes, "node_id")):
+        if codes.size and codes.min() < 0:
+            i = int(np.argmax(codes < 0))
+            raise IngestError(f"points: point at index {i} has no {what}; nothing written")
+    return _PreparedPoints(
+        n=n,
+        run_codes=run_codes,
+        run_uniques=list(run_uniques),
+        node_codes=node_codes,
+        node_uniques=list(node_uniques),
+        ts=ts,
+        value=value,
+        state=state,
+    )
+
+
+def _int_column(values: Any, name: str, lo: int, hi: int, dtype: type) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iu":
+        raise IngestError(f"points: column {name} must be integer, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < lo or arr.max() > hi):
+        bad = int(np.argmax((arr < lo) | (arr > hi)))
+        raise IngestError(f"points: point at index {bad} has {name} {arr[bad]} out of range")
+    return arr.astype(dtype, copy=False)
+
+
+def _key_map(
+    con: duckdb.DuckDBPyConnection, table: str, id_col: str, key_col: str, ids: list[Any]
+) -> dict[str, int]:
+    if not ids:
+        return {}
+    wanted = pa.table({"id": pa.array([str(i) for i in ids], type=pa.string())})
+    con.register("_aml_ids", wanted)
+    try:
+        rows = con.execute(
+            f"SELECT t.{id_col}, t.{key_col} FROM {table} t JOIN _aml_ids w ON t.{id_col} = w.id"
+        ).fetchall()
+    finally:
+        con.unregister("_aml_ids")
+    return {r[0]: int(r[1]) for r in rows}
+
+
+def _codes_to_keys(
+    p: _PreparedPoints, codes: np.ndarray, uniques: list[Any], key_map: dict[str, int], what: str
+) -> np.ndarray:
+    lookup = np.empty(len(uniques), dtype=np.int64)
+    missing = []
+    for j, u in enumerate(uniques):
+        k = key_map.get(u) if isinstance(u, str) else None
+        if k is None:
+            missing.append(j)
+            lookup[j] = -1
+        else:
+            lookup[j] = k
+    if missing:
+        first = min(int(np.argmax(codes == j)) for j in missing)
+        bad = uniques[int(codes[first])]
+        raise IngestError(
+            f"points: point at index {first} references {what} {bad!r}, which is neither in the "
+            "database nor in this ingest; nothing written"
+        )
+    return lookup[codes]
+
+
+def _runs_table(runs: list[Run]) -> pa.Table | None:
+    if not runs:
+        return None
+    seen: set[str] = set()
+    for i, r in enumerate(runs):
+        where = f"runs[{i}]"
+        _check_id(r.run_id, f"{where}: run_id")
+        if r.run_id in seen:
+            raise IngestError(f"{where}: run_id {r.run_id!r} appears twice in one ingest")
+        seen.add(r.run_id)
+        for field in ("line_id", "product_id", "recipe_id"):
+            v = getattr(r, field)
+            if not isinstance(v, str) or not v.strip():
+                raise IngestError(f"{where} ({r.run_id}): {field} must be a non-empty string")
+        if r.evidence_source not in EVIDENCE_SOURCES:
+            raise IngestError(
+                f"{where} ({r.run_id}): evidence_source {r.evidence_source!r} is not one of "
+                + ", ".join(EVIDENCE_SOURCES)
+            )
+        if r.ended_at is not None and r.ended_at < r.started_at:
+            raise IngestError(
+                f"{where} ({r.run_id}): ended_at {r.ended_at} is before started_at {r.started_at}"
+            )
+        if r.recipe_version is not None and not (_I32_MIN <= r.recipe_version <= _I32_MAX):
+            raise IngestError(f"{where} ({r.run_id}): recipe_version {r.recipe_version} out of range")
+    return pa.table(
+        {
+            "ord": pa.array(range(len(runs)), type=pa.int64()),
+            "run_id": pa.array([r.run_id for r in runs], type=pa.string()),
+            "line_id": pa.array([r.line_id for r in runs], type=pa.string()),
+            "product_id": pa.array([r.product_id for r in runs], type=pa.string()),
+            "recipe_id": pa.array([r.recipe_id for r in runs], type=pa.string()),
+            "recipe_version": pa.array(
+                [None if r.recipe_version is None else int(r.recipe_version) for r in runs],
+                type=pa.int32(),
+            ),
+            "recipe_content_hash": pa.array([r.recipe_content_hash for r in runs], type=pa.string()),
+            "started_at": pa.array([int(r.started_at) for r in runs], type=pa.int64()),
+            "ended_at": pa.array(
+                [None if r.ended_at is None else int(r.ended_at) for r in runs], type=pa.int64()
+            ),
+            "evidence_source": pa.array([r.evidence_source for r in runs], type=pa.string()),
+            "context_confirmed": pa.array([bool(r.context_confirmed) for r in runs], type=pa.bool_()),
+        }
+    )
+
+
+def _nodes_table(nodes: list[Node]) -> pa.Table | None:
+    if not nodes:
+        return None
+    seen: set[str] = set()
+    for i, n in enumerate(nodes):
+        where = f"nodes[{i}]"
+        _check_id(n.node_id, f"{where}: node_id")
+        if n.node_id in seen:
+            raise IngestError(f"{where}: node_id {n.node_id!r} appears twice in one ingest")
+        seen.add(n.node_id)
+        lo, hi = n.range_lo, n.range_hi
+        for name, v in (("range_lo", lo), ("range_hi", hi)):
+            if v is not None and np.isnan(float(v)):
+                raise IngestError(f"{where} ({n.node_id}): {name} is NaN; leave it empty (None)")
+        if lo is not None and hi is not None and float(lo) > float(hi):
+            raise IngestError(f"{where} ({n.node_id}): range_lo {lo} is above range_hi {hi}")
+    return pa.table(
+        {
+            "ord": pa.array(range(len(nodes)), type=pa.int64()),
+            "node_id": pa.array([n.node_id for n in nodes], type=pa.string()),
+            "unit": pa.array([n.unit or "" for n in nodes], type=pa.string()),
+            "range_lo": pa.array([_opt_float(n.range_lo) for n in nodes], type=pa.float64()),
+            "range_hi": pa.array([_opt_float(n.range_hi) for n in nodes], type=pa.float64()),
+        }
+    )
+
+
+def _check_id(value: Any, what: str) -> None:
+    try:
+        check_external_id(value, what=what)
+    except InvalidIdError as e:
+        raise IngestError(e.message) from None
+
+
+def _sorted_by_ts_seq(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    ts, seq = cols["ts"], cols["seq"]
+    if ts.shape[0] < 2:
+        return cols
+    dts = np.diff(ts)
+    if bool(np.all((dts > 0) | ((dts == 0) & (np.diff(seq) > 0)))):
+        return cols
+    order = np.lexsort((seq, ts))
+    return {k: np.asarray(v)[order] for k, v in cols.items()}
+
+
+def _empty_page(cursor: Cursor | None) -> Page:
+    return Page(
+        np.empty(0, np.int64),
+        np.empty(0, np.float64),
+        np.empty(0, np.int32),
+        np.empty(0, np.int64),
+        cursor,
+        True,
+    )
+
+
+def _run_from_row(r: tuple[Any, ...]) -> Run:
+    return Run(
+        run_id=r[0],
+        line_id=r[1],
+        product_id=r[2],
+        recipe_id=r[3],
+        recipe_version=None if r[4] is None else int(r[4]),
+        recipe_content_hash=r[5],
+        started_at=int(r[6]),
+        ended_at=None if r[7] is None else int(r[7]),
+        evidence_source=r[8],
+        context_confirmed=bool(r[9]),
+    )
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _clamp_i64(v: int) -> int:
+    v = int(v)
+    return _I64_MIN if v < _I64_MIN else _I64_MAX if v > _I64_MAX else v
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+_HOLDER_RE = re.compile(r"Conflicting lock is held in (.+?) \(PID (\d+)\)")
+
+
+def _lock_holder(text: str) -> str:
+    m = _HOLDER_RE.search(text)
+    return f"; held by PID {m.group(2)} ({m.group(1)})" if m else ""

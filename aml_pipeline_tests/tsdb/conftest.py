@@ -1,0 +1,50 @@
+"""TSDB adapter fixtures.
+
+``tsdb_factory`` is parametrised over every adapter in :data:`ADAPTERS`. Each param yields a
+function ``make(read_only=False) -> TsdbPort`` bound to one fresh, empty database; every call
+opens a new handle on that same database (handles are closed at teardown). To add an adapter
+(e.g. PostgreSQL), write a generator like :func:`_duckdb` that creates an empty database and
+yields ``make``, and add it to :data:`ADAPTERS`.
+
+DuckDB note: within one process DuckDB refuses a read-only handle while a read-write handle on
+the same file is open, so tests close the writer before asking for ``read_only=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from aml_pipeline.tsdb.port import TsdbPort
+
+MakeTsdb = Callable[..., TsdbPort]
+
+
+def _duckdb(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[MakeTsdb]:
+    from aml_pipeline.tsdb.duckdb import DuckDBTsdb
+
+    url = f"duckdb://{tmp_path / 'tsdb.duckdb'}"  # duckdb:///abs/path
+    opened: list[TsdbPort] = []
+
+    def make(read_only: bool = False) -> TsdbPort:
+        db = DuckDBTsdb(url, read_only=read_only, lock_timeout_s=2.0)
+        opened.append(db)
+        return db
+
+    try:
+        yield make
+    finally:
+        for db in reversed(opened):
+            db.close()
+
+
+ADAPTERS: dict[str, Callable[[Path, pytest.FixtureRequest], Iterator[MakeTsdb]]] = {
+    "duckdb": _duckdb,
+}
+
+
+@pytest.fixture(params=sorted(ADAPTERS))
+def tsdb_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeTsdb]:
+    yield from ADAPTERS[request.param](tmp_path, request)

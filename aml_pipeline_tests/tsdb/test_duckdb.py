@@ -1,0 +1,414 @@
+"""DuckDB adapter specifics: URL forms, schema, file locking across real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+from aml_pipeline.errors import IngestError, TsdbBusyError, TsdbError
+from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb.duckdb import SCHEMA_VERSION, DuckDBTsdb, parse_duckdb_url
+from aml_pipeline.tsdb.port import Node, PointColumns, Run, fetch_node_series
+
+REPO = Path(__file__).resolve().parents[2]
+FAR = 2**62
+
+
+def url_of(path: Path) -> str:
+    return f"duckdb://{path}"
+
+
+def small_dataset(n_runs: int = 3, n_nodes: int = 4, n_points: int = 500):
+    runs = [Run(f"R{r}", "L1", "P1", "R7", 1, "h", r * 10**6, r * 10**6 + 10**5, "simulation", True) for r in range(n_runs)]
+    nodes = [Node(f"N{k}", "u", 0.0, 1.0) for k in range(n_nodes)]
+    run_id, node_id, ts, value = [], [], [], []
+    for r in runs:
+        for k, n in enumerate(nodes):
+            run_id += [r.run_id] * n_points
+            node_id += [n.node_id] * n_points
+            ts += list(r.started_at + 100 * np.arange(n_points))
+            value += list(np.arange(n_points) * 0.5 + k)
+    points = PointColumns(
+        np.array(run_id, dtype=object),
+        np.array(node_id, dtype=object),
+        np.array(ts, dtype=np.int64),
+        np.array(value, dtype=np.float64),
+        np.zeros(len(ts), dtype=np.int32),
+    )
+    return runs, nodes, points
+
+
+def checksum(db) -> dict:
+    total, count = 0.0, 0
+    for r in db.list_runs(finished_only=False):
+        for n in db.list_nodes():
+            s = fetch_node_series(db, n.node_id, r.run_id, 0, FAR, page_limit=97)
+            total += float(s.value.sum())
+            count += len(s)
+    return {"count": count, "sum": total}
+
+
+@pytest.fixture
+def populated(tmp_path) -> tuple[str, dict]:
+    url = url_of(tmp_path / "tsdb.duckdb")
+    with DuckDBTsdb(url, read_only=False) as db:
+        runs, nodes, points = small_dataset()
+        db.ingest(runs=runs, nodes=nodes, points=points)
+        expected = checksum(db)
+    return url, expected
+
+
+# ---- child processes -----------------------------------------------------------------------
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    from aml_pipeline.errors import AmlError
+    from aml_pipeline.tsdb.duckdb import DuckDBTsdb
+    from aml_pipeline.tsdb.port import fetch_node_series
+
+    url, mode, hold_s, timeout_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+
+    def checksum(db):
+        total, count = 0.0, 0
+        for r in db.list_runs(finished_only=False):
+            for n in db.list_nodes():
+                s = fetch_node_series(db, n.node_id, r.run_id, 0, 2**62, page_limit=97)
+                total += float(s.value.sum()); count += len(s)
+        return {"count": count, "sum": total}
+
+    def say(**kw):
+        print(json.dumps(kw), flush=True)
+
+    try:
+        db = DuckDBTsdb(url, read_only=True, lock_timeout_s=timeout_s)
+    except AmlError as e:
+        say(event="error", code=e.code, message=e.message)
+        sys.exit(3)
+    say(event="open", t=time.time(), **checksum(db))
+    if mode == "wait_stdin":
+        sys.stdin.readline()  # hold the file until the parent says so
+    else:
+        time.sleep(hold_s)
+    result = checksum(db)
+    db.close()
+    say(event="closed", t=time.time(), **result)
+    """
+)
+
+
+@pytest.fixture
+def child_script(tmp_path) -> Path:
+    path = tmp_path / "reader_child.py"
+    path.write_text(CHILD)
+    return path
+
+
+def spawn_reader(script: Path, url: str, mode: str = "sleep", hold_s: float = 0.0, timeout_s: float = 10.0):
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen(
+        [sys.executable, str(script), url, mode, str(hold_s), str(timeout_s)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+    )
+
+
+def read_event(proc) -> dict:
+    line = proc.stdout.readline()
+    if not line:
+        raise AssertionError(f"child said nothing; stderr: {proc.stderr.read()}")
+    return json.loads(line)
+
+
+def test_ingest_waits_for_a_reader_in_another_process_then_reports_busy(child_script, populated):
+    url, expected = populated
+    reader = spawn_reader(child_script, url, mode="wait_stdin")
+    try:
+        opened = read_event(reader)
+        assert opened["event"] == "open" and opened["count"] == expected["count"]
+
+        t0 = time.monotonic()
+        with pytest.raises(TsdbBusyError) as info:
+            DuckDBTsdb(url, read_only=False, lock_timeout_s=1.0)
+        waited = time.monotonic() - t0
+        assert 0.9 <= waited < 8.0
+        err = info.value
+        assert err.code == "TSDB_BUSY"
+        assert "is in use by another process (a build reading it, or another ingest)" in err.message
+        assert "try again when it finishes" in err.message
+        assert str(Path(url[len("duckdb://"):])) in err.message
+        assert "\n" not in err.one_line()
+
+        reader.stdin.write("go\n")
+        reader.stdin.flush()
+        closed = read_event(reader)  # the reader was not disturbed by the failed writer
+        assert closed["event"] == "closed"
+        assert {"count": closed["count"], "sum": closed["sum"]} == expected
+        assert reader.wait(timeout=30) == 0
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+
+    # the file is intact and writable once the reader is gone
+    with DuckDBTsdb(url, read_only=False, lock_timeout_s=5.0) as db:
+        assert checksum(db) == expected
+        runs, nodes, points = small_dataset(n_runs=1, n_points=10)
+        assert db.ingest(points=points) == len(points)
+
+
+def test_ingest_waits_and_succeeds_when_the_reader_finishes_in_time(child_script, populated):
+    url, expected = populated
+    reader = spawn_reader(child_script, url, mode="sleep", hold_s=1.5)
+    try:
+        assert read_event(reader)["event"] == "open"
+        t0 = time.monotonic()
+        with DuckDBTsdb(url, read_only=False, lock_timeout_s=20.0) as db:
+            waited = time.monotonic() - t0
+            assert checksum(db) == expected
+        assert waited > 0.5
+        assert reader.wait(timeout=30) == 0
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+
+
+def test_reader_in_another_process_is_busy_while_an_ingest_holds_the_file(child_script, populated):
+    url, expected = populated
+    writer = DuckDBTsdb(url, read_only=False)
+    try:
+        reader = spawn_reader(child_script, url, timeout_s=0.5)
+        event = read_event(reader)
+        assert reader.wait(timeout=30) == 3
+        assert event["event"] == "error" and event["code"] == "TSDB_BUSY"
+        assert "in use by another process" in event["message"]
+    finally:
+        writer.close()
+    reader = spawn_reader(child_script, url, timeout_s=5.0)
+    event = read_event(reader)
+    assert event["event"] == "open" and event["count"] == expected["count"]
+    assert reader.wait(timeout=30) == 0
+
+
+def test_concurrent_read_only_readers_in_several_processes(child_script, populated):
+    url, expected = populated
+    readers = [spawn_reader(child_script, url, mode="wait_stdin") for _ in range(3)]
+    try:
+        opened = [read_event(p) for p in readers]  # all three hold the file now...
+        with DuckDBTsdb(url) as db:  # ...and a reader in this process can join them
+            assert checksum(db) == expected
+        for p in readers:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        closed = [read_event(p) for p in readers]
+        assert [p.wait(timeout=30) for p in readers] == [0, 0, 0]
+    finally:
+        for p in readers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for o, c in zip(opened, closed):
+        assert o["event"] == "open" and c["event"] == "closed"
+        assert {"count": o["count"], "sum": o["sum"]} == expected
+        assert {"count": c["count"], "sum": c["sum"]} == expected
+    assert max(o["t"] for o in opened) < min(c["t"] for c in closed)  # held at the same time
+
+
+# ---- opening -------------------------------------------------------------------------------
+
+
+def test_same_process_mode_conflict_is_reported_at_once(populated):
+    url, _ = populated
+    with DuckDBTsdb(url, read_only=False):
+        t0 = time.monotonic()
+        with pytest.raises(TsdbBusyError, match="already open in this process"):
+            DuckDBTsdb(url, read_only=True, lock_timeout_s=5.0)
+        assert time.monotonic() - t0 < 2.0
+
+
+def test_read_only_open_of_a_missing_file_says_ingest_first(tmp_path):
+    with pytest.raises(TsdbError, match="ingest") as info:
+        DuckDBTsdb(url_of(tmp_path / "missing.duckdb"))
+    assert info.value.code == "TSDB_EMPTY"
+    assert not (tmp_path / "missing.duckdb").exists()
+    with pytest.raises(TsdbError, match="ingest"):
+        open_tsdb(url_of(tmp_path / "missing.duckdb"))
+
+
+def test_read_only_open_of_a_file_without_schema_says_ingest_first(tmp_path):
+    path = tmp_path / "foreign.duckdb"
+    duckdb.connect(str(path)).close()
+    with pytest.raises(TsdbError, match="ingest") as info:
+        DuckDBTsdb(url_of(path))
+    assert info.value.code == "TSDB_EMPTY"
+
+
+def test_foreign_duckdb_file_with_clashing_tables_is_left_alone(tmp_path):
+    path = tmp_path / "theirs.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE runs (id INTEGER)")
+    con.close()
+    with pytest.raises(TsdbError, match="refusing to change it"):
+        DuckDBTsdb(url_of(path), read_only=False)
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()]
+    finally:
+        con.close()
+    assert tables == ["runs"]
+
+
+def test_garbage_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "garbage.duckdb"
+    path.write_bytes(b"this is not a database" * 1000)
+    with pytest.raises(TsdbError, match="cannot open"):
+        DuckDBTsdb(url_of(path))
+    assert path.read_bytes() == b"this is not a database" * 1000
+
+
+def test_schema_is_created_once_and_versioned(tmp_path):
+    url = url_of(tmp_path / "sub" / "dir" / "tsdb.duckdb")
+    for _ in range(3):
+        DuckDBTsdb(url, read_only=False).close()
+    con = duckdb.connect(str(tmp_path / "sub" / "dir" / "tsdb.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        assert {"schema_version", "runs", "nodes", "points", "points_by_id"} <= tables
+    finally:
+        con.close()
+    with DuckDBTsdb(url) as db:
+        assert db.list_runs() == [] and db.list_nodes() == [] and db.availability_watermark() is None
+
+
+def test_newer_schema_version_is_refused(tmp_path):
+    path = tmp_path / "tsdb.duckdb"
+    DuckDBTsdb(url_of(path), read_only=False).close()
+    con = duckdb.connect(str(path))
+    con.execute("INSERT INTO schema_version VALUES (?, 0)", [SCHEMA_VERSION + 1])
+    con.close()
+    for read_only in (True, False):
+        with pytest.raises(TsdbError, match="upgrade") as info:
+            DuckDBTsdb(url_of(path), read_only=read_only)
+        assert info.value.code == "TSDB_SCHEMA_VERSION"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("duckdb:///data/x.duckdb", "/data/x.duckdb"),
+        ("duckdb:////data/x.duckdb", "/data/x.duckdb"),
+        ("duckdb:///./x.duckdb", "{cwd}/x.duckdb"),
+        ("duckdb:///../x.duckdb", "{parent}/x.duckdb"),
+        ("duckdb://x.duckdb", "{cwd}/x.duckdb"),
+        ("duckdb://sub/x.duckdb", "{cwd}/sub/x.duckdb"),
+    ],
+)
+def test_url_forms(url, expected, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    want = Path(expected.format(cwd=work, parent=tmp_path))
+    assert parse_duckdb_url(url) == want
+
+
+@pytest.mark.parametrize(
+    "url", ["duckdb://", "duckdb:///", "sqlite:///x.db", "duckdb:///x.duckdb?mode=ro", "duckdb:///:memory:"]
+)
+def test_bad_urls(url):
+    with pytest.raises(TsdbError) as info:
+        parse_duckdb_url(url)
+    assert info.value.code == "TSDB_URL_INVALID"
+
+
+def test_relative_url_creates_the_file_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with open_tsdb("duckdb:///./rel.duckdb", read_only=False) as db:
+        assert isinstance(db, DuckDBTsdb)
+    assert (tmp_path / "rel.duckdb").is_file()
+
+
+# ---- handle behaviour ---------------------------------------------------------------------
+
+
+def test_read_only_handle_refuses_ingest_and_closed_handle_refuses_everything(populated):
+    url, _ = populated
+    db = DuckDBTsdb(url)
+    with pytest.raises(TsdbError, match="read-only"):
+        db.ingest(nodes=[Node("X")])
+    db.close()
+    db.close()  # idempotent
+    with pytest.raises(TsdbError, match="closed"):
+        db.list_runs()
+    with pytest.raises(TsdbError, match="closed"):
+        db.query_page("N0", "R0", 0, FAR)
+
+
+def test_query_page_rejects_a_non_positive_limit(populated):
+    url, _ = populated
+    with DuckDBTsdb(url) as db, pytest.raises(ValueError):
+        db.query_page("N0", "R0", 0, FAR, None, 0)
+
+
+def test_points_are_stored_clustered_by_series_and_time(tmp_path):
+    url = url_of(tmp_path / "tsdb.duckdb")
+    runs, nodes, points = small_dataset(n_runs=3, n_nodes=3, n_points=50)
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(len(points))  # file order shuffled: ingest must sort
+    shuffled = PointColumns(*(getattr(points, f)[perm] for f in ("run_id", "node_id", "ts", "value", "state")))
+    with DuckDBTsdb(url, read_only=False) as db:
+        db.ingest(runs=runs, nodes=nodes, points=shuffled)
+        rows = np.array(db._c.execute("SELECT run_key, node_key, ts, seq FROM points").fetchall())
+        # seq is the file row order
+        page = db.query_page("N1", "R2", 0, FAR)
+        file_rows = np.flatnonzero((shuffled.run_id == "R2") & (shuffled.node_id == "N1"))
+        by_ts = file_rows[np.argsort(shuffled.ts[file_rows], kind="stable")]
+        assert page.seq.tolist() == by_ts.tolist()
+    order = np.lexsort((rows[:, 3], rows[:, 2], rows[:, 1], rows[:, 0]))
+    assert order.tolist() == list(range(len(rows)))
+
+
+def test_ingest_error_messages_name_the_offender(tmp_path):
+    with DuckDBTsdb(url_of(tmp_path / "t.duckdb"), read_only=False) as db:
+        with pytest.raises(IngestError, match="run_id 'bad id'"):
+            db.ingest(runs=[Run("bad id", "L", "P", "R", None, None, 0, None)])
+        with pytest.raises(IngestError, match="appears twice"):
+            db.ingest(nodes=[Node("A"), Node("A")])
+        with pytest.raises(IngestError, match="range_lo 2.0 is above range_hi 1.0"):
+            db.ingest(nodes=[Node("A", "", 2.0, 1.0)])
+        db.ingest(runs=[Run("R", "L", "P", "R", None, None, 0, None)], nodes=[Node("A")])
+        with pytest.raises(IngestError, match="index 1 has no node_id"):
+            db.ingest(
+                points=PointColumns(
+                    np.array(["R", "R"], dtype=object),
+                    np.array(["A", None], dtype=object),
+                    np.array([1, 2]),
+                    np.array([1.0, 2.0]),
+                    np.array([0, 0], dtype=np.int32),
+                )
+            )
+        with pytest.raises(IngestError, match="ts must be integer"):
+            db.ingest(
+                points=PointColumns(
+                    np.array(["R"], dtype=object),
+                    np.array(["A"], dtype=object),
+                    np.array([1.5]),
+                    np.array([1.0]),
+                    np.array([0], dtype=np.int32),
+                )
+            )
+        assert db.point_count() == 0

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# One command: set up, seed the simulated plant into the embedded TSDB, build specs/reactor_a.yaml
+# through Dagster (recorded in the repository's Dagster instance), print the snapshot summary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export DAGSTER_HOME="$PWD"
+exec .venv/bin/aml-pipeline demo "$@"

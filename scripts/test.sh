@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One command: set up (venv, packages, PostgreSQL server binaries) and run the whole test suite.
+# Tests that need PostgreSQL use $AML_TEST_PG_URL if set, else start a throwaway server themselves.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh test
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+  echo "installing PostgreSQL server (Debian packages) for the tests" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+fi
+exec .venv/bin/python -m pytest "$@"

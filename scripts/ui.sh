@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Open the Dagster UI (webserver + daemon) on the repository's instance, where the demo recorded
+# its materialisations: http://127.0.0.1:3000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export DAGSTER_HOME="$PWD"
+exec .venv/bin/dagster dev -m aml_pipeline.definitions -h 127.0.0.1 -p "${PORT:-3000}" "$@"
