@@ -10,11 +10,13 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 from aml_pipeline import config
 from aml_pipeline.errors import AmlError
+from aml_pipeline.progress import progress_bars
 
 
 def _progress(total: int, desc: str, unit: str = "it"):
@@ -47,14 +49,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     url = args.tsdb or config.tsdb_url()
     home = Path(args.home).resolve() if args.home else config.aml_home()
-    summary = materialize_dataset(
-        spec,
-        tsdb_url=url,
-        home=home,
-        datasets_dir=Path(args.out).resolve() if args.out else None,
-        instance=_instance(args),
-        on_stage=lambda label: print(f"materialising {spec.id}: {label}", file=sys.stderr),
-    )
+    with progress_bars():
+        summary = materialize_dataset(
+            spec,
+            tsdb_url=url,
+            home=home,
+            datasets_dir=Path(args.out).resolve() if args.out else None,
+            instance=_instance(args),
+            console_log_level=args.log_level,
+        )
     _print_summary(summary, as_json=args.json)
     return 0
 
@@ -122,12 +125,14 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from aml_pipeline.demo import run_demo
 
-    summary = run_demo(
-        home=Path(args.home).resolve() if args.home else config.aml_home(),
-        spec_path=Path(args.spec) if args.spec else None,
-        runs=args.runs,
-        instance=_instance(args),
-    )
+    with progress_bars():
+        summary = run_demo(
+            home=Path(args.home).resolve() if args.home else config.aml_home(),
+            spec_path=Path(args.spec) if args.spec else None,
+            runs=args.runs,
+            instance=_instance(args),
+            console_log_level=args.log_level,
+        )
     _print_summary(summary, as_json=args.json)
     return 0
 
@@ -141,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--spec", help="spec to build (default specs/reactor_a.yaml)")
     d.add_argument("--runs", type=int, default=12, help="simulated runs to seed")
     d.add_argument("--json", action="store_true", help="print only the JSON summary")
+    d.add_argument("--log-level", default="CRITICAL", help="Dagster console log level (the run log is kept in full)")
     d.set_defaults(func=cmd_demo)
 
     i = sub.add_parser("ingest", help="ingest points/runs/nodes files (CSV or Parquet) into a TSDB")
@@ -157,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--home", help="AML_HOME for intermediate artifacts (default: $AML_HOME or ./.aml)")
     b.add_argument("--json", action="store_true", help="print only the JSON summary")
     b.add_argument("--ephemeral", action="store_true", help="do not record in $DAGSTER_HOME's instance")
+    b.add_argument("--log-level", default="CRITICAL", help="Dagster console log level (the run log is kept in full)")
     b.set_defaults(func=cmd_build)
 
     v = sub.add_parser("verify", help="check every hashed byte of a snapshot (exit 0 only if intact)")
@@ -173,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Dagster flags beta parameters (backfill_policy, observable sources) at definition time;
+    # useful to a Dagster developer, noise on a user's terminal.
+    warnings.filterwarnings("ignore", message=r".*is currently in beta.*")
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

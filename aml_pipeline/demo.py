@@ -30,7 +30,9 @@ def seed_plant(tsdb_url: str, *, runs: int, seed: int = 0) -> int:
         return db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
 
 
-def run_demo(*, home: Path, spec_path: Path | None, runs: int, instance=None) -> dict[str, Any]:
+def run_demo(
+    *, home: Path, spec_path: Path | None, runs: int, instance=None, console_log_level: str = "INFO"
+) -> dict[str, Any]:
     from aml_pipeline.defs.inprocess import materialize_dataset
 
     home.mkdir(parents=True, exist_ok=True)
@@ -44,5 +46,5 @@ def run_demo(*, home: Path, spec_path: Path | None, runs: int, instance=None) ->
         tsdb_url=url,
         home=home,
         instance=instance,
-        on_stage=lambda label: print(f"materialising {spec.id}: {label}", file=sys.stderr),
+        console_log_level=console_log_level,
     )

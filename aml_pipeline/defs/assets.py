@@ -17,6 +17,7 @@ import dagster as dg
 import numpy as np
 
 from aml_pipeline.core.clean import CLEAN_CAUSES
+from aml_pipeline import progress
 from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.build import publish_dataset
 from aml_pipeline.pipeline.dataset import (
@@ -75,6 +76,7 @@ def _each_run(
     keys = list(context.partition_keys)
     done: dict[str, dict[str, Any]] = {}
     failed: list[tuple[str, BaseException]] = []
+    stage = context.asset_key.path[-1]
     for i, run_id in enumerate(keys, 1):
         try:
             done[run_id] = work(run_id)
@@ -83,6 +85,7 @@ def _each_run(
             failed.append((run_id, e))
             detail = e.one_line() if isinstance(e, AmlError) else "".join(traceback.format_exception(e))
             context.log.error(f"run {run_id} ({i}/{len(keys)}) failed: {detail}")
+        progress.report(stage, i, len(keys), run_id)
     checks = check_results(done) if check_results and not failed else []
     metadata = {run_id: {k: v for k, v in m.items() if k != "summary"} for run_id, m in done.items()}
     if failed:

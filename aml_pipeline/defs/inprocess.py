@@ -65,8 +65,13 @@ def materialize_dataset(
     datasets_dir: Path | None = None,
     instance: dg.DagsterInstance | None = None,
     on_stage: Callable[[str], None] | None = None,
+    console_log_level: str = "INFO",
 ) -> dict[str, Any]:
-    """Build and publish ``spec`` through its Dagster assets; return the build summary."""
+    """Build and publish ``spec`` through its Dagster assets; return the build summary.
+
+    Everything is recorded in ``instance`` (the run log, materialisations, checks); the console
+    shows Dagster's log at ``console_log_level`` (the CLI passes CRITICAL and draws progress bars).
+    """
     with open_tsdb(tsdb_url) as db:
         check_nodes_known(spec, db.list_nodes())
         runs = db.list_runs(run_scope(spec), finished_only=True)
@@ -96,6 +101,7 @@ def materialize_dataset(
                     resources=resources,
                     selection=[dg.AssetKey([spec.id, n]) for n in names],
                     tags=tags,
+                    run_config={"loggers": {"console": {"config": {"log_level": console_log_level}}}},
                 )
             except Exception as e:
                 err = user_error(e)

@@ -84,7 +84,7 @@ def check_norm_from_train(
         for run_id in train:
             a = store.read_arrays(run_id, "windows")
             x, u, y = gather_windows(a["grid"], a["starts"], spec.history_steps, spec.horizon_steps, ctrl, tgt)
-            yield {k: w.reshape(-1, w.shape[-1]) for k, w in (("x", x), ("u", u), ("y", y))}
+            yield {k: w.reshape(w.shape[0] * w.shape[1], w.shape[2]) for k, w in (("x", x), ("u", u), ("y", y))}
 
     n = {k: 0 for k in "xuy"}
     s1: dict[str, Any] = {k: 0.0 for k in "xuy"}

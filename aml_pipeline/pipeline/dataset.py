@@ -329,7 +329,7 @@ def write_snapshot_files(
                 if kind == "x":
                     report.add_run(run, plan)
                 block = _array_for(kind, run, spec, cols, norm)
-                data = memoryview(np.ascontiguousarray(block, dtype="<f8" if kind == "timestamps" else "<f4")).cast("B")
+                data = np.ascontiguousarray(block, dtype="<f8" if kind == "timestamps" else "<f4").reshape(-1).view(np.uint8)
                 f.write(data)
                 hasher.update(data)
                 expected_rows += run.starts.shape[0]

@@ -1,30 +1,92 @@
-"""PNG plots for the Dagster UI, embedded in markdown metadata as data URIs."""
+"""Plots for the Dagster UI, as PNG data URIs in markdown metadata.
+
+The per-run plot is drawn straight into a numpy image (no matplotlib) because it is made for
+every run in every backfill: a few milliseconds per node instead of a few hundred per figure.
+"""
 
 from __future__ import annotations
 
 import base64
-import io
+import struct
+import zlib
 from collections.abc import Mapping, Sequence
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-# Enough to see spikes and gaps; more only costs rendering time.
-MAX_POINTS_PER_TRACE = 2000
-
-
-def _thin(n: int) -> slice:
-    return slice(None, None, max(1, -(-n // MAX_POINTS_PER_TRACE)))
+WIDTH, HEIGHT = 720, 56
+RAW = np.array([170, 170, 170], np.uint8)
+GRID = np.array([31, 119, 180], np.uint8)
+OUTLIER = np.array([214, 39, 40], np.uint8)
+BACKGROUND = 255
 
 
-def _markdown_png(fig, alt: str) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=72)
-    plt.close(fig)
-    return f"![{alt}](data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()})"
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """Encode an ``[h, w, 3]`` uint8 image as PNG (filter 0, zlib)."""
+    h, w, _ = rgb.shape
+    raw = np.concatenate([np.zeros((h, 1), np.uint8), rgb.reshape(h, w * 3)], axis=1).tobytes()
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+
+
+def data_uri_markdown(png: bytes, alt: str) -> str:
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
+
+
+def series_strip(
+    raw_ts: np.ndarray,
+    raw_value: np.ndarray,
+    grid_ts: np.ndarray,
+    grid_value: np.ndarray,
+    outlier_ts: np.ndarray,
+    outlier_value: np.ndarray,
+    t_range: tuple[int, int],
+) -> np.ndarray:
+    """One node: raw points (grey), cleaned grid (blue, gaps left open), removed outliers (red)."""
+    img = np.full((HEIGHT, WIDTH, 3), BACKGROUND, np.uint8)
+    finite = grid_value[np.isfinite(grid_value)]
+    if finite.size == 0:
+        finite = raw_value[np.isfinite(raw_value)]
+    if finite.size == 0:
+        return img
+    lo, hi = float(finite.min()), float(finite.max())
+    pad = (hi - lo) * 0.15 or max(abs(lo) * 0.05, 1.0)
+    lo, hi = lo - pad, hi + pad
+    t0, t1 = t_range
+    span = max(t1 - t0, 1)
+
+    def px(ts: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ok = np.isfinite(v)
+        x = ((ts[ok] - t0) * (WIDTH - 1) // span).astype(np.int64)
+        y = ((hi - v[ok]) / (hi - lo) * (HEIGHT - 1)).round().astype(np.int64)
+        keep = (x >= 0) & (x < WIDTH)
+        return x[keep], np.clip(y[keep], 0, HEIGHT - 1)
+
+    x, y = px(raw_ts, raw_value)
+    img[y, x] = RAW
+    # The grid line as a per-column min..max envelope, bridged to the neighbouring column so a
+    # steep step is drawn as a continuous stroke; NaN rows leave the column empty (a visible gap).
+    x, y = px(grid_ts, grid_value)
+    if x.size:
+        top = np.full(WIDTH, HEIGHT, np.int64)
+        bottom = np.full(WIDTH, -1, np.int64)
+        np.minimum.at(top, x, y)
+        np.maximum.at(bottom, x, y)
+        has = bottom >= 0
+        prev_top, prev_bottom = np.roll(top, 1), np.roll(bottom, 1)
+        bridge = has & np.roll(has, 1)
+        bridge[0] = False
+        top = np.where(bridge, np.minimum(top, prev_bottom), top)
+        bottom = np.where(bridge, np.maximum(bottom, prev_top), bottom)
+        rows = np.arange(HEIGHT)[:, None]
+        img[(rows >= top[None, :]) & (rows <= bottom[None, :])] = GRID
+    x, y = px(outlier_ts, outlier_value)
+    for dx, dy in ((0, 0), (-1, -1), (1, 1), (-1, 1), (1, -1), (-2, -2), (2, 2), (-2, 2), (2, -2)):
+        img[np.clip(y + dy, 0, HEIGHT - 1), np.clip(x + dx, 0, WIDTH - 1)] = OUTLIER
+    return img
 
 
 def run_plot_markdown(
@@ -33,39 +95,46 @@ def run_plot_markdown(
     raw: Mapping[str, np.ndarray],
     grid: Mapping[str, np.ndarray],
 ) -> str:
-    """Per node: raw points (grey), cleaned grid (blue), removed Hampel outliers (red x)."""
-    n = len(node_ids)
-    fig, axes = plt.subplots(n, 1, figsize=(9, 1.1 * n + 0.6), sharex=True, squeeze=False)
-    t0 = grid["grid_ts"][0] if grid["grid_ts"].size else 0
+    """Markdown with one strip per node: raw points, cleaned grid and removed outliers."""
+    gts = grid["grid_ts"]
+    t_range = (int(gts[0]), int(gts[-1])) if gts.size else (0, 1)
     off, ooff = raw["offsets"], grid["outlier_offsets"]
-    gts = (grid["grid_ts"] - t0) / 60_000.0
-    for j, (ax, node) in enumerate(zip(axes[:, 0], node_ids, strict=True)):
-        rs = slice(int(off[j]), int(off[j + 1]))
-        rts, rv = raw["ts"][rs], raw["value"][rs]
-        th = _thin(rts.size)
-        ax.plot((rts[th] - t0) / 60_000.0, rv[th], ".", ms=1.5, color="0.6", rasterized=True)
-        g = grid["values"][:, j]
-        ax.plot(gts[_thin(gts.size)], g[_thin(g.size)], "-", lw=0.8, color="tab:blue")
-        os_ = slice(int(ooff[j]), int(ooff[j + 1]))
-        ax.plot((grid["outlier_ts"][os_] - t0) / 60_000.0, grid["outlier_value"][os_], "x", ms=4, color="tab:red")
-        finite = g[np.isfinite(g)]
-        if finite.size:
-            lo, hi = float(finite.min()), float(finite.max())
-            pad = (hi - lo) * 0.5 or 1.0
-            ax.set_ylim(lo - pad, hi + pad)
-        ax.set_ylabel(node, rotation=0, ha="right", fontsize=7)
-        ax.tick_params(labelsize=6)
-    axes[-1, 0].set_xlabel("minutes since run start", fontsize=7)
-    fig.suptitle(f"run {run_id}: raw (grey), cleaned grid (blue), removed outliers (red)", fontsize=8)
-    fig.tight_layout()
-    return _markdown_png(fig, f"run {run_id}")
+    minutes = (t_range[1] - t_range[0]) / 60_000
+    lines = [
+        f"**run {run_id}**: {minutes:.1f} min; raw points grey, cleaned grid blue (gaps open), "
+        "removed Hampel outliers red",
+        "",
+    ]
+    for j, node in enumerate(node_ids):
+        rs, os_ = slice(int(off[j]), int(off[j + 1])), slice(int(ooff[j]), int(ooff[j + 1]))
+        values = grid["values"][:, j]
+        finite = values[np.isfinite(values)]
+        rng = f"{finite.min():.4g} … {finite.max():.4g}" if finite.size else "no data"
+        strip = series_strip(
+            raw["ts"][rs], raw["value"][rs], gts, values, grid["outlier_ts"][os_], grid["outlier_value"][os_], t_range
+        )
+        lines.append(f"`{node}` {rng}; {os_.stop - os_.start} outliers removed  ")
+        lines.append(data_uri_markdown(png_bytes(strip), node))
+        lines.append("")
+    return "\n".join(lines)
 
 
 def bar_plot_markdown(labels: Sequence[str], values: Sequence[float], colors: Sequence[str], title: str) -> str:
+    """A bar chart (matplotlib; drawn once per dataset, not per run)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(max(4, 0.25 * len(labels) + 2), 2.6))
     ax.bar(range(len(labels)), values, color=colors)
     ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
     ax.set_title(title, fontsize=8)
     ax.tick_params(labelsize=6)
     fig.tight_layout()
-    return _markdown_png(fig, title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=72)
+    plt.close(fig)
+    return data_uri_markdown(buf.getvalue(), title)

@@ -34,12 +34,41 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_abandoned_staging(parent: Path) -> list[Path]:
+    """Staging directories of builds that died (killed mid-write) on this host."""
+    removed = []
+    for path in parent.glob(".staging-*"):
+        try:
+            pid = int(path.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 @contextmanager
 def staging_dir(root: Path, spec_id: str) -> Iterator[Path]:
-    """A fresh staging directory, removed again unless it was published (renamed away)."""
+    """A fresh staging directory, removed again unless it was published (renamed away).
+
+    Hidden (dot-prefixed) and never listed in the catalog, so a build killed mid-write leaves
+    nothing that looks like a snapshot; the next build removes it.
+    """
     parent = Path(root) / check_spec_id(spec_id, what="spec id")
     parent.mkdir(parents=True, exist_ok=True)
-    path = parent / f".staging-{uuid.uuid4().hex}"
+    remove_abandoned_staging(parent)
+    path = parent / f".staging-{os.getpid()}-{uuid.uuid4().hex}"
     path.mkdir()
     try:
         yield path

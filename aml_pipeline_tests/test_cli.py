@@ -1,0 +1,148 @@
+"""The command line as a user runs it: one-line errors, exit codes, nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aml_pipeline.cli import main
+from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant, write_plant_files
+
+CLI = [sys.executable, "-m", "aml_pipeline.cli"]
+
+
+@pytest.fixture(scope="module")
+def small_plant():
+    return simulate_plant(n_runs=5, run_minutes=6, seed=3)
+
+
+@pytest.fixture(scope="module")
+def ingested(small_plant, tmp_path_factory):
+    """Plant files ingested through the CLI into a fresh DuckDB file."""
+    root = tmp_path_factory.mktemp("cli")
+    files = write_plant_files(small_plant, root / "files", fmt="csv")
+    url = f"duckdb://{root / 'tsdb.duckdb'}"
+    assert main(["ingest", "--tsdb", url, "--points", str(files["points"]), "--runs", str(files["runs"]),
+                 "--nodes", str(files["nodes"])]) == 0
+    return url
+
+
+def write_spec(path: Path, plant, **overrides) -> Path:
+    data = plant_spec_dict(plant, "cli_ds", history_steps=20, horizon_steps=10)
+    data.update(overrides)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+def test_build_verify_and_list_through_the_real_command(small_plant, ingested, tmp_path):
+    spec = write_spec(tmp_path / "cli_ds.yaml", small_plant)
+    out = tmp_path / "published"
+    env = {"AML_HOME": str(tmp_path / "home")}
+    env.pop("DAGSTER_HOME", None)
+    build = run_cli("build", str(spec), "--tsdb", ingested, "--out", str(out), "--json", env=env)
+    assert build.returncode == 0, build.stderr
+    summary = json.loads(build.stdout.strip().splitlines()[-1])
+    assert {"snapshotDir", "sha256", "manifestVersion", "windows", "runs"} <= summary.keys()
+    assert summary["manifestVersion"] == 1
+    assert set(summary["windows"]) == {"train", "val", "test"} and summary["windows"]["train"] > 0
+    assert set(summary["runs"]) == {"train", "val", "test", "excluded"}
+    snap = Path(summary["snapshotDir"])
+    assert snap.parent == out / "cli_ds"
+    assert "Traceback" not in build.stderr
+
+    ok = run_cli("verify", str(snap))
+    assert ok.returncode == 0 and summary["sha256"] in ok.stdout
+
+    listed = run_cli("datasets", "--root", str(out), "--json")
+    [entry] = json.loads(listed.stdout)
+    assert entry["sha256"] == summary["sha256"] and entry["current"]
+
+    y = snap / "arrays" / "y.f32"
+    data = bytearray(y.read_bytes())
+    data[-1] ^= 0x80
+    y.write_bytes(bytes(data))
+    bad = run_cli("verify", str(snap))
+    assert bad.returncode == 1
+    assert "arrays/y.f32" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def expect_user_error(capsys, argv, code: str, *fragments: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith(f"{code}: "), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[-1]
+    return lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code", "fragment"),
+    [
+        ({"historySteps": 0}, "SPEC_INVALID", "historySteps"),
+        ({"horizonSteps": 0}, "SPEC_INVALID", "horizonSteps"),
+        ({"split": {"train": 0.6, "val": 0.1, "test": 0.1}}, "SPEC_INVALID", "sum to 1"),
+        ({"id": "Reactor-A"}, "SPEC_INVALID", "[a-z0-9_]+"),
+        ({"id": "../etc"}, "SPEC_INVALID", "[a-z0-9_]+"),
+        ({"nodes": [{"nodeId": "../../TI101", "role": "target"}]}, "SPEC_INVALID", "nodeId"),
+        ({"nodes": [{"nodeId": "TI101", "role": "target"}, {"nodeId": "NOPE", "role": "feature"}]}, "UNKNOWN_NODE", "NOPE"),
+        ({"historySteps": 5000}, "NO_WINDOWS", "fewer than historySteps + horizonSteps"),
+        ({"extras": {"recipeVersion": 3, "recipeContentHash": "x", "variables": [
+            {"id": "t", "nodeId": "TI101", "scale": 0, "offset": 0}]}}, "UNIT_CONTRACT_INVALID", "scale"),
+    ],
+)
+def test_build_user_errors_are_one_line_and_write_nothing(small_plant, ingested, tmp_path, capsys, monkeypatch, overrides, code, fragment):
+    monkeypatch.setenv("AML_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    spec = write_spec(tmp_path / "spec.yaml", small_plant, **overrides)
+    out = tmp_path / "published"
+    expect_user_error(capsys, ["build", str(spec), "--tsdb", ingested, "--out", str(out)], code, fragment)
+    leftovers = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
+    assert leftovers == [], leftovers
+
+
+def test_build_with_no_runs_in_scope(small_plant, ingested, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AML_HOME", str(tmp_path / "home"))
+    spec = write_spec(tmp_path / "spec.yaml", small_plant, lineId="NO_SUCH_LINE")
+    expect_user_error(capsys, ["build", str(spec), "--tsdb", ingested, "--out", str(tmp_path / "o")], "NO_RUNS", "no finished runs")
+
+
+def test_ingest_rejects_bad_file_naming_row_and_column_and_writes_nothing(small_plant, tmp_path, capsys):
+    files = write_plant_files(small_plant, tmp_path / "files", fmt="csv")
+    lines = files["points"].read_text().splitlines()
+    header = [h.strip('"') for h in lines[0].split(",")]
+    row = lines[5].split(",")
+    row[header.index("value")] = "twelve"
+    lines[5] = ",".join(row)
+    bad = tmp_path / "bad_points.csv"
+    bad.write_text("\n".join(lines) + "\n")
+    url = f"duckdb://{tmp_path / 'db.duckdb'}"
+    line = expect_user_error(
+        capsys, ["ingest", "--tsdb", url, "--points", str(bad), "--runs", str(files["runs"]), "--nodes", str(files["nodes"])],
+        "INGEST_INVALID", "bad_points.csv", "value",
+    )
+    assert "6" in line  # the CSV line number of the bad row
+    # Nothing half-ingested: the runs and nodes files of the same call were not written either.
+    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.errors import TsdbError
+
+    try:
+        with open_tsdb(url) as db:
+            assert db.list_runs(None, finished_only=False) == []
+    except TsdbError as e:
+        assert e.code == "TSDB_EMPTY"
+
+
+def test_verify_of_a_missing_directory(tmp_path, capsys):
+    expect_user_error(capsys, ["verify", str(tmp_path / "nope")], "NOT_FOUND", "nope")
