@@ -1,0 +1,195 @@
+"""The dataset assets executed by a real Dagster instance (in process)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from aml_pipeline.defs.assets import DATASET_ASSETS, MANIFEST_CHECKS, RUN_ASSETS, dataset_assets
+from aml_pipeline.definitions import defs as load_definitions
+from aml_pipeline.defs.datasets import dataset_definitions
+from aml_pipeline.defs.inprocess import RANGE_END_TAG, RANGE_START_TAG, materialize_dataset, sync_run_partitions
+from aml_pipeline.defs.partitions import run_partitions
+from aml_pipeline.defs.sensors import new_run_sensor
+from aml_pipeline.defs.sources import tsdb_points
+from aml_pipeline.pipeline.publish import current_snapshot
+from aml_pipeline.spec import parse_spec
+
+
+def finished_runs(plant) -> list[str]:
+    return [r.run_id for r in plant.runs if r.ended_at is not None]
+
+
+def keys(spec, names):
+    return [dg.AssetKey([spec.id, n]) for n in names]
+
+
+def materialize(spec, instance, resources, names, **kw):
+    return dg.materialize(
+        [*dataset_assets(spec), tsdb_points], instance=instance, resources=resources,
+        selection=keys(spec, names), **kw,
+    )
+
+
+def latest(instance, key: dg.AssetKey, partition: str | None = None):
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None), limit=1
+    ).records
+    return records[0].asset_materialization if records else None
+
+
+def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dagster_plant, instance, resources):
+    runs = finished_runs(dagster_plant)
+    sync_run_partitions(instance, dagster_spec, runs)
+    result = materialize(dagster_spec, instance, resources, RUN_ASSETS, partition_key=runs[0])
+    assert result.success
+    raw = latest(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), runs[0])
+    assert raw.metadata["points"].value > 0 and raw.metadata["pages"].value >= len(dagster_spec.nodes)
+    table = raw.metadata["per_node"].value
+    assert sorted(r.data["node"] for r in table.records) == sorted(dagster_spec.node_ids)
+    assert raw.tags.get("dagster/data_version")  # hash of the fetched points
+    grid = latest(instance, dg.AssetKey([dagster_spec.id, "cleaned_grid"]), runs[0])
+    assert "data:image/png;base64," in grid.metadata["plot"].value
+    causes = {c.name for c in grid.metadata["cleaning"].value.schema.columns}
+    assert {"non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier", "missing_ratio"} <= causes
+    windows = latest(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), runs[0])
+    assert windows.metadata["windows"].value > 0
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks["has_windows"].passed
+
+
+def test_single_run_backfill_keeps_per_run_metadata(dagster_spec, dagster_plant, instance, resources):
+    runs = finished_runs(dagster_plant)
+    keys_ = sync_run_partitions(instance, dagster_spec, runs)
+    result = materialize(
+        dagster_spec, instance, resources, RUN_ASSETS, tags={RANGE_START_TAG: keys_[0], RANGE_END_TAG: keys_[-1]}
+    )
+    assert result.success
+    # One run for all partitions, and each partition carries its own run's figures.
+    points = {r: latest(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), r).metadata["points"].value for r in runs}
+    assert len(set(points.values())) > 1
+    assert instance.get_materialized_partitions(dg.AssetKey([dagster_spec.id, "run_windows"])) == set(runs)
+
+
+def test_non_contiguous_selection_builds_only_the_selected_runs(dagster_spec, dagster_plant, instance, resources):
+    runs = finished_runs(dagster_plant)
+    keys_ = sync_run_partitions(instance, dagster_spec, runs)
+    chosen = [keys_[0], keys_[2], keys_[3]]
+    # A backfill of a non-contiguous selection runs one single-run range per contiguous block.
+    for lo, hi in ((keys_[0], keys_[0]), (keys_[2], keys_[3])):
+        assert materialize(dagster_spec, instance, resources, RUN_ASSETS, tags={RANGE_START_TAG: lo, RANGE_END_TAG: hi}).success
+    assert instance.get_materialized_partitions(dg.AssetKey([dagster_spec.id, "run_windows"])) == set(chosen)
+    # The dataset is built from the materialised runs; the rest are listed, not silently dropped.
+    assert materialize(dagster_spec, instance, resources, DATASET_ASSETS).success
+    split = latest(instance, dg.AssetKey([dagster_spec.id, "dataset_split"]))
+    assert split.metadata["runs_excluded"].value == len(runs) - len(chosen)
+
+
+def test_one_failing_run_does_not_lose_the_others(dagster_spec, dagster_plant, instance, resources):
+    runs = finished_runs(dagster_plant)
+    name = run_partitions(dagster_spec.id).name
+    instance.add_dynamic_partitions(name, [runs[0], "NO-SUCH-RUN", runs[1]])
+    result = materialize(
+        dagster_spec, instance, resources, ["raw_node_series"],
+        tags={RANGE_START_TAG: runs[0], RANGE_END_TAG: runs[1]}, raise_on_error=False,
+    )
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "NO-SUCH-RUN" in failure.step_failure_data.error.message
+    assert instance.get_materialized_partitions(dg.AssetKey([dagster_spec.id, "raw_node_series"])) == {runs[0], runs[1]}
+
+
+def test_manifest_checks_block_publication_as_current(dagster_spec, dagster_plant, instance, resources):
+    runs = finished_runs(dagster_plant)
+    summary = materialize_dataset(
+        dagster_spec, tsdb_url=resources["tsdb"].url, home=Path(resources["store"].home), instance=instance
+    )
+    root = resources["store"].datasets_root
+    first = current_snapshot(root, dagster_spec.id)
+    assert str(first) == summary["snapshotDir"] and summary["checks"] == dict.fromkeys(MANIFEST_CHECKS, True)
+
+    # Tamper with the fitted statistics between the two assets: the snapshot is still written
+    # (for inspection) but the blocking check fails and `current` keeps the previous snapshot.
+    norm_path = resources["store"].dataset_store(dagster_spec.id).dir / "norm.json"
+    norm = json.loads(norm_path.read_bytes())
+    norm["x"]["std"][0] *= 1.01
+    norm_path.write_text(json.dumps(norm))
+    result = materialize(dagster_spec, instance, resources, ["dataset_manifest"], raise_on_error=False)
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert not evaluations["norm_stats_from_train_only"].passed
+    assert evaluations["hash_verifies"].passed
+    assert current_snapshot(root, dagster_spec.id) == first
+    m = latest(instance, dg.AssetKey([dagster_spec.id, "dataset_manifest"]))
+    assert m.metadata["current"].value is False
+    assert len(runs) >= 3
+
+
+def test_code_version_follows_the_spec(dagster_spec):
+    a = {x.key: x for x in dataset_assets(dagster_spec)}
+    changed = parse_spec({**dagster_spec.to_json_dict(), "stride": 2})
+    b = {x.key: x for x in dataset_assets(changed)}
+    for key in a:
+        assert a[key].code_versions_by_key[key] != b[key].code_versions_by_key[key]
+    same = {x.key: x for x in dataset_assets(parse_spec(dagster_spec.to_json_dict()))}
+    assert all(a[k].code_versions_by_key[k] == same[k].code_versions_by_key[k] for k in a)
+
+
+def test_sensor_adds_finished_runs_and_requests_each_once(dagster_spec, dagster_plant, instance, resources):
+    sensor = new_run_sensor(dagster_spec)
+    assert sensor.name == f"{dagster_spec.id}__new_runs"
+    finished = finished_runs(dagster_plant)
+    unfinished = [r.run_id for r in dagster_plant.runs if r.ended_at is None]
+    assert unfinished, "the plant should have a run in progress"
+
+    ctx = dg.build_sensor_context(instance=instance, resources=resources)
+    result = sensor(ctx)
+    assert isinstance(result, dg.SensorResult)
+    [add] = result.dynamic_partitions_requests
+    assert add.partitions_def_name == run_partitions(dagster_spec.id).name
+    assert sorted(add.partition_keys) == sorted(finished)
+    assert sorted(r.partition_key for r in result.run_requests) == sorted(finished)
+    assert not set(unfinished) & {r.partition_key for r in result.run_requests}
+
+    # A repeated tick (e.g. after a crash before the runs launched) asks again with the same
+    # run keys, which Dagster launches only once; partitions are not added twice.
+    instance.add_dynamic_partitions(add.partitions_def_name, list(add.partition_keys))
+    again = sensor(dg.build_sensor_context(instance=instance, resources=resources))
+    assert {r.run_key for r in again.run_requests} == {r.run_key for r in result.run_requests}
+    assert again.dynamic_partitions_requests == []
+
+    # Once runs are materialised, only the rest are requested; with none left the tick skips.
+    materialize(dagster_spec, instance, resources, RUN_ASSETS,
+                tags={RANGE_START_TAG: finished[0], RANGE_END_TAG: finished[1]})
+    rest = sensor(dg.build_sensor_context(instance=instance, resources=resources))
+    assert sorted(r.partition_key for r in rest.run_requests) == sorted(finished[2:])
+    materialize(dagster_spec, instance, resources, RUN_ASSETS,
+                tags={RANGE_START_TAG: finished[2], RANGE_END_TAG: finished[-1]})
+    assert isinstance(sensor(dg.build_sensor_context(instance=instance, resources=resources)), dg.SkipReason)
+
+
+def test_schedule_rebuilds_the_dataset_assets(dagster_spec, resources):
+    defs = dg.Definitions.merge(dataset_definitions(dagster_spec), dg.Definitions(resources=resources))
+    [schedule] = [s for s in defs.schedules if s.name == f"{dagster_spec.id}__rebuild_schedule"]
+    assert schedule.cron_schedule == "15 * * * *"
+    job = defs.resolve_job_def(f"{dagster_spec.id}__rebuild")
+    assert set(job.asset_layer.executable_asset_keys) == set(keys(dagster_spec, DATASET_ASSETS))
+    custom = dataset_definitions(parse_spec({**dagster_spec.to_json_dict(), "schedule": "0 3 * * *"}))
+    assert [s.cron_schedule for s in custom.schedules] == ["0 3 * * *"]
+
+
+def test_a_broken_spec_does_not_take_the_others_down(dagster_spec, tmp_path, monkeypatch, caplog):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "good.yaml").write_text(json.dumps(dagster_spec.to_json_dict()))
+    (specs / "broken.yaml").write_text(json.dumps({**dagster_spec.to_json_dict(), "id": "broken", "historySteps": 0}))
+    monkeypatch.setenv("AML_SPECS", str(specs))
+    with caplog.at_level(logging.ERROR):
+        defs = load_definitions()  # the project's entry point, as `dagster dev` loads it
+    asset_keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert f"{dagster_spec.id}/dataset_manifest" in asset_keys
+    assert not any(k.startswith("broken/") for k in asset_keys)
+    assert "broken.yaml" in caplog.text and "historySteps" in caplog.text
