@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export DAGSTER_HOME="$PWD"
-exec .venv/bin/dagster dev -m aml_pipeline.definitions -h 127.0.0.1 -p "${PORT:-3000}" "$@"
+exec .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "${PORT:-3000}" "$@"

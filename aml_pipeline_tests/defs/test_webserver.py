@@ -1,0 +1,419 @@
+"""The real Dagster webserver and daemon (``dagster dev``) over the demo spec, driven through GraphQL.
+
+Setup (all under a temporary directory): a DuckDB TSDB seeded with a small simulated plant,
+``AML_SPECS`` holding a copy of ``specs/reactor_a.yaml``, ``AML_HOME`` and a ``DAGSTER_HOME`` whose
+``dagster.yaml`` is the repository's with absolute storage paths. Then ``dagster dev -m
+aml_pipeline.definitions`` on a free loopback port, and through its GraphQL API:
+
+1. the asset graph: the six ``reactor_a`` assets and ``tsdb/points``, their groups and partitioning;
+   the rebuild job, the new-run sensor (stopped by default) and the schedule;
+2. the finished runs added as dynamic partitions (``addDynamicPartition``) and read back;
+3. a partition backfill of the run assets over a non-contiguous selection of runs (the daemon
+   launches one run per contiguous range: ``BackfillPolicy.single_run()``), waited for, and exactly
+   those partitions materialised, each with its own metadata;
+4. the ``reactor_a__rebuild`` job launched and waited for; the manifest's materialisation carries
+   its sha256, its blocking checks passed, and ``current`` points at the published snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aml_pipeline import config
+from aml_pipeline.defs.assets import DATASET_ASSETS, MANIFEST_CHECKS, RUN_ASSETS
+from aml_pipeline.demo import DEMO_SPEC, seed_plant
+from aml_pipeline.pipeline.build import run_scope
+from aml_pipeline.spec import load_spec
+from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline_tests.dagster_server import DagsterDev, running, wait_for, write_instance_yaml
+
+pytestmark = pytest.mark.timeout(2400)
+
+SPEC_ID = "reactor_a"
+MODULE = "aml_pipeline.definitions"
+# Five simulated runs: 1-4 finished (run 3 with its context unconfirmed), run 5 still going.
+SEEDED_RUNS = 5
+# Generous: a busy 2-core machine loads the code location in several processes at once.
+LOAD_TIMEOUT = 420
+BACKFILL_TIMEOUT = 600
+RUN_TIMEOUT = 600
+
+TERMINAL_BACKFILL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
+TERMINAL_RUN = {"SUCCESS", "FAILURE", "CANCELED"}
+
+
+def key(name: str) -> dict[str, list[str]]:
+    return {"path": [SPEC_ID, name]}
+
+
+# ---- setup --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def plant(tmp_path: Path) -> dict[str, Any]:
+    """A seeded TSDB, a specs folder with the demo spec, AML_HOME and DAGSTER_HOME, and the
+    environment ``dagster dev`` runs with."""
+    home = tmp_path / "aml"
+    specs = tmp_path / "specs"
+    dagster_home = tmp_path / "dagster_home"
+    for d in (home, specs, dagster_home):
+        d.mkdir()
+    shutil.copy(DEMO_SPEC, specs / DEMO_SPEC.name)
+    write_instance_yaml(dagster_home)
+
+    tsdb_url = config.default_tsdb_url(home)
+    assert seed_plant(tsdb_url, runs=SEEDED_RUNS) > 0
+    spec = load_spec(specs / DEMO_SPEC.name)
+    with open_tsdb(tsdb_url) as db:
+        finished = [r.run_id for r in db.list_runs(run_scope(spec), finished_only=True)]
+    # The selection below relies on four finished runs in the spec's scope.
+    assert finished == [f"L1-P100-{i:04d}" for i in range(1, SEEDED_RUNS)], finished
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "AML_"))}
+    env.update(
+        DAGSTER_HOME=str(dagster_home),
+        AML_HOME=str(home),
+        AML_TSDB_URL=tsdb_url,
+        AML_SPECS=str(specs),
+        AML_ENV_LOCATION=str(home / "env"),
+        PYTHONUNBUFFERED="1",
+    )
+    return {"tmp": tmp_path, "home": home, "env": env, "finished": finished}
+
+
+@pytest.fixture
+def dagster(plant: dict[str, Any]):
+    """``dagster dev`` on a free loopback port, with its code location loaded; the whole process
+    tree is stopped at the end, whatever happened."""
+    server = DagsterDev(module=MODULE, env=plant["env"], cwd=plant["tmp"], log_path=plant["tmp"] / "dagster-dev.log")
+    with running(server):
+        server.wait_for_graphql(LOAD_TIMEOUT)
+        location = server.wait_for_location(LOAD_TIMEOUT)
+        assert location["repositories"], f"code location {location['name']} has no repository\n{server.diagnostics()}"
+        server.repository = {
+            "repositoryLocationName": location["name"],
+            "repositoryName": location["repositories"][0],
+        }
+        yield server
+
+
+# ---- GraphQL ------------------------------------------------------------------------------------
+
+ASSET_NODES = """
+query AssetNodes {
+  assetNodes {
+    assetKey { path }
+    groupName
+    isPartitioned
+    isMaterializable
+    isObservable
+    jobNames
+    partitionDefinition { type name }
+    backfillPolicy { policyType }
+  }
+}
+"""
+
+REPOSITORY = """
+query Repository($selector: RepositorySelector!) {
+  repositoryOrError(repositorySelector: $selector) {
+    __typename
+    ... on Repository {
+      jobs { name }
+      sensors { name sensorState { status } }
+      schedules { name scheduleState { status } }
+    }
+    ... on Error { message }
+  }
+}
+"""
+
+ADD_PARTITION = """
+mutation AddPartition($name: String!, $key: String!, $selector: RepositorySelector!) {
+  addDynamicPartition(partitionsDefName: $name, partitionKey: $key, repositorySelector: $selector) {
+    __typename
+    ... on AddDynamicPartitionSuccess { partitionsDefName partitionKey }
+    ... on Error { message }
+    ... on PythonError { stack }
+  }
+}
+"""
+
+PARTITIONS = """
+query Partitions($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    __typename
+    ... on AssetNode {
+      partitionKeys
+      partitionKeysByDimension { name type partitionKeys }
+      partitionStats { numMaterialized numPartitions numFailed numMaterializing }
+      assetPartitionStatuses {
+        __typename
+        ... on DefaultPartitionStatuses {
+          materializedPartitions failedPartitions unmaterializedPartitions materializingPartitions
+        }
+      }
+    }
+    ... on AssetNotFoundError { message }
+  }
+}
+"""
+
+LATEST_BY_PARTITION = """
+query LatestByPartition($key: AssetKeyInput!, $partitions: [String!]) {
+  assetNodeOrError(assetKey: $key) {
+    ... on AssetNode {
+      latestMaterializationByPartition(partitions: $partitions) {
+        partition
+        runId
+        metadataEntries { label }
+      }
+    }
+  }
+}
+"""
+
+LAUNCH_BACKFILL = """
+mutation LaunchBackfill($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on Error { message }
+    ... on PythonError { stack }
+  }
+}
+"""
+
+BACKFILL = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill {
+      id
+      status
+      isAssetBackfill
+      partitionNames
+      error { message stack }
+      runs { runId status tags { key value } }
+    }
+    ... on Error { message }
+  }
+}
+"""
+
+LAUNCH_RUN = """
+mutation LaunchRun($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId status } }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on Error { message }
+    ... on PythonError { stack }
+  }
+}
+"""
+
+MANIFEST = """
+query Manifest($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    ... on AssetNode {
+      assetMaterializations(limit: 1) {
+        runId
+        partition
+        metadataEntries {
+          __typename
+          label
+          ... on TextMetadataEntry { text }
+          ... on PathMetadataEntry { path }
+          ... on BoolMetadataEntry { boolValue }
+          ... on IntMetadataEntry { intValue }
+        }
+      }
+      assetChecksOrError {
+        __typename
+        ... on AssetChecks {
+          checks {
+            name
+            blocking
+            executionForLatestMaterialization {
+              runId
+              status
+              evaluation { success description }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def _assert_success(result: dict[str, Any], expected: str, what: str) -> dict[str, Any]:
+    assert result["__typename"] == expected, f"{what}: {result}"
+    return result
+
+
+def _partition_statuses(server: DagsterDev, name: str) -> dict[str, Any]:
+    node = server.graphql(PARTITIONS, {"key": key(name)})["assetNodeOrError"]
+    return _assert_success(node, "AssetNode", f"assetNodeOrError({SPEC_ID}/{name})")
+
+
+def _wait_for_backfill(server: DagsterDev, backfill_id: str) -> dict[str, Any]:
+    """Until the backfill is done and none of its runs is still going; the backfill."""
+
+    def probe() -> dict[str, Any] | None:
+        backfill = server.graphql(BACKFILL, {"id": backfill_id})["partitionBackfillOrError"]
+        _assert_success(backfill, "PartitionBackfill", f"partitionBackfillOrError({backfill_id})")
+        if backfill["status"] in TERMINAL_BACKFILL and all(r["status"] in TERMINAL_RUN for r in backfill["runs"]):
+            return backfill
+        return None
+
+    def diagnostics() -> str:
+        try:
+            backfill = server.graphql(BACKFILL, {"id": backfill_id})["partitionBackfillOrError"]
+        except Exception as e:  # noqa: BLE001
+            return f"backfill {backfill_id}: {e}\n{server.diagnostics()}"
+        runs = "\n".join(server.run_failures(r["runId"]) for r in backfill.get("runs") or [])
+        return f"backfill: {backfill}\n{runs}\n{server.diagnostics()}"
+
+    return wait_for(probe, timeout=BACKFILL_TIMEOUT, what=f"backfill {backfill_id}", diagnostics=diagnostics)
+
+
+# ---- the test -----------------------------------------------------------------------------------
+
+
+def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, Any], dagster: DagsterDev) -> None:
+    server = dagster
+    repo = server.repository
+    finished: list[str] = plant["finished"]
+    partitions_def = f"{SPEC_ID}__runs"
+
+    # 1. The asset graph, as the UI shows it.
+    nodes = {tuple(n["assetKey"]["path"]): n for n in server.graphql(ASSET_NODES)["assetNodes"]}
+    expected = {(SPEC_ID, n) for n in (*RUN_ASSETS, *DATASET_ASSETS)} | {("tsdb", "points")}
+    assert expected <= nodes.keys(), f"missing assets {sorted(expected - nodes.keys())}; have {sorted(nodes)}"
+    for name in RUN_ASSETS:
+        n = nodes[(SPEC_ID, name)]
+        assert n["groupName"] == SPEC_ID, n
+        assert n["isPartitioned"] and n["isMaterializable"], n
+        assert n["partitionDefinition"] == {"type": "DYNAMIC", "name": partitions_def}, n
+        assert n["backfillPolicy"] == {"policyType": "SINGLE_RUN"}, n
+    for name in DATASET_ASSETS:
+        n = nodes[(SPEC_ID, name)]
+        assert n["groupName"] == SPEC_ID, n
+        assert not n["isPartitioned"] and n["partitionDefinition"] is None, n
+        assert n["isMaterializable"], n
+        assert f"{SPEC_ID}__rebuild" in n["jobNames"], n
+    source = nodes[("tsdb", "points")]
+    assert source["groupName"] == "tsdb" and source["isObservable"] and not source["isMaterializable"], source
+
+    repository = server.graphql(REPOSITORY, {"selector": repo})["repositoryOrError"]
+    _assert_success(repository, "Repository", "repositoryOrError")
+    assert f"{SPEC_ID}__rebuild" in {j["name"] for j in repository["jobs"]}, repository["jobs"]
+    sensors = {s["name"]: s["sensorState"]["status"] for s in repository["sensors"]}
+    # Stopped until someone turns it on, so it cannot race the partitions added below.
+    assert sensors.get(f"{SPEC_ID}__new_runs") == "STOPPED", sensors
+    schedules = {s["name"]: s["scheduleState"]["status"] for s in repository["schedules"]}
+    assert f"{SPEC_ID}__rebuild_schedule" in schedules, schedules
+
+    # 2. Run partitions: none on a fresh instance; then the finished runs, added as the sensor would.
+    assert _partition_statuses(server, "raw_node_series")["partitionKeys"] == []
+    for run_id in finished:
+        added = server.graphql(ADD_PARTITION, {"name": partitions_def, "key": run_id, "selector": repo})
+        _assert_success(added["addDynamicPartition"], "AddDynamicPartitionSuccess", f"addDynamicPartition({run_id})")
+    for name in RUN_ASSETS:
+        node = _partition_statuses(server, name)
+        assert node["partitionKeys"] == finished, (name, node["partitionKeys"])
+        assert [d["partitionKeys"] for d in node["partitionKeysByDimension"]] == [finished], node
+        assert node["partitionStats"]["numMaterialized"] == 0, node
+
+    # 3. A backfill of the run assets over runs 1, 2 and 4: two contiguous ranges, so two runs.
+    selected = [finished[0], finished[1], finished[3]]
+    skipped = [finished[2]]
+    launched = server.graphql(
+        LAUNCH_BACKFILL,
+        {
+            "params": {
+                "assetSelection": [key(n) for n in RUN_ASSETS],
+                "partitionNames": selected,
+                "title": "test_webserver: non-contiguous runs",
+            }
+        },
+    )["launchPartitionBackfill"]
+    backfill_id = _assert_success(launched, "LaunchBackfillSuccess", "launchPartitionBackfill")["backfillId"]
+    backfill = _wait_for_backfill(server, backfill_id)
+    failures = "\n".join(server.run_failures(r["runId"]) for r in backfill["runs"] if r["status"] != "SUCCESS")
+    assert backfill["status"] in ("COMPLETED", "COMPLETED_SUCCESS") and backfill["runs"], (
+        f"backfill {backfill}\n{failures}\n{server.diagnostics()}"
+    )
+    assert all(r["status"] == "SUCCESS" for r in backfill["runs"]), f"{failures}\n{server.diagnostics()}"
+    ranges = sorted(
+        (tags.get("dagster/asset_partition_range_start") or tags.get("dagster/partition"),
+         tags.get("dagster/asset_partition_range_end") or tags.get("dagster/partition"))
+        for tags in ({t["key"]: t["value"] for t in r["tags"]} for r in backfill["runs"])
+    )
+    assert ranges == [(finished[0], finished[1]), (finished[3], finished[3])], backfill["runs"]
+
+    for name in RUN_ASSETS:
+        node = _partition_statuses(server, name)
+        statuses = node["assetPartitionStatuses"]
+        assert statuses["__typename"] == "DefaultPartitionStatuses", statuses
+        assert sorted(statuses["materializedPartitions"]) == selected, (name, statuses)
+        assert sorted(statuses["unmaterializedPartitions"]) == skipped, (name, statuses)
+        assert statuses["failedPartitions"] == [] and statuses["materializingPartitions"] == [], (name, statuses)
+        assert node["partitionStats"] == {
+            "numMaterialized": len(selected), "numPartitions": len(finished), "numFailed": 0, "numMaterializing": 0,
+        }, (name, node["partitionStats"])
+    # Each partition of the two-run range got its own metadata, not just the range's summary.
+    latest = server.graphql(LATEST_BY_PARTITION, {"key": key("raw_node_series"), "partitions": selected})
+    by_partition = {
+        m["partition"]: {e["label"] for e in m["metadataEntries"]}
+        for m in latest["assetNodeOrError"]["latestMaterializationByPartition"] if m
+    }
+    assert by_partition.keys() == set(selected), latest
+    for run_id, labels in by_partition.items():
+        assert {"points", "pages", "path"} <= labels, (run_id, labels)
+
+    # 4. The rebuild job: split, normalise and publish from the partitions materialised so far.
+    launched = server.graphql(
+        LAUNCH_RUN, {"params": {"selector": {**repo, "jobName": f"{SPEC_ID}__rebuild"}}}
+    )["launchRun"]
+    run_id = _assert_success(launched, "LaunchRunSuccess", "launchRun")["run"]["runId"]
+    status = server.wait_for_run(run_id, RUN_TIMEOUT)
+    assert status == "SUCCESS", f"{server.run_failures(run_id)}\n{server.diagnostics()}"
+
+    node = server.graphql(MANIFEST, {"key": key("dataset_manifest")})["assetNodeOrError"]
+    [materialization] = node["assetMaterializations"]
+    assert materialization["runId"] == run_id, materialization
+    metadata = {e["label"]: e for e in materialization["metadataEntries"]}
+    sha256 = metadata["sha256"]["text"]
+    assert re.fullmatch(r"[0-9a-f]{64}", sha256), metadata["sha256"]
+    assert metadata["current"]["boolValue"] is True, metadata["current"]
+    # Runs 1, 2 and 4 are in the dataset; run 3 (not materialised) is excluded with its reason.
+    in_splits = sum(metadata[f"runs_{p}"]["intValue"] for p in ("train", "val", "test"))
+    assert (in_splits, metadata["runs_excluded"]["intValue"]) == (len(selected), len(skipped)), metadata
+
+    checks_or_error = node["assetChecksOrError"]
+    assert checks_or_error["__typename"] == "AssetChecks", checks_or_error
+    checks = {c["name"]: c for c in checks_or_error["checks"]}
+    assert set(MANIFEST_CHECKS) <= checks.keys(), checks
+    for name in MANIFEST_CHECKS:
+        check = checks[name]
+        execution = check["executionForLatestMaterialization"]
+        assert check["blocking"], check
+        assert execution and execution["runId"] == run_id, check
+        assert execution["status"] == "SUCCEEDED" and execution["evaluation"]["success"], check
+
+    current = plant["home"] / "datasets" / SPEC_ID / "current"
+    assert current.is_symlink(), f"{current} is not a symlink"
+    snapshot = current.resolve()
+    assert snapshot.name == sha256[:16], (snapshot, sha256)
+    assert snapshot == Path(metadata["snapshot_dir"]["path"]).resolve(), (snapshot, metadata["snapshot_dir"])
+    assert (snapshot / "manifest.json").is_file(), sorted(p.name for p in snapshot.iterdir())
