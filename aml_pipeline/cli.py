@@ -137,6 +137,46 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_settings(args: argparse.Namespace):
+    from aml_pipeline.envs import EnvSettings
+
+    return EnvSettings.from_environment(
+        venv_path=args.venv,
+        lease_location=args.location,
+        requirements=getattr(args, "requirements", None),
+        installer=getattr(args, "installer", None),
+        python=getattr(args, "python", None),
+    )
+
+
+def cmd_env_status(args: argparse.Namespace) -> int:
+    from aml_pipeline.envs import format_status, shared_env_status
+
+    status = shared_env_status(_env_settings(args))
+    print(json.dumps(status) if args.json else format_status(status))
+    return 0
+
+
+def cmd_env_rebuild(args: argparse.Namespace) -> int:
+    from aml_pipeline.envs import rebuild_shared_env
+
+    build = rebuild_shared_env(
+        _env_settings(args),
+        holder="aml-pipeline env rebuild",
+        wait_s=args.wait_s,
+        log=lambda message: print(message, file=sys.stderr),
+    )
+    if args.json:
+        print(json.dumps(build.to_dict()))
+        return 0
+    print(f"env       {build.venv_path} -> {build.build_dir.name}")
+    print(f"python    {build.python} ({build.implementation} {build.python_version})")
+    print(f"installer {build.installer}, {len(build.packages)} packages, {build.duration_s:.1f}s")
+    for p in build.packages:
+        print(f"  {p['name']:<28} {p['version']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="aml-pipeline", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -175,6 +215,27 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--spec", help="only this spec id")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_datasets)
+
+    env = sub.add_parser("env", help="the shared Python environment: lease status, rebuild")
+    env_sub = env.add_subparsers(dest="env_command", required=True)
+    for name, helptext in (
+        ("status", "show readers, holders, the exclusive owner and the environment's interpreter"),
+        ("rebuild", "take the exclusive lease and rebuild the environment (ENV_BUSY while in use)"),
+    ):
+        e = env_sub.add_parser(name, help=helptext)
+        e.add_argument("--location", help="lease location: directory or postgresql:// URL (default: $AML_ENV_LOCATION or $AML_HOME/env)")
+        e.add_argument("--venv", help="environment path (default: $AML_HOME/shared-env/venv)")
+        e.add_argument("--json", action="store_true", help="print JSON")
+    env_status, env_rebuild = env_sub.choices["status"], env_sub.choices["rebuild"]
+    env_status.set_defaults(func=cmd_env_status)
+    env_rebuild.add_argument("--wait-s", type=float, default=0.0, help="wait this long for the lease (default 0: refuse at once)")
+    env_rebuild.add_argument("--requirements", help="pinned requirements (default: requirements/shared-env.txt)")
+    env_rebuild.add_argument(
+        "--installer", choices=("auto", "uv", "pip", "copy"), default="auto",
+        help="auto: uv if on PATH, else python -m venv + pip; copy: offline, copy the pinned packages from this environment",
+    )
+    env_rebuild.add_argument("--python", help="interpreter that creates the venv (default: this one)")
+    env_rebuild.set_defaults(func=cmd_env_rebuild)
 
     return p
 

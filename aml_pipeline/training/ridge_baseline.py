@@ -1,0 +1,304 @@
+"""Ridge baseline for one snapshot, run inside the shared environment through Dagster Pipes.
+
+    <shared env>/bin/python -E -s ridge_baseline.py     (launched by dg.PipesSubprocessClient)
+
+Imports only what the shared environment has (numpy, dagster_pipes) and its sibling
+``snapshot_reader``. Steps:
+
+1. verify the snapshot's sha256 (``sha256.json``, and the catalog's hash when given) and refuse
+   to train on a mismatch, naming the changed files;
+2. features = history ``x`` [H x nodes] and future controls ``u`` [F x controls], flattened;
+   targets = future ``y`` [F x targets], flattened (all normalised, as stored);
+3. fit ridge regression (intercept unpenalised, features centred on train) on the train windows
+   for a small grid of alphas (one SVD of the train design matrix), pick the alpha with the
+   lowest val RMSE (mean over targets of RMSE / target std, so targets in different units weigh
+   alike), and report val and test RMSE per target in model units (de-normalised with
+   ``manifest.norm.y``) next to a persistence baseline: the target's last observed value in the
+   history (``x`` at the last history step, de-normalised with ``manifest.norm.x``) held over the
+   horizon;
+4. save the model (``ridge_baseline.npz``) and metrics (``metrics.json``) to ``output_dir`` and
+   report everything as the asset's materialisation metadata.
+
+Pipes extras: ``snapshot_dir`` (required), ``expected_sha256``, ``output_dir``, ``alphas``,
+``outcome_path`` (a JSON file the script writes ``{"ok", "code", "message"}`` to, so the asset
+can fail with the script's reason).
+
+Test hook: with ``AML_TRAINING_HOLD_FILE=<path>`` set, the script writes ``<path>.waiting`` and
+waits (at most ``AML_TRAINING_HOLD_MAX_S``, default 120 s) until ``<path>`` exists, so a test can
+observe the run while it holds its read lease.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__:
+    from .snapshot_reader import Snapshot, SnapshotError, load_snapshot
+else:  # run as a script inside the shared environment: the sibling module, not the package
+    from snapshot_reader import Snapshot, SnapshotError, load_snapshot  # type: ignore[no-redef]
+
+VERSION = "ridge_baseline@1"
+DEFAULT_ALPHAS = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)
+FALLBACK_ALPHA = 1.0  # when there are no val windows to choose with
+HOLD_ENV = "AML_TRAINING_HOLD_FILE"
+HOLD_MAX_ENV = "AML_TRAINING_HOLD_MAX_S"
+
+
+# ---- the model --------------------------------------------------------------------------------
+
+
+def design(snap: Snapshot) -> tuple[np.ndarray, np.ndarray]:
+    """X = [x flattened, u flattened] (float64), Y = y flattened; one row per window."""
+    n = snap.x.shape[0]
+    X = np.concatenate([snap.x.reshape(n, -1), snap.u.reshape(n, -1)], axis=1).astype(np.float64)
+    Y = snap.y.reshape(n, -1).astype(np.float64)
+    return X, Y
+
+
+class RidgePath:
+    """Ridge solutions for any alpha from one SVD of the centred train design matrix."""
+
+    def __init__(self, X: np.ndarray, Y: np.ndarray) -> None:
+        if X.shape[0] == 0:
+            raise ValueError("no training rows")
+        self.x_mean = X.mean(axis=0)
+        self.y_mean = Y.mean(axis=0)
+        U, self.s, Vt = np.linalg.svd(X - self.x_mean, full_matrices=False)
+        self.V = Vt.T
+        self.UtY = U.T @ (Y - self.y_mean)
+
+    def coef(self, alpha: float) -> np.ndarray:
+        """[features, outputs] minimising |Xc W - Yc|^2 + alpha |W|^2."""
+        return self.V @ ((self.s / (self.s**2 + alpha))[:, None] * self.UtY)
+
+    def predict(self, X: np.ndarray, coef: np.ndarray) -> np.ndarray:
+        return (X - self.x_mean) @ coef + self.y_mean
+
+
+def rmse_per_target(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """RMSE per target over windows and horizon steps; inputs [n, F, targets]."""
+    return np.sqrt(np.mean((pred - truth) ** 2, axis=(0, 1)))
+
+
+def denorm(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    return values.astype(np.float64) * std + mean
+
+
+def persistence(snap: Snapshot, part: slice) -> np.ndarray:
+    """Last observed value of each target in the history, held over the horizon (model units)."""
+    nodes = list(snap.manifest["allNodes"])
+    missing = [t for t in snap.targets if t not in nodes]
+    if missing:
+        raise SnapshotError(f"{snap.root}: targets {missing} are not in allNodes; no persistence baseline")
+    cols = [nodes.index(t) for t in snap.targets]
+    x_mean, x_std = snap.norm("x")
+    last = denorm(snap.x[part, -1, :][:, cols], x_mean[cols], x_std[cols])  # [n, targets]
+    horizon = snap.y.shape[1]
+    return np.repeat(last[:, None, :], horizon, axis=1)
+
+
+def train_and_evaluate(snap: Snapshot, alphas: tuple[float, ...] = DEFAULT_ALPHAS) -> dict[str, Any]:
+    """Fit on train, choose alpha on val, evaluate on val and test (model units)."""
+    counts = snap.counts
+    if counts["train"] == 0:
+        raise SnapshotError(f"{snap.root}: no train windows to fit on")
+    X, Y = design(snap)
+    F, T = snap.y.shape[1], snap.y.shape[2]
+    y_mean, y_std = snap.norm("y")
+    train = snap.part("train")
+    path = RidgePath(X[train], Y[train])
+
+    def model_rmse(part: slice, coef: np.ndarray) -> np.ndarray:
+        pred = path.predict(X[part], coef).reshape(-1, F, T)
+        return rmse_per_target(denorm(pred, y_mean, y_std), denorm(snap.y[part], y_mean, y_std))
+
+    scores: dict[float, float] = {}
+    if counts["val"] > 0:
+        for a in alphas:
+            scores[float(a)] = float(np.mean(model_rmse(snap.part("val"), path.coef(a)) / y_std))
+        alpha = min(scores, key=lambda a: (scores[a], -a))  # ties: the stronger regularisation
+    else:
+        alpha = FALLBACK_ALPHA
+    coef = path.coef(alpha)
+    rmse: dict[str, dict[str, list[float]]] = {}
+    for name in ("train", "val", "test"):
+        part = snap.part(name)
+        if counts[name] == 0:
+            continue
+        truth = denorm(snap.y[part], y_mean, y_std)
+        rmse[name] = {
+            "model": model_rmse(part, coef).tolist(),
+            "persistence": rmse_per_target(persistence(snap, part), truth).tolist(),
+        }
+    return {
+        "alpha": alpha,
+        "val_score_by_alpha": scores,
+        "targets": snap.targets,
+        "counts": counts,
+        "features": int(X.shape[1]),
+        "rmse": rmse,
+        "coef": coef,
+        "x_mean": path.x_mean,
+        "y_mean": path.y_mean,
+    }
+
+
+# ---- reporting --------------------------------------------------------------------------------
+
+
+def _table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def kind(v: Any) -> str:
+        return "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float" if isinstance(v, float) else "string"
+
+    schema = [{"name": k, "type": kind(v)} for k, v in rows[0].items()] if rows else []
+    return {"type": "table", "raw_value": {"records": rows, "schema": schema}}
+
+
+def summarize(snap: Snapshot, result: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Flat metrics (for metadata and metrics.json) and the per-target table rows."""
+    units = snap.units()
+    rmse = result["rmse"]
+    rows: list[dict[str, Any]] = []
+    metrics: dict[str, Any] = {}
+    for i, t in enumerate(result["targets"]):
+        row: dict[str, Any] = {"target": t, "unit": units.get(t, "")}
+        for part in ("val", "test"):
+            for who in ("model", "persistence"):
+                value = rmse[part][who][i] if part in rmse else None
+                row[f"{part}_rmse_{who}"] = value
+                if value is not None:
+                    metrics[f"{part}_rmse_{who}/{t}"] = value
+        if "test" in rmse:
+            row["test_skill"] = 1.0 - rmse["test"]["model"][i] / rmse["test"]["persistence"][i] if rmse["test"]["persistence"][i] > 0 else 0.0
+        rows.append(row)
+    if "test" in rmse:
+        m, p = rmse["test"]["model"], rmse["test"]["persistence"]
+        metrics["test_beats_persistence_all_targets"] = bool(all(a < b for a, b in zip(m, p)))
+        metrics["test_mean_skill"] = float(np.mean([1.0 - a / b if b > 0 else 0.0 for a, b in zip(m, p)]))
+    return metrics, rows
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_model(out_dir: Path, snap: Snapshot, result: dict[str, Any], metrics: dict[str, Any]) -> tuple[Path, str]:
+    """``ridge_baseline.npz`` + ``metrics.json`` in ``out_dir``; returns (model path, version)."""
+    import io
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        coef=result["coef"],
+        x_mean=result["x_mean"],
+        y_mean=result["y_mean"],
+        alpha=np.float64(result["alpha"]),
+        layout=np.frombuffer(json.dumps({
+            "version": VERSION, "snapshotSha256": snap.sha256, "allNodes": snap.manifest["allNodes"],
+            "controls": snap.manifest["controls"], "targets": snap.targets,
+            "historySteps": snap.manifest["historySteps"], "horizonSteps": snap.manifest["horizonSteps"],
+            "features": "concat(x[H, allNodes].ravel(), u[F, controls].ravel()), normalised",
+            "outputs": "y[F, targets].ravel(), normalised (model units: * norm.y.std + norm.y.mean)",
+        }).encode(), dtype=np.uint8),
+    )
+    model_path = out_dir / "ridge_baseline.npz"
+    _write_atomic(model_path, buf.getvalue())
+    doc = {"version": VERSION, "snapshotSha256": snap.sha256, "alpha": result["alpha"],
+           "valScoreByAlpha": {str(k): v for k, v in result["val_score_by_alpha"].items()},
+           "targets": result["targets"], "rmse": result["rmse"], **metrics}
+    _write_atomic(out_dir / "metrics.json", (json.dumps(doc, indent=2) + "\n").encode())
+    version = hashlib.sha256(snap.sha256.encode() + np.ascontiguousarray(result["coef"]).tobytes()).hexdigest()[:24]
+    return model_path, version
+
+
+def _hold(log: Any) -> None:
+    path = os.environ.get(HOLD_ENV)
+    if not path:
+        return
+    limit = float(os.environ.get(HOLD_MAX_ENV) or 120)
+    Path(path + ".waiting").write_text(str(os.getpid()))
+    log.info(f"{HOLD_ENV}: waiting up to {limit:g}s for {path}")
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _write_outcome(path: str | None, **outcome: Any) -> None:
+    if path:
+        _write_atomic(Path(path), json.dumps(outcome).encode())
+
+
+def run(pipes: Any) -> None:
+    extras = pipes.extras
+    outcome_path = extras.get("outcome_path")
+    snapshot_dir = extras["snapshot_dir"]
+    _hold(pipes.log)
+    started = time.monotonic()
+    try:
+        snap = load_snapshot(snapshot_dir, extras.get("expected_sha256"))
+    except SnapshotError as e:
+        pipes.log.error(f"{e.code}: {e}")
+        _write_outcome(outcome_path, ok=False, code=e.code, message=str(e), changed=e.changed)
+        raise
+    pipes.log.info(f"snapshot {snap.root} verified: sha256 {snap.sha256}; windows {snap.counts}")
+    alphas = tuple(float(a) for a in (extras.get("alphas") or DEFAULT_ALPHAS))
+    try:
+        result = train_and_evaluate(snap, alphas)
+    except Exception as e:
+        code = e.code if isinstance(e, SnapshotError) else "TRAINING_FAILED"
+        _write_outcome(outcome_path, ok=False, code=code, message=f"{type(e).__name__}: {e}")
+        raise
+    metrics, rows = summarize(snap, result)
+    for row in rows:
+        pipes.log.info(
+            f"{row['target']} [{row['unit']}]: val RMSE model {row['val_rmse_model']} vs persistence "
+            f"{row['val_rmse_persistence']}; test RMSE model {row['test_rmse_model']} vs persistence {row['test_rmse_persistence']}"
+        )
+    metadata: dict[str, Any] = {
+        "rmse": _table(rows),
+        "alpha": float(result["alpha"]),
+        "alpha_grid": {"type": "json", "raw_value": {str(k): v for k, v in result["val_score_by_alpha"].items()}},
+        "features": result["features"],
+        **{f"windows_{k}": v for k, v in result["counts"].items()},
+        **metrics,
+        "snapshot_dir": {"type": "path", "raw_value": str(snap.root)},
+        "snapshot_sha256": snap.sha256,
+        "hash_verified": True,
+        "python": f"{sys.executable} ({platform.python_implementation()} {platform.python_version()})",
+        "numpy_version": np.__version__,
+        "trainer": VERSION,
+        "train_seconds": round(time.monotonic() - started, 3),
+    }
+    version = None
+    if extras.get("output_dir"):
+        model_path, version = save_model(Path(extras["output_dir"]), snap, result, metrics)
+        metadata["model_path"] = {"type": "path", "raw_value": str(model_path)}
+    pipes.report_asset_materialization(metadata=metadata, data_version=version)
+    _write_outcome(outcome_path, ok=True, code="OK", message=f"alpha {result['alpha']}")
+
+
+def main() -> int:
+    from dagster_pipes import open_dagster_pipes
+
+    with open_dagster_pipes() as pipes:
+        run(pipes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""``aml-pipeline env status|rebuild``, each run as its own process with AML_HOME defaults."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+from aml_pipeline.envs import EnvSettings
+from aml_pipeline_tests.envs.support import LeaseHolder, run_cli
+
+
+def _settings(home) -> EnvSettings:
+    # What the CLI uses by default under AML_HOME: lease $AML_HOME/env, venv $AML_HOME/shared-env/venv.
+    return EnvSettings(venv_path=home / "shared-env" / "venv", lease_location=str(home / "env"))
+
+
+def _defaults_under(home) -> dict[str, str]:
+    """The CLI's environment with only AML_HOME set (lease and venv take their defaults)."""
+    return {**{k: v for k, v in os.environ.items() if k != "AML_ENV_LOCATION"}, "AML_HOME": str(home)}
+
+
+def test_env_status_rebuild_and_busy(tmp_path):
+    home = tmp_path / "home"
+    os_env = _defaults_under(home)
+
+    first = run_cli("env", "status", "--json", env=os_env)
+    assert first.returncode == 0, first.stderr
+    status = json.loads(first.stdout)
+    assert status["lease"]["location"] == str(home / "env") and status["lease"]["readers"] == 0
+    assert status["lease"]["exclusive"] is None and status["env"]["exists"] is False
+
+    built = run_cli("env", "rebuild", "--installer", "copy", "--json", env=os_env)
+    assert built.returncode == 0, built.stderr
+    build = json.loads(built.stdout)
+    assert build["venv_path"] == str(home / "shared-env" / "venv")
+    assert {p["name"]: p["version"] for p in build["packages"]}["numpy"] == "2.4.6"
+    assert "holding the exclusive lease" in built.stderr
+
+    settings = _settings(home)
+    with LeaseHolder(settings, "nightly training") as reader:
+        status = json.loads(run_cli("env", "status", "--json", env=os_env).stdout)
+        assert status["lease"]["readers"] == 1 and status["lease"]["holders"] == ["nightly training"]
+        lease = status["lease"]["reader_leases"][0]
+        assert lease["pid"] == reader.pid and lease["host"] == socket.gethostname() and lease["since"] > 0
+        assert status["env"]["exists"] and status["env"]["python"] == str(
+            home / "shared-env" / build["build_dir"].rsplit("/", 1)[1] / "bin" / "python"
+        )
+        assert status["env"]["python_version"] == build["python_version"]
+
+        text = run_cli("env", "status", env=os_env)
+        assert text.returncode == 0
+        assert "readers    1" in text.stdout and "nightly training (pid" in text.stdout
+        assert "numpy" in text.stdout and build["python_version"] in text.stdout
+
+        started = time.monotonic()
+        busy = run_cli("env", "rebuild", "--installer", "copy", env=os_env)
+        assert busy.returncode == 2
+        assert busy.stderr.startswith("ENV_BUSY: ") and "nightly training" in busy.stderr
+        assert "Traceback" not in busy.stderr and len(busy.stderr.strip().splitlines()) == 1
+        assert time.monotonic() - started < 20  # refused at once (the process start dominates)
+
+        waited = run_cli("env", "rebuild", "--installer", "copy", "--wait-s", "0.5", env=os_env)
+        assert waited.returncode == 2 and "waited 0.5s" in waited.stderr
+
+    # The refused rebuilds changed nothing.
+    after = json.loads(run_cli("env", "status", "--json", env=os_env).stdout)
+    assert after["env"]["build_dir"] == build["build_dir"] and after["idle"]
+
+
+def test_env_status_names_the_exclusive_owner(tmp_path):
+    home = tmp_path / "home"
+    os_env = _defaults_under(home)
+    with LeaseHolder(_settings(home), "rebuild by ops", mode="exclusive") as owner:
+        status = json.loads(run_cli("env", "status", "--json", env=os_env).stdout)
+        ex = status["lease"]["exclusive"]
+        assert ex["holder"] == "rebuild by ops" and ex["pid"] == owner.pid and ex["since_iso"].endswith("Z")
+        text = run_cli("env", "status", env=os_env).stdout
+        assert f"exclusive  rebuild by ops (pid {owner.pid}, host {socket.gethostname()}, since " in text
+
+
+def test_env_location_and_paths_from_flags_and_environment(tmp_path):
+    lease_dir = tmp_path / "elsewhere" / "lease"
+    os_env = {**os.environ, "AML_HOME": str(tmp_path / "home"), "AML_ENV_LOCATION": str(lease_dir)}
+    status = json.loads(run_cli("env", "status", "--json", env=os_env).stdout)
+    assert status["lease"]["location"] == str(lease_dir)
+    flagged = json.loads(
+        run_cli("env", "status", "--json", "--location", str(tmp_path / "l2"), "--venv", str(tmp_path / "v"), env=os_env).stdout
+    )
+    assert flagged["lease"]["location"] == str(tmp_path / "l2") and flagged["env"]["path"] == str(tmp_path / "v")
+    bad = run_cli("env", "rebuild", "--location", str(tmp_path / "v" / "lease"), "--venv", str(tmp_path / "v"), env=os_env)
+    assert bad.returncode == 2 and bad.stderr.startswith("ENV_CONFIG_INVALID: ")

@@ -1,0 +1,96 @@
+"""The ridge baseline's numbers on data whose answer is known."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from aml_pipeline.core.hashing import digest_snapshot as core_digest
+from aml_pipeline.training.ridge_baseline import (
+    RidgePath,
+    persistence,
+    save_model,
+    summarize,
+    train_and_evaluate,
+)
+from aml_pipeline.training.snapshot_reader import load_snapshot
+from aml_pipeline_tests.training.test_snapshot_reader import write_snapshot
+
+
+def test_ridge_path_equals_the_normal_equations():
+    rng = np.random.default_rng(1)
+    X, Y = rng.normal(size=(50, 7)), rng.normal(size=(50, 3))
+    path = RidgePath(X, Y)
+    for alpha in (0.0, 0.5, 30.0):
+        Xc, Yc = X - X.mean(0), Y - Y.mean(0)
+        expected = np.linalg.solve(Xc.T @ Xc + alpha * np.eye(7), Xc.T @ Yc)
+        np.testing.assert_allclose(path.coef(alpha), expected, rtol=1e-8, atol=1e-10)
+    # The intercept is not shrunk: a huge alpha predicts the train mean.
+    np.testing.assert_allclose(path.predict(X[:2], path.coef(1e12)), np.tile(Y.mean(0), (2, 1)), atol=1e-6)
+
+
+def _rewrite(root, x=None, u=None, y=None, norm=None):
+    m = json.loads((root / "manifest.json").read_text())
+    for k, a in (("x", x), ("u", u), ("y", y)):
+        if a is not None:
+            (root / "arrays" / f"{k}.f32").write_bytes(np.ascontiguousarray(a, dtype="<f4").tobytes())
+    if norm is not None:
+        m["norm"] = norm
+    (root / "manifest.json").write_text(json.dumps(m))
+    (root / "sha256.json").write_bytes(core_digest(root).to_json_bytes())
+
+
+def test_linear_truth_is_learned_and_reported_in_model_units(tmp_path):
+    """y is an exact linear function of (x, u): ridge with a small alpha recovers it, while
+    persistence is off by the known amount; RMSE comes out in model (de-normalised) units."""
+    root = write_snapshot(tmp_path / "s", n=(300, 60, 60), H=4, F=3, seed=2)
+    snap = load_snapshot(root)
+    rng = np.random.default_rng(3)
+    N = snap.x.shape[0]
+    feats = np.concatenate([snap.x.reshape(N, -1), snap.u.reshape(N, -1)], 1).astype(np.float64)
+    W = rng.normal(size=(feats.shape[1], 6)) * 0.3
+    y = (feats @ W).reshape(N, 3, 2)
+    norm = {"x": {"mean": [300.0, 50.0, 0.0, 0.0], "std": [10.0, 2.0, 1.0, 1.0]},
+            "u": {"mean": [0.0], "std": [1.0]}, "y": {"mean": [300.0, 50.0], "std": [10.0, 2.0]}}
+    _rewrite(root, y=y, norm=norm)
+    snap = load_snapshot(root)
+    result = train_and_evaluate(snap, alphas=(1e-6, 1.0, 1e4))
+    assert result["alpha"] == 1e-6
+    test_model = np.array(result["rmse"]["test"]["model"])
+    assert np.all(test_model < 1e-3)
+    # Persistence by hand: last history value of each target (T1 = node 0, Q1 = node 1), in model units.
+    part = snap.part("test")
+    y_phys = snap.y[part].astype(np.float64) * [10.0, 2.0] + [300.0, 50.0]
+    last = snap.x[part, -1, :2].astype(np.float64) * [10.0, 2.0] + [300.0, 50.0]
+    expected = np.sqrt(((y_phys - last[:, None, :]) ** 2).mean(axis=(0, 1)))
+    np.testing.assert_allclose(result["rmse"]["test"]["persistence"], expected, rtol=1e-9)
+    np.testing.assert_allclose(persistence(snap, part)[:, 0, :], last)
+    metrics, rows = summarize(snap, result)
+    assert metrics["test_beats_persistence_all_targets"] is True
+    assert [r["target"] for r in rows] == ["T1", "Q1"] and rows[0]["test_skill"] > 0.99
+
+
+def test_alpha_is_chosen_on_val_and_val_can_be_empty(tmp_path):
+    root = write_snapshot(tmp_path / "s", n=(40, 0, 10), seed=4)
+    result = train_and_evaluate(load_snapshot(root))
+    assert result["alpha"] == 1.0 and result["val_score_by_alpha"] == {} and "val" not in result["rmse"]
+    metrics, rows = summarize(load_snapshot(root), result)
+    assert rows[0]["val_rmse_model"] is None and "test_mean_skill" in metrics
+    # Pure noise targets: heavy regularisation wins on val.
+    noisy = write_snapshot(tmp_path / "n", n=(30, 200, 10), H=6, seed=5)
+    assert train_and_evaluate(load_snapshot(noisy))["alpha"] >= 100
+
+
+def test_model_and_metrics_are_saved(tmp_path):
+    snap = load_snapshot(write_snapshot(tmp_path / "s", seed=6))
+    result = train_and_evaluate(snap)
+    metrics, _ = summarize(snap, result)
+    model_path, version = save_model(tmp_path / "out", snap, result, metrics)
+    with np.load(model_path) as z:
+        assert z["coef"].shape == (4 * 4 + 3 * 1, 3 * 2) and float(z["alpha"]) == result["alpha"]
+        layout = json.loads(bytes(z["layout"]).decode())
+    assert layout["snapshotSha256"] == snap.sha256 and layout["targets"] == ["T1", "Q1"]
+    doc = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert doc["snapshotSha256"] == snap.sha256 and len(version) == 24
+    assert save_model(tmp_path / "out2", snap, result, metrics)[1] == version  # deterministic
