@@ -9,8 +9,7 @@ refused with ENV_BUSY while a rebuild runs). The script verifies the current sna
 compares it with persistence on val and test in model units, and streams the metrics back as
 this asset's materialisation metadata.
 
-Loaded for every spec in the specs folder by the ``@dg.definitions`` function below (spec
-errors are logged by ``datasets.py``, which loads the dataset assets themselves).
+Added for every spec by ``datasets.py``.
 """
 
 import hashlib
@@ -20,13 +19,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from aml_pipeline import config
 from aml_pipeline.defs.resources import StoreResource
 from aml_pipeline.defs.shared_env import SHARED_ENV_KEY, SharedEnvResource, busy_failure
 from aml_pipeline.errors import AmlError
 from aml_pipeline.lease import EnvBusy
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
-from aml_pipeline.spec import DatasetSpec, discover_specs
+from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.training import RIDGE_BASELINE_FILES, RIDGE_BASELINE_SCRIPT
 
 BASELINE_MODEL = "baseline_model"
@@ -130,10 +128,4 @@ def baseline_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     return [baseline_model]
 
 
-@dg.definitions
-def baselines() -> dg.Definitions:
-    specs, _errors = discover_specs(config.specs_dir())  # errors: logged by datasets.py
-    return dg.Definitions(assets=[a for _, spec in specs for a in baseline_assets(spec)])
-
-
-__all__ = ["BASELINE_MODEL", "baseline_assets", "baselines"]
+__all__ = ["BASELINE_MODEL", "baseline_assets"]

@@ -15,6 +15,7 @@ from aml_pipeline.defs.datasets import dataset_definitions
 from aml_pipeline.defs.inprocess import RANGE_END_TAG, RANGE_START_TAG, materialize_dataset, sync_run_partitions
 from aml_pipeline.defs.partitions import run_partitions
 from aml_pipeline.defs.sensors import new_run_sensor
+from aml_pipeline.defs.shared_env import default_shared_env_resources
 from aml_pipeline.defs.sources import tsdb_points
 from aml_pipeline.pipeline.publish import current_snapshot
 from aml_pipeline.spec import parse_spec
@@ -172,7 +173,8 @@ def test_sensor_adds_finished_runs_and_requests_each_once(dagster_spec, dagster_
 
 
 def test_schedule_rebuilds_the_dataset_assets(dagster_spec, resources):
-    defs = dg.Definitions.merge(dataset_definitions(dagster_spec), dg.Definitions(resources=resources))
+    all_resources = {**resources, **default_shared_env_resources()}
+    defs = dg.Definitions.merge(dataset_definitions(dagster_spec), dg.Definitions(resources=all_resources))
     [schedule] = [s for s in defs.schedules if s.name == f"{dagster_spec.id}__rebuild_schedule"]
     assert schedule.cron_schedule == "15 * * * *"
     job = defs.resolve_job_def(f"{dagster_spec.id}__rebuild")
