@@ -30,7 +30,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from aml_pipeline.tsdb.ingest import ingest_files
 
     url = args.tsdb or config.tsdb_url()
-    with open_tsdb(url, read_only=False) as db, _progress(0, "ingest", "pts") as bar:
+    with open_tsdb(url, read_only=False) as db, _progress(0, "ingest", "step") as bar:
 
         def progress(done: int, total: int) -> None:
             bar.total = total
@@ -38,7 +38,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             bar.refresh()
 
         counts = ingest_files(db, points=args.points, runs=args.runs, nodes=args.nodes, progress=progress)
-    print(json.dumps({"tsdb": url, **counts}))
+    print(json.dumps({"tsdb": db.url, **counts}))
     return 0
 
 

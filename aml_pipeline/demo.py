@@ -9,7 +9,8 @@ from typing import Any
 
 from aml_pipeline import config
 from aml_pipeline.spec import load_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.errors import AmlError
+from aml_pipeline.tsdb import open_tsdb, printable_url
 
 DEMO_SPEC = config.REPO_ROOT / "specs" / "reactor_a.yaml"
 
@@ -26,7 +27,10 @@ def seed_plant(tsdb_url: str, *, runs: int, seed: int = 0) -> int:
             return 0
         if have & wanted:
             # A partly seeded file (interrupted demo): appending would duplicate points.
-            raise SystemExit(f"{tsdb_url} holds some but not all demo runs; remove it and run the demo again")
+            raise AmlError(
+                f"{db.url} holds some but not all demo runs; remove it and run the demo again",
+                code="DEMO_PARTLY_SEEDED",
+            )
         return db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
 
 
@@ -37,7 +41,7 @@ def run_demo(
 
     home.mkdir(parents=True, exist_ok=True)
     url = os.environ.get("AML_TSDB_URL") or config.default_tsdb_url(home)
-    print(f"seeding the simulated plant ({runs} runs) into {url}", file=sys.stderr)
+    print(f"seeding the simulated plant ({runs} runs) into {printable_url(url)}", file=sys.stderr)
     written = seed_plant(url, runs=runs)
     print(f"  {written} points ingested" if written else "  already seeded", file=sys.stderr)
     spec = load_spec(spec_path or DEMO_SPEC)

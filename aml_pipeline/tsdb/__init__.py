@@ -26,6 +26,7 @@ __all__ = [
     "TsdbPort",
     "fetch_node_series",
     "open_tsdb",
+    "printable_url",
 ]
 
 
@@ -42,8 +43,17 @@ def open_tsdb(url: str, *, read_only: bool = True) -> TsdbPort:
     if url.startswith(("postgresql://", "postgres://")):
         from aml_pipeline.tsdb.postgres import PostgresTsdb
 
-        return PostgresTsdb(url)
+        return PostgresTsdb(url, read_only=read_only)
     raise TsdbError(
         f"unsupported TSDB URL {url!r}: use duckdb:///path/to/file.duckdb or postgresql://user@host/db",
         code="TSDB_URL_INVALID",
     )
+
+
+def printable_url(url: str) -> str:
+    """``url`` safe to print or log: a PostgreSQL password becomes ``***``."""
+    if url.startswith(("postgresql://", "postgres://")):
+        from aml_pipeline.tsdb.postgres import redact_url
+
+        return redact_url(url)
+    return url

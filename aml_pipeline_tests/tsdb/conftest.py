@@ -8,12 +8,17 @@ yields ``make``, and add it to :data:`ADAPTERS`.
 
 DuckDB note: within one process DuckDB refuses a read-only handle while a read-write handle on
 the same file is open, so tests close the writer before asking for ``read_only=True``.
+
+PostgreSQL: every test gets its own, freshly named schema (``?schema=t_<hex>``) on the session's
+server (``postgres_url``: ``AML_TEST_PG_URL`` or a throwaway server), dropped at teardown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import uuid
 
 import pytest
 
@@ -40,8 +45,43 @@ def _duckdb(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[MakeTsdb
             db.close()
 
 
+def with_schema(url: str, schema: str) -> str:
+    """``url`` with ``?schema=`` (or ``&schema=``) appended."""
+    return f"{url}{'&' if '?' in url else '?'}schema={schema}"
+
+
+def drop_schema(url: str, schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def _postgres(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[MakeTsdb]:
+    from aml_pipeline.tsdb.postgres import PostgresTsdb
+
+    server = request.getfixturevalue("postgres_url")
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    url = with_schema(server, schema)
+    opened: list[TsdbPort] = []
+
+    def make(read_only: bool = False) -> TsdbPort:
+        db = PostgresTsdb(url, read_only=read_only)
+        opened.append(db)
+        return db
+
+    try:
+        yield make
+    finally:
+        for db in reversed(opened):
+            db.close()
+        drop_schema(server, schema)
+
+
 ADAPTERS: dict[str, Callable[[Path, pytest.FixtureRequest], Iterator[MakeTsdb]]] = {
     "duckdb": _duckdb,
+    "postgres": _postgres,
 }
 
 

@@ -1,0 +1,876 @@
+"""The PostgreSQL TSDB adapter (psycopg 3): a real server, keyset pages, bulk COPY ingest.
+
+URL
+    ``postgresql://user@host:5432/db`` (``postgres://`` too), any libpq URI: extra query
+    parameters (``sslmode``, ``connect_timeout``, ...) go to libpq. One parameter is the
+    adapter's own: ``?schema=NAME`` picks the PostgreSQL schema holding the tables (default
+    :data:`DEFAULT_SCHEMA`; ``[a-z_][a-z0-9_]*``, at most 63 characters, not ``pg_*``).
+    Passwords belong in the environment (``PGPASSWORD``, ``~/.pgpass``, or a URL taken from
+    ``AML_TSDB_URL``), never in code. :attr:`PostgresTsdb.url` is the URL with any password
+    replaced by ``***``, and no error message ever carries the password.
+
+Schema (version :data:`SCHEMA_VERSION`, recorded in ``<schema>.schema_version``)
+    ``runs(run_key PK, run_id UNIQUE, line_id, product_id, recipe_id, recipe_version,
+    recipe_content_hash, started_at, ended_at, evidence_source, context_confirmed)``,
+    ``nodes(node_key PK, node_id UNIQUE, unit, range_lo, range_hi)``,
+    ``points(ts, seq, value, run_key, node_key, state)`` with primary key
+    ``(run_key, node_key, ts, seq)``, ``ingest_state(next_seq, max_ts)`` (one row) and the
+    view ``points_by_id(run_id, node_id, ts, value, state, seq)`` for people querying by id.
+
+    Points carry integer surrogate keys (assigned once, on first insert, never changed) like
+    the embedded adapter: 8 bytes per row instead of two id strings, and a narrow index. The
+    primary key is the read index: one series (run, node) is one contiguous key range, in
+    ``(ts, seq)`` order, so a page is one index range scan with no sort, and keyset resumption
+    is an index seek. It includes the time column, so ``points`` can be made a TimescaleDB
+    hypertable as is (``docs/postgres.md``): a hypertable's unique indexes must contain it.
+    There are no foreign keys from ``points`` (the adapter resolves ids itself; per-row FK
+    checks would slow COPY down), and every ingest writes its points sorted by
+    ``(run_key, node_key, ts, seq)``, so a series occupies few, contiguous heap pages.
+
+Ingest
+    One transaction: lock the ``ingest_state`` row (concurrent ingests queue there, so their
+    ``seq`` ranges never interleave), upsert nodes and runs, resolve keys, ``COPY ... FROM
+    STDIN (FORMAT BINARY)`` the points (the COPY buffer is built with numpy), advance
+    ``next_seq`` and ``max_ts``, commit. Anything failing rolls everything back. ``seq`` is
+    ``next_seq + row index`` in the order given (file row order), starting at 0 like the
+    embedded adapter, so the same ingests give the same ``seq`` in both.
+
+Reads
+    A page is ``SELECT ... WHERE run_key = ? AND node_key = ? AND ts BETWEEN ? AND ?
+    [AND (ts, seq) > (cursor)] ORDER BY ts, seq LIMIT limit + 1``, aggregated on the server
+    into four packed big-endian binary columns (``string_agg(int8send(ts), '')``, ...) so
+    one row crosses the wire per page and numpy decodes it without a Python object per point.
+    The order is checked on the client (and restored if a plan ever changed it).
+    :meth:`PostgresTsdb.copy_reference` times a raw ``COPY (SELECT ts, value, state ...) TO
+    STDOUT`` of the same rows, the reference the benchmark reports the page path against.
+
+    ``availability_watermark`` is ``ingest_state.max_ts``, maintained by every ingest in its
+    transaction (O(1) instead of a scan of all points). Points must therefore be written
+    through this adapter, which they must be anyway: it assigns ``seq``.
+
+Connections
+    One connection per instance (autocommit; ingest opens an explicit transaction), used
+    under a lock, reconnected once if the server dropped it. ``close()`` or ``with``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+
+import numpy as np
+import psycopg
+from psycopg import pq, sql
+from psycopg.types.numeric import Int4, Int8
+
+from aml_pipeline.errors import IngestError, TsdbError, UnknownNodeError, UnknownRunError
+
+# Validation and the error messages are shared with the embedded adapter on purpose: both
+# adapters must refuse the same inputs with the same words.
+from aml_pipeline.tsdb.duckdb import (
+    _clamp_i64,
+    _codes_to_keys,
+    _empty_page,
+    _nodes_table,
+    _opt_float,
+    _prepare_points,
+    _PreparedPoints,
+    _run_from_row,
+    _runs_table,
+)
+from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT, Cursor, Node, Page, PointColumns, Run, RunScope
+
+SCHEMA_VERSION = 1
+DEFAULT_SCHEMA = "aml"
+URL_SCHEMES = ("postgresql", "postgres")
+
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# Rows per server round trip of a page: bounds the size of one aggregated bytea value (PostgreSQL
+# refuses values over 1 GB); a larger ``limit`` is served by several queries.
+_MAX_ROWS_PER_QUERY = 4_000_000
+# Points per binary COPY chunk written during ingest (bounds the client-side buffer).
+_COPY_CHUNK_ROWS = 262_144
+_PGCOPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
+_PGCOPY_TRAILER = b"\xff\xff"
+# One binary COPY row of points (ts, seq, value, run_key, node_key, state): field count, then
+# length + big-endian value per field.
+_COPY_ROW = np.dtype(
+    [
+        ("n", ">i2"),
+        ("l_ts", ">i4"), ("ts", ">i8"),
+        ("l_seq", ">i4"), ("seq", ">i8"),
+        ("l_value", ">i4"), ("value", ">f8"),
+        ("l_run", ">i4"), ("run_key", ">i4"),
+        ("l_node", ">i4"), ("node_key", ">i4"),
+        ("l_state", ">i4"), ("state", ">i4"),
+    ]
+)  # fmt: skip
+
+_DDL = (
+    """CREATE TABLE {s}.schema_version (
+        version integer NOT NULL,
+        applied_at_ms bigint NOT NULL
+    )""",
+    """CREATE TABLE {s}.ingest_state (
+        id boolean PRIMARY KEY DEFAULT true CHECK (id),
+        next_seq bigint NOT NULL,
+        max_ts bigint
+    )""",
+    "INSERT INTO {s}.ingest_state (id, next_seq, max_ts) VALUES (true, 0, NULL)",
+    """CREATE TABLE {s}.runs (
+        run_key integer PRIMARY KEY,
+        run_id text NOT NULL UNIQUE,
+        line_id text NOT NULL,
+        product_id text NOT NULL,
+        recipe_id text NOT NULL,
+        recipe_version integer,
+        recipe_content_hash text,
+        started_at bigint NOT NULL,
+        ended_at bigint,
+        evidence_source text NOT NULL
+            CHECK (evidence_source IN ('simulation', 'real', 'unassessed')),
+        context_confirmed boolean NOT NULL DEFAULT false,
+        CHECK (ended_at IS NULL OR ended_at >= started_at)
+    )""",
+    """CREATE TABLE {s}.nodes (
+        node_key integer PRIMARY KEY,
+        node_id text NOT NULL UNIQUE,
+        unit text NOT NULL DEFAULT '',
+        range_lo double precision,
+        range_hi double precision
+    )""",
+    # 8-byte columns first: no alignment padding inside the row.
+    """CREATE TABLE {s}.points (
+        ts bigint NOT NULL,
+        seq bigint NOT NULL,
+        value double precision NOT NULL,
+        run_key integer NOT NULL,
+        node_key integer NOT NULL,
+        state integer NOT NULL,
+        CONSTRAINT points_pkey PRIMARY KEY (run_key, node_key, ts, seq)
+    )""",
+    """CREATE VIEW {s}.points_by_id AS
+        SELECT r.run_id, n.node_id, p.ts, p.value, p.state, p.seq
+        FROM {s}.points p JOIN {s}.runs r USING (run_key) JOIN {s}.nodes n USING (node_key)""",
+)
+_OWN_TABLES = ("schema_version", "ingest_state", "runs", "nodes", "points", "points_by_id")
+
+_RUN_COLUMNS = (
+    "run_id, line_id, product_id, recipe_id, recipe_version, recipe_content_hash, "
+    "started_at, ended_at, evidence_source, context_confirmed"
+)
+
+_PAGE_SQL = """SELECT count(*)::int8,
+    string_agg(int8send(p.ts), ''), string_agg(float8send(p.value), ''),
+    string_agg(int4send(p.state), ''), string_agg(int8send(p.seq), '')
+FROM (
+    SELECT ts, value, state, seq FROM {s}.points
+    WHERE run_key = %s AND node_key = %s AND ts BETWEEN %s AND %s{after}
+    ORDER BY ts, seq
+    LIMIT %s
+) p"""
+_AFTER_SQL = " AND (ts, seq) > (%s, %s)"
+
+_UPSERT_NODES = """INSERT INTO {s}.nodes (node_key, node_id, unit, range_lo, range_hi)
+SELECT (SELECT coalesce(max(node_key), 0) FROM {s}.nodes) + i.ord,
+       i.node_id, i.unit, i.range_lo, i.range_hi
+FROM unnest(%s::text[], %s::text[], %s::float8[], %s::float8[])
+     WITH ORDINALITY AS i(node_id, unit, range_lo, range_hi, ord)
+ON CONFLICT (node_id) DO UPDATE SET
+    unit = excluded.unit, range_lo = excluded.range_lo, range_hi = excluded.range_hi"""
+
+_UPSERT_RUNS = """INSERT INTO {s}.runs (run_key, run_id, line_id, product_id, recipe_id,
+    recipe_version, recipe_content_hash, started_at, ended_at, evidence_source, context_confirmed)
+SELECT (SELECT coalesce(max(run_key), 0) FROM {s}.runs) + i.ord,
+       i.run_id, i.line_id, i.product_id, i.recipe_id, i.recipe_version, i.recipe_content_hash,
+       i.started_at, i.ended_at, i.evidence_source, i.context_confirmed
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int4[], %s::text[],
+            %s::int8[], %s::int8[], %s::text[], %s::bool[])
+     WITH ORDINALITY AS i(run_id, line_id, product_id, recipe_id, recipe_version,
+                          recipe_content_hash, started_at, ended_at, evidence_source,
+                          context_confirmed, ord)
+ON CONFLICT (run_id) DO UPDATE SET
+    line_id = excluded.line_id, product_id = excluded.product_id,
+    recipe_id = excluded.recipe_id, recipe_version = excluded.recipe_version,
+    recipe_content_hash = excluded.recipe_content_hash,
+    started_at = excluded.started_at, ended_at = excluded.ended_at,
+    evidence_source = excluded.evidence_source,
+    context_confirmed = excluded.context_confirmed"""
+
+
+# ---- URL ---------------------------------------------------------------------------------------
+
+
+class _ParsedUrl:
+    __slots__ = ("conninfo", "schema", "redacted", "secrets")
+
+    def __init__(self, conninfo: str, schema: str, redacted: str, secrets: list[str]) -> None:
+        self.conninfo = conninfo  # what libpq gets (no ?schema=)
+        self.schema = schema
+        self.redacted = redacted  # for messages and .url
+        self.secrets = secrets  # strings that must never appear in a message
+
+
+def parse_postgres_url(url: str) -> _ParsedUrl:
+    """Split ``?schema=`` off a libpq URL, validate it, and build the password-free form."""
+    if not isinstance(url, str):
+        raise TsdbError(f"not a PostgreSQL URL: {url!r}", code="TSDB_URL_INVALID")
+    parts = urlsplit(url)
+    if parts.scheme not in URL_SCHEMES:
+        raise TsdbError(
+            f"not a PostgreSQL URL: {_redact_text(url)!r} (use postgresql://user@host:5432/db)",
+            code="TSDB_URL_INVALID",
+        )
+    if parts.fragment:
+        raise TsdbError(
+            f"PostgreSQL URL {_redact_text(url)!r} must not have a fragment", code="TSDB_URL_INVALID"
+        )
+    secrets: list[str] = []
+    netloc = parts.netloc
+    redacted_netloc = netloc
+    if "@" in netloc:
+        userinfo, hosts = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            user, password = userinfo.split(":", 1)
+            if password:
+                secrets += [password, unquote(password)]
+            redacted_netloc = f"{user}:***@{hosts}"
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = DEFAULT_SCHEMA
+    passthrough: list[tuple[str, str]] = []
+    redacted_query: list[tuple[str, str]] = []
+    seen_schema = False
+    for key, value in query:
+        if key == "schema":
+            if seen_schema:
+                raise TsdbError(
+                    f"PostgreSQL URL {_redact_text(url)!r}: schema= given twice", code="TSDB_URL_INVALID"
+                )
+            seen_schema = True
+            schema = value
+            redacted_query.append((key, value))
+            continue
+        passthrough.append((key, value))
+        if key == "password" and value:
+            secrets += [value, quote(value, safe="")]
+            redacted_query.append((key, "***"))
+        else:
+            redacted_query.append((key, value))
+    secrets = [s for s in dict.fromkeys(secrets) if s]
+    redacted = urlunsplit((parts.scheme, redacted_netloc, parts.path, urlencode(redacted_query), ""))
+    check_schema_name(schema, redacted)
+    conninfo = urlunsplit((parts.scheme, netloc, parts.path, urlencode(passthrough), ""))
+    return _ParsedUrl(conninfo, schema, redacted, secrets)
+
+
+def check_schema_name(schema: str, where: str = "") -> str:
+    """A schema name the adapter accepts: lower-case identifier, not ``pg_*``."""
+    if (
+        not isinstance(schema, str)
+        or not _SCHEMA_RE.fullmatch(schema)
+        or schema.startswith("pg_")
+        or schema == "information_schema"
+    ):
+        prefix = f"{where}: " if where else ""
+        raise TsdbError(
+            f"{prefix}schema {schema!r} is not usable: use a lower-case name matching "
+            "[a-z_][a-z0-9_]* (at most 63 characters, not pg_* or information_schema)",
+            code="TSDB_URL_INVALID",
+        )
+    return schema
+
+
+_PASSWORD_IN_TEXT = re.compile(r"(://[^/@:\s]*:)[^@/\s]*@")
+
+
+def _redact_text(text: str) -> str:
+    return _PASSWORD_IN_TEXT.sub(r"\1***@", str(text))
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for output: a PostgreSQL URL's password (in the user part or ``password=``)
+    replaced by ``***``; anything else is returned unchanged."""
+    if isinstance(url, str) and url.startswith(tuple(f"{s}://" for s in URL_SCHEMES)):
+        try:
+            return parse_postgres_url(url).redacted
+        except TsdbError:
+            pass
+    return _redact_text(url)
+
+
+# ---- adapter -----------------------------------------------------------------------------------
+
+
+class PostgresTsdb:
+    """:class:`~aml_pipeline.tsdb.port.TsdbPort` over a PostgreSQL schema.
+
+    ``read_only=False`` (the default, and what :func:`~aml_pipeline.tsdb.open_tsdb` gives)
+    creates the schema and its tables if they are missing; ``read_only=True`` requires them,
+    sets the session read-only and refuses :meth:`ingest`.
+    """
+
+    def __init__(
+        self, url: str, read_only: bool = False, *, connect_timeout_s: float = 10.0
+    ) -> None:
+        parsed = parse_postgres_url(url)
+        self._parsed = parsed
+        self.url = parsed.redacted
+        self.schema = parsed.schema
+        self.read_only = bool(read_only)
+        self.connect_timeout_s = float(connect_timeout_s)
+        self._lock = threading.RLock()
+        self._run_keys: dict[str, int] = {}
+        self._node_keys: dict[str, int] = {}
+        s = sql.Identifier(self.schema)
+        self._sql = {
+            name: sql.SQL(text).format(s=s)
+            for name, text in (
+                ("page", _PAGE_SQL.replace("{after}", "")),
+                ("page_after", _PAGE_SQL.replace("{after}", _AFTER_SQL)),
+                ("upsert_nodes", _UPSERT_NODES),
+                ("upsert_runs", _UPSERT_RUNS),
+            )
+        }
+        self._closed = False
+        self._conn: psycopg.Connection | None = self._connect()
+        try:
+            self._render_statements()
+            self._init_schema()
+        except BaseException:
+            self._conn.close()
+            self._conn = None
+            self._closed = True
+            raise
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def _connect(self) -> psycopg.Connection:
+        kwargs: dict[str, Any] = {}
+        lowered = self._parsed.conninfo.lower()
+        if "connect_timeout=" not in lowered:
+            kwargs["connect_timeout"] = max(1, int(round(self.connect_timeout_s)))
+        if "application_name=" not in lowered:
+            kwargs["application_name"] = "aml_pipeline"
+        try:
+            conn = psycopg.connect(self._parsed.conninfo, autocommit=True, **kwargs)
+        except psycopg.Error as e:
+            raise TsdbError(f"{self.url}: cannot connect ({self._scrub(e)})") from None
+        except Exception as e:  # e.g. a malformed URL refused by libpq's parser
+            raise TsdbError(
+                f"{self.url}: cannot connect ({self._scrub(e)})", code="TSDB_URL_INVALID"
+            ) from None
+        try:
+            # Page queries are simple scans: JIT compilation (kicking in for large pages once
+            # the table has statistics) would only add its compile time to every page.
+            conn.execute("SET jit = off")
+        except psycopg.Error:
+            pass  # a server without JIT (PostgreSQL < 11)
+        try:
+            if self.read_only:
+                conn.execute("SET default_transaction_read_only = on")
+        except psycopg.Error as e:
+            conn.close()
+            raise TsdbError(f"{self.url}: cannot connect ({self._scrub(e)})") from None
+        return conn
+
+    def _render_statements(self) -> None:
+        assert self._conn is not None
+        self._q = {k: v.as_string(self._conn) for k, v in self._sql.items()}
+        s = sql.Identifier(self.schema).as_string(self._conn)
+        self._s = s
+        self._q.update(
+            runs=f"SELECT {_RUN_COLUMNS} FROM {s}.runs",
+            nodes=(
+                f"SELECT node_id, unit, range_lo, range_hi FROM {s}.nodes "
+                'ORDER BY node_id COLLATE "C"'
+            ),
+            run_key=f"SELECT run_key FROM {s}.runs WHERE run_id = %s",
+            node_key=f"SELECT node_key FROM {s}.nodes WHERE node_id = %s",
+            run_keys=f"SELECT run_id, run_key FROM {s}.runs WHERE run_id = ANY(%s::text[])",
+            node_keys=f"SELECT node_id, node_key FROM {s}.nodes WHERE node_id = ANY(%s::text[])",
+            watermark=f"SELECT max_ts FROM {s}.ingest_state",
+            lock_state=f"SELECT next_seq FROM {s}.ingest_state FOR UPDATE",
+            advance_state=(
+                # greatest() ignores NULL: the first ingest sets max_ts.
+                f"UPDATE {s}.ingest_state SET next_seq = next_seq + %s, max_ts = greatest(max_ts, %s)"
+            ),
+            copy_points=(
+                f"COPY {s}.points (ts, seq, value, run_key, node_key, state) "
+                "FROM STDIN (FORMAT BINARY)"
+            ),
+        )
+
+    def _init_schema(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        version = self._schema_version(conn)
+        if version is None:
+            if self.read_only:
+                raise TsdbError(
+                    f"{self.url}: schema {self.schema!r} holds no TSDB yet; ingest data first "
+                    "(aml-pipeline ingest --tsdb ..., or aml-pipeline demo)",
+                    code="TSDB_EMPTY",
+                )
+            try:
+                with conn.transaction():
+                    # Two processes creating the same schema at once: the second waits here,
+                    # then finds the version the first one recorded.
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(self.schema)])
+                    version = self._schema_version(conn)
+                    if version is None:
+                        self._create_schema(conn)
+                        return
+            except psycopg.Error as e:
+                raise TsdbError(
+                    f"{self.url}: cannot create the TSDB schema {self.schema!r} ({self._scrub(e)})"
+                ) from None
+        if version != SCHEMA_VERSION:
+            newer = version > SCHEMA_VERSION
+            raise TsdbError(
+                f"{self.url}: schema {self.schema!r} has TSDB schema version {version}, this "
+                f"aml_pipeline reads version {SCHEMA_VERSION}"
+                + ("; upgrade aml_pipeline" if newer else "; re-ingest into a new schema"),
+                code="TSDB_SCHEMA_VERSION",
+            )
+
+    def _schema_version(self, conn: psycopg.Connection) -> int | None:
+        try:
+            has = conn.execute(
+                "SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = 'schema_version'",
+                [self.schema],
+            ).fetchone()
+            if not has:
+                return None
+            row = conn.execute(f"SELECT max(version) FROM {self._s}.schema_version").fetchone()
+        except psycopg.Error as e:
+            raise TsdbError(
+                f"{self.url}: cannot read the TSDB schema {self.schema!r} ({self._scrub(e)})"
+            ) from None
+        return None if row is None or row[0] is None else int(row[0])
+
+    def _create_schema(self, conn: psycopg.Connection) -> None:
+        exists = conn.execute(
+            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s", [self.schema]
+        ).fetchone()
+        if exists:
+            clashing = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+                    "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = ANY(%s) "
+                    "ORDER BY 1",
+                    [self.schema, list(_OWN_TABLES)],
+                ).fetchall()
+            ]
+            if clashing:
+                raise TsdbError(
+                    f"{self.url}: schema {self.schema!r} belongs to something else (it has "
+                    f"{', '.join(clashing)} but no aml_pipeline schema_version); refusing to "
+                    "change it, use another schema (?schema=...)",
+                    code="TSDB_SCHEMA_VERSION",
+                )
+        else:
+            # Only when missing: CREATE SCHEMA needs CREATE on the database even with IF NOT
+            # EXISTS, which a role given just a pre-made schema does not have.
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema)))
+        for ddl in _DDL:
+            conn.execute(sql.SQL(ddl).format(s=sql.Identifier(self.schema)))
+        conn.execute(
+            f"INSERT INTO {self._s}.schema_version (version, applied_at_ms) VALUES (%s, %s)",
+            [SCHEMA_VERSION, int(time.time() * 1000)],
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                finally:
+                    self._conn = None
+
+    def __enter__(self) -> PostgresTsdb:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "ro" if self.read_only else "rw"
+        state = "closed" if self._closed else "open"
+        return f"PostgresTsdb({self.url!r}, schema={self.schema!r}, {mode}, {state})"
+
+    @property
+    def _c(self) -> psycopg.Connection:
+        """The connection; reopened once if the server dropped it (e.g. a restart)."""
+        if self._closed:
+            raise TsdbError(f"{self.url}: this TSDB handle is closed")
+        if self._conn is not None and (self._conn.broken or self._conn.closed):
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
+
+    def _scrub(self, e: BaseException | str) -> str:
+        text = " ".join(str(e).split())
+        for secret in self._parsed.secrets:
+            text = text.replace(secret, "***")
+        return _redact_text(text)
+
+    @contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.Error as e:
+            raise TsdbError(f"{self.url}: {what} failed ({self._scrub(e)})") from None
+
+    # ---- catalog -------------------------------------------------------------------------------
+    def list_runs(self, scope: RunScope | None = None, finished_only: bool = True) -> list[Run]:
+        where: list[str] = []
+        params: list[Any] = []
+        if scope is not None:
+            for column, value in (
+                ("line_id", scope.line_id),
+                ("product_id", scope.product_id),
+                ("recipe_id", scope.recipe_id),
+            ):
+                if value is not None:
+                    where.append(f"{column} = %s")
+                    params.append(value)
+            if scope.to_ms is not None:
+                where.append("started_at <= %s")
+                params.append(Int8(_clamp_i64(scope.to_ms)))
+            if scope.from_ms is not None:
+                where.append("(ended_at IS NULL OR ended_at >= %s)")
+                params.append(Int8(_clamp_i64(scope.from_ms)))
+        if finished_only:
+            where.append("ended_at IS NOT NULL")
+        query = self._q["runs"]
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        query += " ORDER BY started_at, run_id COLLATE \"C\""
+        with self._lock, self._reading("listing runs"):
+            rows = self._c.execute(query, params).fetchall()
+        return [_run_from_row(r) for r in rows]
+
+    def get_run(self, run_id: str) -> Run:
+        with self._lock, self._reading(f"reading run {run_id!r}"):
+            rows = self._c.execute(self._q["runs"] + " WHERE run_id = %s", [run_id]).fetchall()
+        if not rows:
+            raise UnknownRunError(f"unknown run {run_id!r}: not in {self.url}")
+        return _run_from_row(rows[0])
+
+    def list_nodes(self) -> list[Node]:
+        with self._lock, self._reading("listing nodes"):
+            rows = self._c.execute(self._q["nodes"]).fetchall()
+        return [Node(r[0], r[1] or "", _opt_float(r[2]), _opt_float(r[3])) for r in rows]
+
+    def availability_watermark(self) -> int | None:
+        with self._lock, self._reading("reading the watermark"):
+            row = self._c.execute(self._q["watermark"]).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def point_count(self, run_id: str | None = None, node_id: str | None = None) -> int:
+        """Number of stored points (optionally of one run and/or node); not part of the port."""
+        where, params = [], []
+        with self._lock, self._reading("counting points"):
+            conn = self._c
+            if run_id is not None:
+                where.append("run_key = %s")
+                params.append(Int4(self._run_key(conn, run_id)))
+            if node_id is not None:
+                where.append("node_key = %s")
+                params.append(Int4(self._node_key(conn, node_id)))
+            query = f"SELECT count(*) FROM {self._s}.points"
+            if where:
+                query += " WHERE " + " AND ".join(where)
+            return int(conn.execute(query, params).fetchone()[0])
+
+    def _run_key(self, conn: psycopg.Connection, run_id: str) -> int:
+        key = self._run_keys.get(run_id)
+        if key is None:
+            row = conn.execute(self._q["run_key"], [run_id]).fetchone()
+            if row is None:
+                raise UnknownRunError(f"unknown run {run_id!r}: not in {self.url}")
+            key = self._run_keys[run_id] = int(row[0])
+        return key
+
+    def _node_key(self, conn: psycopg.Connection, node_id: str) -> int:
+        key = self._node_keys.get(node_id)
+        if key is None:
+            row = conn.execute(self._q["node_key"], [node_id]).fetchone()
+            if row is None:
+                raise UnknownNodeError(f"unknown node {node_id!r}: not in {self.url}")
+            key = self._node_keys[node_id] = int(row[0])
+        return key
+
+    # ---- points --------------------------------------------------------------------------------
+    def query_page(
+        self,
+        node_id: str,
+        run_id: str,
+        from_ms: int,
+        to_ms: int,
+        cursor: Cursor | None = None,
+        limit: int = DEFAULT_PAGE_LIMIT,
+    ) -> Page:
+        """Keyset page on ``(ts, seq)``; ``done`` is exact (``limit + 1`` rows are asked for)."""
+        limit = int(limit)
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        with self._lock, self._reading(f"reading node {node_id!r} of run {run_id!r}"):
+            conn = self._c
+            run_key = self._run_key(conn, run_id)
+            node_key = self._node_key(conn, node_id)
+            lo, hi = _clamp_i64(from_ms), _clamp_i64(to_ms)
+            after = None
+            if cursor is not None:
+                after = (_clamp_i64(cursor.ts), _clamp_i64(cursor.seq))
+                lo = max(lo, after[0])  # (ts, seq) > cursor implies ts >= cursor.ts
+            if lo > hi:
+                return _empty_page(cursor)
+            parts: list[tuple[np.ndarray, ...]] = []
+            want = limit + 1
+            while want > 0:
+                n = min(want, _MAX_ROWS_PER_QUERY)
+                cols = self._fetch(conn, run_key, node_key, lo, hi, after, n)
+                parts.append(cols)
+                got = cols[0].shape[0]
+                want -= got
+                if got < n:
+                    break
+                after = (int(cols[0][-1]), int(cols[3][-1]))
+                lo = max(lo, after[0])
+        if len(parts) == 1:
+            ts, value, state, seq = parts[0]
+        else:
+            ts, value, state, seq = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        done = ts.shape[0] <= limit
+        if not done:
+            ts, value, state, seq = ts[:limit], value[:limit], state[:limit], seq[:limit]
+        next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
+        return Page(ts, value, state, seq, next_cursor, done)
+
+    def _fetch(
+        self,
+        conn: psycopg.Connection,
+        run_key: int,
+        node_key: int,
+        lo: int,
+        hi: int,
+        after: tuple[int, int] | None,
+        n: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        params: list[Any] = [Int4(run_key), Int4(node_key), Int8(lo), Int8(hi)]
+        if after is None:
+            query = self._q["page"]
+        else:
+            query = self._q["page_after"]
+            params += [Int8(after[0]), Int8(after[1])]
+        params.append(Int8(n))
+        with conn.cursor(binary=True) as cur:
+            count, b_ts, b_value, b_state, b_seq = cur.execute(query, params).fetchone()
+        if not count:
+            return (
+                np.empty(0, np.int64), np.empty(0, np.float64),
+                np.empty(0, np.int32), np.empty(0, np.int64),
+            )  # fmt: skip
+        ts = np.frombuffer(b_ts, ">i8").astype(np.int64)
+        value = np.frombuffer(b_value, ">f8").astype(np.float64)
+        state = np.frombuffer(b_state, ">i4").astype(np.int32)
+        seq = np.frombuffer(b_seq, ">i8").astype(np.int64)
+        if not (ts.shape[0] == value.shape[0] == state.shape[0] == seq.shape[0] == count):
+            raise TsdbError(f"{self.url}: page of {count} rows decoded to mismatched columns")
+        if ts.shape[0] > 1:
+            d_ts = np.diff(ts)
+            if not bool(np.all((d_ts > 0) | ((d_ts == 0) & (np.diff(seq) > 0)))):
+                # string_agg keeps the subquery's (ts, seq) order in every plan PostgreSQL
+                # makes for it; should one ever differ, restore the order rather than trust it.
+                order = np.lexsort((seq, ts))
+                ts, value, state, seq = ts[order], value[order], state[order], seq[order]
+        return ts, value, state, seq
+
+    def copy_reference(
+        self,
+        run_ids: Sequence[str] | None = None,
+        node_ids: Sequence[str] | None = None,
+        *,
+        fmt: str = "text",
+    ) -> tuple[int, float]:
+        """Time a raw ``COPY (SELECT ts, value, state FROM points ...) TO STDOUT`` of the points
+        of ``run_ids`` x ``node_ids`` (None = all), for benchmarks: ``(rows, seconds)``.
+
+        The rows are received through libpq's own COPY loop and thrown away, the fastest way a
+        Python client can pull them (no decoding, no order); ``fmt`` is ``text`` or ``binary``.
+        """
+        if fmt not in ("text", "binary"):
+            raise ValueError(f"fmt must be 'text' or 'binary', got {fmt!r}")
+        with self._lock, self._reading("COPY reference"):
+            conn = self._c
+            where: list[str] = []
+            params: list[Any] = []
+            if run_ids is not None:
+                where.append("run_key = ANY(%s::int4[])")
+                params.append([self._run_key(conn, r) for r in run_ids])
+            if node_ids is not None:
+                where.append("node_key = ANY(%s::int4[])")
+                params.append([self._node_key(conn, n) for n in node_ids])
+            query = f"SELECT ts, value, state FROM {self._s}.points"
+            if where:
+                query += " WHERE " + " AND ".join(where)
+            statement = f"COPY ({query}) TO STDOUT (FORMAT {fmt})"
+            # COPY takes no bind parameters: psycopg binds them client-side, quoted.
+            text = psycopg.ClientCursor(conn).mogrify(statement, params)
+            pg = conn.pgconn
+            start = time.perf_counter()
+            try:
+                pg.send_query(text.encode(conn.info.encoding))
+                rows = _drain_copy_out(pg, conn.info.encoding)
+            except BaseException:
+                # Interrupted inside the COPY: the connection's protocol state is unknown.
+                # Drop it; the next call connects afresh.
+                conn.close()
+                raise
+            seconds = time.perf_counter() - start
+        return rows, seconds
+
+    # ---- ingest --------------------------------------------------------------------------------
+    def ingest(
+        self,
+        *,
+        runs: Sequence[Run] = (),
+        nodes: Sequence[Node] = (),
+        points: PointColumns | None = None,
+    ) -> int:
+        if self.read_only:
+            raise TsdbError(f"{self.url} is open read-only; open it with read_only=False to ingest")
+        runs, nodes = list(runs), list(nodes)
+        runs_tab = _runs_table(runs)
+        nodes_tab = _nodes_table(nodes)
+        prepared = _prepare_points(points) if points is not None and len(points) else None
+        with self._lock:
+            conn = self._c
+            run_map: dict[str, int] = {}
+            node_map: dict[str, int] = {}
+            try:
+                with conn.transaction():
+                    next_seq = int(conn.execute(self._q["lock_state"]).fetchone()[0])
+                    if nodes_tab is not None:
+                        conn.execute(
+                            self._q["upsert_nodes"],
+                            [nodes_tab.column(c).to_pylist() for c in ("node_id", "unit", "range_lo", "range_hi")],
+                        )
+                    if runs_tab is not None:
+                        conn.execute(
+                            self._q["upsert_runs"],
+                            [
+                                runs_tab.column(c).to_pylist()
+                                for c in (
+                                    "run_id", "line_id", "product_id", "recipe_id", "recipe_version",
+                                    "recipe_content_hash", "started_at", "ended_at",
+                                    "evidence_source", "context_confirmed",
+                                )
+                            ],
+                        )  # fmt: skip
+                    written = 0
+                    if prepared is not None:
+                        run_map, node_map, written = self._append_points(conn, prepared, next_seq)
+            except psycopg.Error as e:
+                self._run_keys.clear()
+                self._node_keys.clear()
+                if conn.broken:
+                    raise TsdbError(
+                        f"{self.url}: ingest failed, nothing written (connection lost: {self._scrub(e)})"
+                    ) from None
+                raise IngestError(
+                    f"{self.url}: ingest failed, nothing written ({self._scrub(e)})"
+                ) from None
+            except BaseException:
+                self._run_keys.clear()
+                self._node_keys.clear()
+                raise
+            self._run_keys.update(run_map)
+            self._node_keys.update(node_map)
+        return written
+
+    def _append_points(
+        self, conn: psycopg.Connection, p: _PreparedPoints, next_seq: int
+    ) -> tuple[dict[str, int], dict[str, int], int]:
+        run_map = self._key_map(conn, "run_keys", p.run_uniques)
+        node_map = self._key_map(conn, "node_keys", p.node_uniques)
+        run_keys = _codes_to_keys(p, p.run_codes, p.run_uniques, run_map, "run")
+        node_keys = _codes_to_keys(p, p.node_codes, p.node_uniques, node_map, "node")
+        n = p.n
+        seq = np.arange(next_seq, next_seq + n, dtype=np.int64)
+        # Stable sort: equal (run, node, ts) keep row order, i.e. seq order.
+        order = np.lexsort((p.ts, node_keys, run_keys))
+        with conn.cursor() as cur, cur.copy(self._q["copy_points"]) as copy:
+            copy.write(_PGCOPY_HEADER)
+            for start in range(0, n, _COPY_CHUNK_ROWS):
+                idx = order[start : start + _COPY_CHUNK_ROWS]
+                rows = np.empty(idx.shape[0], dtype=_COPY_ROW)
+                rows["n"] = 6
+                rows["l_ts"] = rows["l_seq"] = rows["l_value"] = 8
+                rows["l_run"] = rows["l_node"] = rows["l_state"] = 4
+                rows["ts"] = p.ts[idx]
+                rows["seq"] = seq[idx]
+                rows["value"] = p.value[idx]
+                rows["run_key"] = run_keys[idx]
+                rows["node_key"] = node_keys[idx]
+                rows["state"] = p.state[idx]
+                copy.write(rows.view(np.uint8).data)
+            copy.write(_PGCOPY_TRAILER)
+        max_ts = int(p.ts.max())
+        conn.execute(self._q["advance_state"], [Int8(n), Int8(max_ts)])
+        return run_map, node_map, n
+
+    def _key_map(self, conn: psycopg.Connection, query: str, ids: list[Any]) -> dict[str, int]:
+        if not ids:
+            return {}
+        wanted = [i for i in ids if isinstance(i, str)]
+        rows = conn.execute(self._q[query], [wanted]).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def _lock_id(schema: str) -> int:
+    """A stable advisory-lock key (signed int64) for creating ``schema``."""
+    digest = hashlib.sha256(f"aml_pipeline.tsdb:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _drain_copy_out(pg: pq.abc.PGconn, encoding: str) -> int:
+    """Finish a ``COPY ... TO STDOUT`` sent with ``send_query``: receive and discard the data,
+    collect the results; the number of rows COPY reports. Raises the server's error."""
+    error: psycopg.Error | None = None
+    rows = 0
+    result = pg.get_result()
+    if result is not None and result.status == pq.ExecStatus.COPY_OUT:
+        get = pg.get_copy_data
+        while True:
+            nbytes, _ = get(0)
+            if nbytes < 0:
+                break
+        result = pg.get_result()
+    while result is not None:
+        if result.status == pq.ExecStatus.COMMAND_OK:
+            status = (result.command_status or b"").split()
+            if len(status) == 2 and status[0] == b"COPY":
+                rows = int(status[1])
+        elif error is None and result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.BAD_RESPONSE):
+            error = psycopg.errors.error_from_result(result, encoding=encoding)
+        result = pg.get_result()
+    if error is not None:
+        raise error
+    return rows
