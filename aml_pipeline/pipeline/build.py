@@ -1,7 +1,8 @@
 """Publishing a dataset (shared by the Dagster manifest asset and the library build).
 
-``publish_dataset`` writes the snapshot into a staging directory, renames it into place, runs
-the blocking checks on the published bytes and only then makes it ``current`` in the catalog.
+``publish_dataset`` writes the snapshot into a staging directory, runs the blocking checks on
+the written bytes (read back from disk while the fsyncs finish), renames the directory into
+place and only then, if the checks passed, makes it ``current`` in the catalog.
 ``build_dataset`` is the library-only end-to-end build (all stages in one process, no Dagster),
 used by the benchmark as the reference the Dagster build is compared with.
 """
@@ -75,20 +76,50 @@ def publish_dataset(
     datasets_root: Path,
     *,
     availability_watermark: int | None,
+    timings: dict[str, float] | None = None,
 ) -> PublishedDataset:
+    """Write, check and publish a snapshot; ``current`` only if the blocking checks pass.
+
+    The checks read the written files back (every byte, independently of the writer) while
+    the disk is still making them durable; the directory is renamed into place once the
+    files are fsynced, whatever the checks found (a failed snapshot stays for inspection, not
+    current). ``timings``, if given, receives the seconds of ``write`` (until every byte is
+    written and hashed), ``checks``, ``durable`` (what was left of the fsyncs after the
+    checks) and ``publish`` (rename, ``current``, catalog).
+    """
+    clock = _Clock(timings)
     captured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with staging_dir(datasets_root, spec.id) as staging:
         files = write_snapshot_files(
             spec, plan, norm, store, staging,
-            availability_watermark=availability_watermark, captured_at=captured_at,
+            availability_watermark=availability_watermark, captured_at=captured_at, wait_durable=False,
         )
+        clock.lap("write")
+        try:
+            checks = snapshot_checks(spec, staging, files.sha256, store, files.files)
+            clock.lap("checks")
+        finally:
+            files.wait_durable()
+        clock.lap("durable")
         snapshot = publish_staged(staging, SnapshotDigest(files.sha256, files.files))
-    checks = snapshot_checks(spec, snapshot, files.sha256, store)
     passed = all(c.passed for c in checks if c.blocking)
     if passed:
         set_current(snapshot)
     Catalog(datasets_root).record(snapshot, files.manifest, files.sha256, current=passed)
+    clock.lap("publish")
     return PublishedDataset(snapshot, files.sha256, files.manifest, files.report, checks, passed)
+
+
+class _Clock:
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        if self.timings is not None:
+            self.timings[name] = self.timings.get(name, 0.0) + (now - self.t)
+        self.t = now
 
 
 Progress = Callable[[str, int, int], None]

@@ -7,7 +7,9 @@ by the dataset.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from aml_pipeline.core.clean import CLEAN_CAUSES
-from aml_pipeline.core.hashing import SnapshotHasher
+from aml_pipeline.core.hashing import BackgroundSnapshotHasher, SnapshotHasher
 from aml_pipeline.core.lineage import RunContext, RunLineage, classify_lineage
 from aml_pipeline.core.manifest import SPLITS, build_manifest, build_sidecar, to_json_bytes
 from aml_pipeline.core.normalize import MomentAccumulator, NormStats, apply_norm, fit_window_stats
 from aml_pipeline.core.split import split_blocks, split_runs
-from aml_pipeline.core.stats import LagCorrelation, NodeSummary
+from aml_pipeline.core.stats import LagCorrelation, NodeSummary, add_lag_pairs
 from aml_pipeline.core.windows import window_block
 from aml_pipeline.errors import BuildError
 from aml_pipeline.pipeline.runs import stage_fingerprint
@@ -244,36 +246,125 @@ def fit_normalization(spec: DatasetSpec, plan: DatasetPlan, store: DatasetStore)
 
 @dataclass
 class SnapshotFiles:
-    """A finished, fsynced snapshot in its staging directory, with its hash."""
+    """A finished snapshot in its staging directory, with its hash (fsynced once
+    ``wait_durable()`` returned)."""
 
     staging: Path
     manifest: dict[str, Any]
     sha256: str
     files: dict[str, str]
     report: dict[str, Any] = field(default_factory=dict)
+    # Returns once every file is fsynced (already true unless written with wait_durable=False).
+    wait_durable: Callable[[], None] = lambda: None
 
 
-def _array_for(kind: str, run: RunArrays, spec: DatasetSpec, cols: Columns, norm: Normalization) -> np.ndarray:
+# Windows per gathered block: the write holds a few MB per array kind whatever a run's length.
+_BLOCK_BYTES = 16 << 20
+# Written-but-unsynced bytes after which the syncer starts flushing the file being written, so
+# the disk works while the next blocks are gathered rather than all at the final fsync.
+_FLUSH_BYTES = 64 << 20
+
+
+def _blocks_for(
+    kind: str, run: RunArrays, spec: DatasetSpec, cols: Columns, norm: Normalization
+) -> Iterator[np.ndarray]:
+    """The run's windows of one array kind, in blocks of at most ``_BLOCK_BYTES``, in order.
+
+    x/u/y are normalised on the grid's columns once, then cut into windows (each grid row is
+    normalised once, not once per window that uses it).
+    """
     H, F = spec.history_steps, spec.horizon_steps
+    starts = run.starts
     if kind == "x":
-        return window_block(apply_norm(run.grid, norm.x.mean, norm.x.std), run.starts, -H, 0)
-    if kind == "u":
-        return window_block(apply_norm(run.grid[:, cols.controls], norm.u.mean, norm.u.std), run.starts, 0, F)
-    if kind == "y":
-        return window_block(apply_norm(run.grid[:, cols.targets], norm.y.mean, norm.y.std), run.starts, 0, F)
-    if kind == "timestamps":
-        return window_block(run.grid_ts.astype(np.float64)[:, None], run.starts, -H, F)[:, :, 0]
-    if kind == "mask":
-        # Windows with a gap are dropped, so every kept step is an observed grid value.
-        return np.ones((run.starts.shape[0], H + F), dtype=np.float32)
-    raise ValueError(f"unknown array kind {kind!r}")
+        values, lo, hi = apply_norm(run.grid, norm.x.mean, norm.x.std), -H, 0
+    elif kind == "u":
+        values, lo, hi = apply_norm(run.grid[:, cols.controls], norm.u.mean, norm.u.std), 0, F
+    elif kind == "y":
+        values, lo, hi = apply_norm(run.grid[:, cols.targets], norm.y.mean, norm.y.std), 0, F
+    elif kind == "timestamps":
+        values, lo, hi = run.grid_ts.astype(np.float64)[:, None], -H, F
+    elif kind == "mask":
+        values, lo, hi = None, -H, F
+    else:
+        raise ValueError(f"unknown array kind {kind!r}")
+    width = 1 if values is None else values.shape[1]
+    itemsize = 4 if values is None else values.dtype.itemsize
+    step = max(1, _BLOCK_BYTES // max(1, (hi - lo) * width * itemsize))
+    for i in range(0, starts.shape[0], step):
+        chunk = starts[i : i + step]
+        if values is None:
+            # Windows with a gap are dropped, so every kept step is an observed grid value.
+            yield np.ones((chunk.shape[0], H + F), dtype=np.float32)
+        else:
+            block = window_block(values, chunk, lo, hi)
+            yield block[:, :, 0] if kind == "timestamps" else block
 
 
-def _write_synced(path: Path, data: bytes, hasher: SnapshotHasher | None = None, name: str = "") -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+def _write_all(f: Any, data: memoryview) -> None:
+    """``f.write`` until every byte is written (a raw write may be partial)."""
+    while data:
+        n = f.write(data)
+        data = data[n:]
+
+
+class _Syncer:
+    """fsync in a background thread: early flushes of a file still being written, then its
+    final fsync and close. :meth:`wait` returns once every file handed over is durable."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._errors: list[BaseException] = []
+        self._flush_pending = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="snapshot-fsync", daemon=True)
+        self._thread.start()
+        self._done = False
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            op, f = item
+            try:
+                if op == "flush":
+                    if not self._errors and not f.closed:
+                        os.fdatasync(f.fileno())
+                else:
+                    try:
+                        if not self._errors:
+                            os.fsync(f.fileno())
+                    finally:
+                        f.close()
+            except BaseException as e:  # noqa: BLE001 - re-raised by wait()
+                self._errors.append(e)
+            finally:
+                if op == "flush":
+                    self._flush_pending.clear()
+
+    def flush(self, f: Any) -> None:
+        """Start writing ``f``'s dirty pages to disk (skipped while a flush is still running)."""
+        if not self._flush_pending.is_set():
+            self._flush_pending.set()
+            self._queue.put(("flush", f))
+
+    def close(self, f: Any) -> None:
+        """fsync and close ``f`` (the caller no longer writes to it)."""
+        self._queue.put(("close", f))
+
+    def wait(self) -> None:
+        if not self._done:
+            self._done = True
+            self._queue.put(None)
+            self._thread.join()
+        if self._errors:
+            raise self._errors[0]
+
+
+def _write_file(path: Path, data: bytes, syncer: _Syncer, hasher: SnapshotHasher | None = None, name: str = "") -> None:
+    f = open(path, "wb", buffering=0)
+    try:
+        _write_all(f, memoryview(data))
+    except BaseException:
+        f.close()
+        raise
+    syncer.close(f)
     if hasher is not None:
         hasher.begin(name)
         hasher.update(data)
@@ -289,8 +380,16 @@ def write_snapshot_files(
     *,
     availability_watermark: int | None,
     captured_at: str,
+    wait_durable: bool = True,
 ) -> SnapshotFiles:
-    """Write every artifact of the snapshot into ``staging`` (fsynced), hashing as it goes."""
+    """Write every artifact of the snapshot into ``staging`` (fsynced), hashing as it goes.
+
+    One pass per array kind over the runs, in snapshot order; memory is bounded by one run's
+    grid plus a few blocks. Hashing (the snapshot hash and the per-file digests) and fsync run
+    in background threads, so gathering, hashing and the disk work at the same time. With
+    ``wait_durable=False`` it returns once every byte is written (closed) and hashed, while
+    the last fsyncs may still run: call ``wait_durable()`` on the result before publishing.
+    """
     (staging / "arrays").mkdir(parents=True, exist_ok=False)
     cols = Columns.of(spec)
     spec_json = spec.to_json_bytes()
@@ -313,41 +412,63 @@ def write_snapshot_files(
         availability_watermark=watermark,
         captured_at=captured_at,
     )
-    hasher = SnapshotHasher(spec_json)
-    _write_synced(staging / "spec.json", spec_json)
-    _write_synced(staging / "manifest.json", to_json_bytes(manifest), hasher, "manifest.json")
+    hasher = BackgroundSnapshotHasher(spec_json)
+    syncer = _Syncer()
+    try:
+        _write_file(staging / "spec.json", spec_json, syncer)
+        _write_file(staging / "manifest.json", to_json_bytes(manifest), syncer, hasher, "manifest.json")
 
-    run_order = [r for _, r in plan.ordered_runs()]
-    kinds = ["x", "u", "y"] + (["timestamps", "mask"] if extras is not None else [])
-    report = _ReportBuilder(spec, cols)
-    for kind in kinds:
-        name = f"arrays/{kind}.{'f64' if kind == 'timestamps' else 'f32'}"
-        expected_rows = 0
-        hasher.begin(name)
-        with open(staging / name, "wb") as f:
-            for run in iter_runs(store, run_order):
-                if kind == "x":
-                    report.add_run(run, plan)
-                block = _array_for(kind, run, spec, cols, norm)
-                data = np.ascontiguousarray(block, dtype="<f8" if kind == "timestamps" else "<f4").reshape(-1).view(np.uint8)
-                f.write(data)
-                hasher.update(data)
-                expected_rows += run.starts.shape[0]
-            f.flush()
-            os.fsync(f.fileno())
-        hasher.end()
-        if expected_rows != manifest["shapes"]["x"][0]:
-            raise BuildError(
-                f"spec {spec.id!r}: stored windows changed while writing {name} "
-                f"({expected_rows} rows, manifest says {manifest['shapes']['x'][0]})"
-            )
-    if extras is not None:
-        sidecar = to_json_bytes(build_sidecar(extras, plan.split, watermark))
-        _write_synced(staging / "arrays" / "sidecar.json", sidecar, hasher, "arrays/sidecar.json")
-    report_json = report.result(plan)
-    _write_synced(staging / "report.json", to_json_bytes(report_json))
-    digest = hasher.hexdigest()
-    return SnapshotFiles(staging, manifest, digest, dict(hasher.files), report_json)
+        run_order = [r for _, r in plan.ordered_runs()]
+        kinds = ["x", "u", "y"] + (["timestamps", "mask"] if extras is not None else [])
+        report = _ReportBuilder(spec, cols)
+        for kind in kinds:
+            name = f"arrays/{kind}.{'f64' if kind == 'timestamps' else 'f32'}"
+            dtype = "<f8" if kind == "timestamps" else "<f4"
+            expected_rows = 0
+            hasher.begin(name)
+            f = open(staging / name, "wb", buffering=0)
+            try:
+                unsynced = 0
+                for run in iter_runs(store, run_order):
+                    if kind == "x":
+                        report.add_run(run, plan)
+                    for block in _blocks_for(kind, run, spec, cols, norm):
+                        data = memoryview(np.ascontiguousarray(block, dtype=dtype).reshape(-1).view(np.uint8))
+                        if not data.nbytes:
+                            continue
+                        _write_all(f, data)
+                        hasher.update(data)  # hashed in the background; block is not reused
+                        unsynced += data.nbytes
+                        if unsynced >= _FLUSH_BYTES:
+                            syncer.flush(f)
+                            unsynced = 0
+                    expected_rows += run.starts.shape[0]
+            except BaseException:
+                f.close()
+                raise
+            syncer.close(f)
+            hasher.end()
+            if expected_rows != manifest["shapes"]["x"][0]:
+                raise BuildError(
+                    f"spec {spec.id!r}: stored windows changed while writing {name} "
+                    f"({expected_rows} rows, manifest says {manifest['shapes']['x'][0]})"
+                )
+        if extras is not None:
+            sidecar = to_json_bytes(build_sidecar(extras, plan.split, watermark))
+            _write_file(staging / "arrays" / "sidecar.json", sidecar, syncer, hasher, "arrays/sidecar.json")
+        report_json = report.result(plan)
+        _write_file(staging / "report.json", to_json_bytes(report_json), syncer)
+        digest = hasher.hexdigest()
+        if wait_durable:
+            syncer.wait()
+    except BaseException:
+        for finish in (hasher.close, syncer.wait):
+            try:
+                finish()
+            except BaseException:  # noqa: BLE001 - the original error is the one to report
+                pass
+        raise
+    return SnapshotFiles(staging, manifest, digest, dict(hasher.files), report_json, syncer.wait)
 
 
 class _ReportBuilder:
@@ -373,8 +494,7 @@ class _ReportBuilder:
                 self.counts[node][cause] += int(n)
         # Lag estimates, like every fitted statistic, come from train runs only.
         if run.run_id in plan.split["trainRunIds"]:
-            for (c, t), lag in self.lags.items():
-                lag.add(run.grid[:, self.columns[c]], run.grid[:, self.columns[t]])
+            add_lag_pairs(self.lags, {n: run.grid[:, j] for n, j in self.columns.items()})
 
     def result(self, plan: DatasetPlan) -> dict[str, Any]:
         totals = {k: sum(c[k] for c in self.counts.values()) for k in ("input", *CLEAN_CAUSES, "kept")}

@@ -20,16 +20,40 @@ OUTLIER = np.array([214, 39, 40], np.uint8)
 BACKGROUND = 255
 
 
+# Palette indices of the per-run strips (a 1-byte-per-pixel palette PNG is a third of the
+# bytes to compress, and zlib level 1 suffices for large single-colour areas).
+_BG, _RAW, _GRID, _OUTLIER = 0, 1, 2, 3
+PALETTE = np.array([[BACKGROUND] * 3, RAW, GRID, OUTLIER], np.uint8)
+
+
+def _png(header: bytes, pixels: bytes, extra: bytes = b"", level: int = 6) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + extra
+        + chunk(b"IDAT", zlib.compress(pixels, level))
+        + chunk(b"IEND", b"")
+    )
+
+
 def png_bytes(rgb: np.ndarray) -> bytes:
     """Encode an ``[h, w, 3]`` uint8 image as PNG (filter 0, zlib)."""
     h, w, _ = rgb.shape
     raw = np.concatenate([np.zeros((h, 1), np.uint8), rgb.reshape(h, w * 3)], axis=1).tobytes()
+    return _png(struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0), raw)
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+def palette_png_bytes(indices: np.ndarray, palette: np.ndarray) -> bytes:
+    """Encode an ``[h, w]`` uint8 image of indices into ``palette`` (``[n, 3]`` uint8) as PNG."""
+    h, w = indices.shape
+    raw = np.concatenate([np.zeros((h, 1), np.uint8), indices.astype(np.uint8, copy=False)], axis=1).tobytes()
+    header = struct.pack(">IIBBBBB", w, h, 8, 3, 0, 0, 0)
+    plte = np.ascontiguousarray(palette, dtype=np.uint8).tobytes()
+    extra = struct.pack(">I", len(plte)) + b"PLTE" + plte + struct.pack(">I", zlib.crc32(b"PLTE" + plte))
+    return _png(header, raw, extra, level=1)
 
 
 def data_uri_markdown(png: bytes, alt: str) -> str:
@@ -46,7 +70,20 @@ def series_strip(
     t_range: tuple[int, int],
 ) -> np.ndarray:
     """One node: raw points (grey), cleaned grid (blue, gaps left open), removed outliers (red)."""
-    img = np.full((HEIGHT, WIDTH, 3), BACKGROUND, np.uint8)
+    return PALETTE[strip_indices(raw_ts, raw_value, grid_ts, grid_value, outlier_ts, outlier_value, t_range)]
+
+
+def strip_indices(
+    raw_ts: np.ndarray,
+    raw_value: np.ndarray,
+    grid_ts: np.ndarray,
+    grid_value: np.ndarray,
+    outlier_ts: np.ndarray,
+    outlier_value: np.ndarray,
+    t_range: tuple[int, int],
+) -> np.ndarray:
+    """:func:`series_strip` as ``[HEIGHT, WIDTH]`` indices into :data:`PALETTE`."""
+    img = np.zeros((HEIGHT, WIDTH), np.uint8)
     finite = grid_value[np.isfinite(grid_value)]
     if finite.size == 0:
         finite = raw_value[np.isfinite(raw_value)]
@@ -66,15 +103,22 @@ def series_strip(
         return x[keep], np.clip(y[keep], 0, HEIGHT - 1)
 
     x, y = px(raw_ts, raw_value)
-    img[y, x] = RAW
+    img[y, x] = _RAW
     # The grid line as a per-column min..max envelope, bridged to the neighbouring column so a
     # steep step is drawn as a continuous stroke; NaN rows leave the column empty (a visible gap).
     x, y = px(grid_ts, grid_value)
     if x.size:
         top = np.full(WIDTH, HEIGHT, np.int64)
         bottom = np.full(WIDTH, -1, np.int64)
-        np.minimum.at(top, x, y)
-        np.maximum.at(bottom, x, y)
+        if x.size < 2 or bool(np.all(x[1:] >= x[:-1])):
+            # Grid times ascend, so each column's points are one contiguous run: reduce per run.
+            first = np.flatnonzero(np.concatenate([[True], x[1:] != x[:-1]]))
+            cols = x[first]
+            top[cols] = np.minimum.reduceat(y, first)
+            bottom[cols] = np.maximum.reduceat(y, first)
+        else:
+            np.minimum.at(top, x, y)
+            np.maximum.at(bottom, x, y)
         has = bottom >= 0
         prev_top, prev_bottom = np.roll(top, 1), np.roll(bottom, 1)
         bridge = has & np.roll(has, 1)
@@ -82,10 +126,10 @@ def series_strip(
         top = np.where(bridge, np.minimum(top, prev_bottom), top)
         bottom = np.where(bridge, np.maximum(bottom, prev_top), bottom)
         rows = np.arange(HEIGHT)[:, None]
-        img[(rows >= top[None, :]) & (rows <= bottom[None, :])] = GRID
+        img[(rows >= top[None, :]) & (rows <= bottom[None, :])] = _GRID
     x, y = px(outlier_ts, outlier_value)
     for dx, dy in ((0, 0), (-1, -1), (1, 1), (-1, 1), (1, -1), (-2, -2), (2, 2), (-2, 2), (2, -2)):
-        img[np.clip(y + dy, 0, HEIGHT - 1), np.clip(x + dx, 0, WIDTH - 1)] = OUTLIER
+        img[np.clip(y + dy, 0, HEIGHT - 1), np.clip(x + dx, 0, WIDTH - 1)] = _OUTLIER
     return img
 
 
@@ -110,25 +154,29 @@ def run_plot_markdown(
         values = grid["values"][:, j]
         finite = values[np.isfinite(values)]
         rng = f"{finite.min():.4g} … {finite.max():.4g}" if finite.size else "no data"
-        strip = series_strip(
+        strip = strip_indices(
             raw["ts"][rs], raw["value"][rs], gts, values, grid["outlier_ts"][os_], grid["outlier_value"][os_], t_range
         )
         lines.append(f"`{node}` {rng}; {os_.stop - os_.start} outliers removed  ")
-        lines.append(data_uri_markdown(png_bytes(strip), node))
+        lines.append(data_uri_markdown(palette_png_bytes(strip, PALETTE), node))
         lines.append("")
     return "\n".join(lines)
 
 
 def bar_plot_markdown(labels: Sequence[str], values: Sequence[float], colors: Sequence[str], title: str) -> str:
-    """A bar chart (matplotlib; drawn once per dataset, not per run)."""
+    """A bar chart (matplotlib; drawn once per dataset, not per run).
+
+    Uses matplotlib's object API with the Agg canvas directly: no pyplot (a slow import, global
+    figure state) and no change of the process's backend.
+    """
     import io
 
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(4, 0.25 * len(labels) + 2), 2.6))
+    fig = Figure(figsize=(max(4, 0.25 * len(labels) + 2), 2.6))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     ax.bar(range(len(labels)), values, color=colors)
     ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
     ax.set_title(title, fontsize=8)
@@ -136,5 +184,4 @@ def bar_plot_markdown(labels: Sequence[str], values: Sequence[float], colors: Se
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=72)
-    plt.close(fig)
     return data_uri_markdown(buf.getvalue(), title)

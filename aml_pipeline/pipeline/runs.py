@@ -8,6 +8,7 @@ assets ``raw_node_series``, ``cleaned_grid`` and ``run_windows`` are thin wrappe
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,17 @@ ALGORITHM_VERSION = "1"
 
 
 def stage_fingerprint(spec: DatasetSpec) -> str:
-    return f"{spec.fingerprint()}-a{ALGORITHM_VERSION}"
+    # Specs are frozen models, so the fingerprint of one object never changes; every stage of
+    # every run asks for it (a JSON dump and a sha256 each time otherwise).
+    hit = _FINGERPRINTS.get(id(spec))
+    if hit is None or hit[0] is not spec:
+        if len(_FINGERPRINTS) >= 64:
+            _FINGERPRINTS.clear()
+        hit = _FINGERPRINTS[id(spec)] = (spec, f"{spec.fingerprint()}-a{ALGORITHM_VERSION}")
+    return hit[1]
+
+
+_FINGERPRINTS: dict[int, tuple[DatasetSpec, str]] = {}
 
 
 def run_bounds(spec: DatasetSpec, run: Run) -> tuple[int, int]:
@@ -56,10 +67,27 @@ class RawSummary:
     run_id: str
     points: dict[str, int]
     pages: dict[str, int]
+    # The arrays just written (valid while the caller keeps the summary; not re-read from disk).
+    arrays: dict[str, np.ndarray] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def total_points(self) -> int:
         return sum(self.points.values())
+
+    @property
+    def data_version(self) -> str:
+        """A hash of the fetched points (offsets, ts, value, state): the run's data version."""
+        if self.arrays is None:
+            raise ValueError("this summary does not hold the run's arrays")
+        return raw_data_version(self.arrays)
+
+
+def raw_data_version(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 (24 hex digits) over the raw stage's offsets, ts, value and state bytes."""
+    h = hashlib.sha256()
+    for k in ("offsets", "ts", "value", "state"):
+        h.update(np.ascontiguousarray(arrays[k]).data)
+    return h.hexdigest()[:24]
 
 
 def fetch_run(
@@ -74,6 +102,9 @@ def fetch_run(
 ) -> RawSummary:
     """Read every spec node of one run from the TSDB, page by page, into the store."""
     lo, hi = run_bounds(spec, run)
+    prefetch = getattr(tsdb, "prefetch", None)  # optional: one query for the run's nodes
+    if callable(prefetch):
+        prefetch(run.run_id, spec.node_ids, lo, hi)
     series = [
         fetch_node_series(tsdb, node_id, run.run_id, lo, hi, page_limit=page_limit, max_points=max_points)
         for node_id in spec.node_ids
@@ -91,6 +122,7 @@ def fetch_run(
         run.run_id,
         points={s.node_id: len(s) for s in series},
         pages={s.node_id: s.pages for s in series},
+        arrays=arrays,
     )
     meta = {
         "fingerprint": stage_fingerprint(spec),
@@ -114,6 +146,10 @@ class GridSummary:
     rows: int
     counts: dict[str, dict[str, int]]  # node -> cause -> count
     missing: dict[str, float]  # node -> missing ratio on the grid
+    # The raw stage's arrays and the grid stage's arrays just written, e.g. for the run's plot
+    # (valid while the caller keeps the summary; not re-read from disk).
+    raw_arrays: dict[str, np.ndarray] | None = dataclasses.field(default=None, repr=False, compare=False)
+    grid_arrays: dict[str, np.ndarray] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def cleaning_totals(self) -> dict[str, int]:
@@ -165,16 +201,17 @@ def clean_run(spec: DatasetSpec, run_id: str, store: DatasetStore) -> GridSummar
         outliers_value.append(cleaned.outlier_value)
         outlier_offsets.append(outlier_offsets[-1] + len(cleaned.outlier_ts))
     missing = {n: float(missing_ratio(values[:, j])) for j, n in enumerate(spec.node_ids)}
+    grid_arrays = {
+        "grid_ts": grid_ts,
+        "values": values,
+        "outlier_ts": np.concatenate(outliers_ts).astype(np.int64, copy=False),
+        "outlier_value": np.concatenate(outliers_value).astype(np.float64, copy=False),
+        "outlier_offsets": np.asarray(outlier_offsets, dtype=np.int64),
+    }
     store.write_stage(
         run_id,
         "grid",
-        {
-            "grid_ts": grid_ts,
-            "values": values,
-            "outlier_ts": np.concatenate(outliers_ts).astype(np.int64, copy=False),
-            "outlier_value": np.concatenate(outliers_value).astype(np.float64, copy=False),
-            "outlier_offsets": np.asarray(outlier_offsets, dtype=np.int64),
-        },
+        grid_arrays,
         {
             "fingerprint": stage_fingerprint(spec),
             "run": meta["run"],
@@ -183,7 +220,7 @@ def clean_run(spec: DatasetSpec, run_id: str, store: DatasetStore) -> GridSummar
             "missing": missing,
         },
     )
-    return GridSummary(run_id, int(grid_ts.shape[0]), counts, missing)
+    return GridSummary(run_id, int(grid_ts.shape[0]), counts, missing, raw, grid_arrays)
 
 
 @dataclass
@@ -199,7 +236,9 @@ def window_run(spec: DatasetSpec, run_id: str, store: DatasetStore) -> WindowsSu
     """Convert the grid to model units and find the run's valid window starts."""
     meta = _require(store, spec, run_id, "grid")
     grid = store.read_arrays(run_id, "grid")
-    model = to_model_units(grid["values"], spec.node_ids, spec.unit_transforms())
+    transforms = spec.unit_transforms()
+    # Without a unit contract the grid is already in model units (and was just read: ours).
+    model = to_model_units(grid["values"], spec.node_ids, transforms) if transforms else grid["values"]
     cols = {n: j for j, n in enumerate(spec.node_ids)}
     ctrl = [cols[n] for n in spec.control_ids]
     tgt = [cols[n] for n in spec.target_ids]

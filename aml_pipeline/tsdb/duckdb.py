@@ -70,6 +70,11 @@ from aml_pipeline.tsdb.port import (
 
 SCHEMA_VERSION = 1
 URL_PREFIX = "duckdb://"
+# DuckDB's memory limit for read-only handles (see DuckDBTsdb.__init__), in MB: what a page query
+# needs (measured: pages of 1 M ordered rows run within 16 MB; results are materialised outside
+# the limit). A query that still runs out of it is retried with the limit doubled, up to the max.
+READ_ONLY_MEMORY_LIMIT_MB = 16
+READ_ONLY_MEMORY_LIMIT_MAX_MB = 16 * 1024
 
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
@@ -182,15 +187,37 @@ class DuckDBTsdb:
             )
         if not self.read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._prefetched: dict[tuple[str, str, int, int], tuple[np.ndarray, ...]] = {}
         self._con: duckdb.DuckDBPyConnection | None = self._connect()
         try:
             self._init_schema()
+            if self.read_only:
+                # DuckDB keeps every table block it has read cached until its memory limit (80 %
+                # of RAM by default), so a build's memory would grow with the data it reads. A
+                # reader needs no more than one page's blocks at a time.
+                self._set_memory_limit(READ_ONLY_MEMORY_LIMIT_MB)
         except BaseException:
             self._con.close()
             self._con = None
             raise
 
     # ---- lifecycle -------------------------------------------------------------------------
+    def _set_memory_limit(self, mb: int) -> None:
+        self._memory_limit_mb = int(mb)
+        self._c.execute(f"SET memory_limit = '{int(mb)}MB'")
+
+    def _read(self, sql: str, params: list[Any]) -> dict[str, np.ndarray]:
+        """``execute(sql, params).fetchnumpy()``; on a read-only handle, a query that runs out
+        of the (deliberately small) memory limit is retried with the limit doubled."""
+        while True:
+            try:
+                return self._c.execute(sql, params).fetchnumpy()
+            except duckdb.OutOfMemoryException:
+                limit = getattr(self, "_memory_limit_mb", None)
+                if not self.read_only or limit is None or limit >= READ_ONLY_MEMORY_LIMIT_MAX_MB:
+                    raise
+                self._set_memory_limit(min(2 * limit, READ_ONLY_MEMORY_LIMIT_MAX_MB))
+
     def _connect(self) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + max(0.0, self.lock_timeout_s)
         delay = 0.05
@@ -282,6 +309,7 @@ class DuckDBTsdb:
 
     def close(self) -> None:
         with self._lock:
+            self._prefetched.clear()
             if self._con is not None:
                 try:
                     self._con.close()
@@ -405,7 +433,10 @@ class DuckDBTsdb:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         with self._lock:
-            con = self._c
+            self._c  # noqa: B018 - raises if this handle is closed
+            key = (node_id, run_id, from_ms, to_ms)
+            if key in self._prefetched:
+                return self._prefetched_page(key, cursor, limit)
             run_key = self._run_key(run_id)
             node_key = self._node_key(node_id)
             lo, hi = _clamp_i64(from_ms), _clamp_i64(to_ms)
@@ -425,20 +456,20 @@ class DuckDBTsdb:
                 # First page: most series fit in one page. An unordered LIMIT limit+1 that
                 # returns <= limit rows returned them all, and sorting them here is cheaper
                 # than DuckDB's top-N. Continuation pages go straight to the ordered query.
-                cols = con.execute(
+                cols = self._read(
                     f"SELECT ts, value, state, seq FROM points WHERE {where} LIMIT ?",
                     [*params, limit + 1],
-                ).fetchnumpy()
+                )
                 if len(cols["ts"]) > limit:
                     cols = None
                 else:
                     cols = _sorted_by_ts_seq(cols)
             if cols is None:
-                cols = con.execute(
+                cols = self._read(
                     f"SELECT ts, value, state, seq FROM points WHERE {where} "
                     "ORDER BY ts, seq LIMIT ?",
                     [*params, limit + 1],
-                ).fetchnumpy()
+                )
         ts = np.asarray(cols["ts"], dtype=np.int64)
         value = np.asarray(cols["value"], dtype=np.float64)
         state = np.asarray(cols["state"], dtype=np.int32)
@@ -446,6 +477,66 @@ class DuckDBTsdb:
         done = ts.shape[0] <= limit
         if not done:
             ts, value, state, seq = ts[:limit], value[:limit], state[:limit], seq[:limit]
+        next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
+        return Page(ts, value, state, seq, next_cursor, done)
+
+    def prefetch(self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int) -> None:
+        """Read the points of ``node_ids`` in ``run_id`` within ``[from_ms, to_ms]`` in one query
+        and serve the next :meth:`query_page` calls for exactly those series from memory.
+
+        Not part of the port: an optional hint the pipeline gives before it reads a run node by
+        node (one scan of the run's row groups instead of one per node). Pages served from
+        memory are what the SQL path returns (same rows, order, limits and cursors). A
+        series is dropped once its last page has been served; a new prefetch replaces the old
+        one. Memory: one run's points of these nodes, which the caller holds anyway.
+        """
+        with self._lock:
+            self._c  # noqa: B018 - raises if this handle is closed
+            self._prefetched.clear()
+            run_key = self._run_key(run_id)
+            keys: dict[int, str] = {}
+            for node_id in dict.fromkeys(node_ids):
+                try:
+                    keys[self._node_key(node_id)] = node_id
+                except UnknownNodeError:
+                    continue  # query_page reports it when that node is asked for
+            lo, hi = _clamp_i64(from_ms), _clamp_i64(to_ms)
+            if not keys or lo > hi:
+                return
+            node_list = ", ".join(str(int(k)) for k in keys)  # integers from our own catalog
+            cols = self._read(
+                "SELECT node_key, ts, value, state, seq FROM points "
+                f"WHERE run_key = ? AND node_key IN ({node_list}) AND ts BETWEEN ? AND ?",
+                [run_key, lo, hi],
+            )
+        nk = np.asarray(cols["node_key"], dtype=np.int64)
+        ts = np.asarray(cols["ts"], dtype=np.int64)
+        value = np.asarray(cols["value"], dtype=np.float64)
+        state = np.asarray(cols["state"], dtype=np.int32)
+        seq = np.asarray(cols["seq"], dtype=np.int64)
+        # Rows usually arrive in storage order, (node_key, ts, seq); sort only if they did not.
+        if nk.shape[0] > 1:
+            dn, dt, ds = np.diff(nk), np.diff(ts), np.diff(seq)
+            if not bool(np.all((dn > 0) | ((dn == 0) & ((dt > 0) | ((dt == 0) & (ds > 0)))))):
+                order = np.lexsort((seq, ts, nk))
+                nk, ts, value, state, seq = nk[order], ts[order], value[order], state[order], seq[order]
+        with self._lock:
+            for k, node_id in keys.items():
+                a, b = np.searchsorted(nk, k, "left"), np.searchsorted(nk, k, "right")
+                self._prefetched[(node_id, run_id, from_ms, to_ms)] = (ts[a:b], value[a:b], state[a:b], seq[a:b])
+
+    def _prefetched_page(self, key: tuple[str, str, int, int], cursor: Cursor | None, limit: int) -> Page:
+        ts, value, state, seq = self._prefetched[key]
+        pos = 0
+        if cursor is not None:  # first row with (ts, seq) > cursor
+            c_ts, c_seq = _clamp_i64(cursor.ts), _clamp_i64(cursor.seq)
+            lo, hi = int(np.searchsorted(ts, c_ts, "left")), int(np.searchsorted(ts, c_ts, "right"))
+            pos = lo + int(np.searchsorted(seq[lo:hi], c_seq, "right"))
+        end = min(pos + limit, ts.shape[0])
+        done = ts.shape[0] - pos <= limit
+        if done:
+            del self._prefetched[key]
+        ts, value, state, seq = ts[pos:end], value[pos:end], state[pos:end], seq[pos:end]
         next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
         return Page(ts, value, state, seq, next_cursor, done)
 
