@@ -8,18 +8,16 @@ stream runs from disk.
 """
 
 
-import hashlib
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
-import numpy as np
 
 from aml_pipeline.core.clean import CLEAN_CAUSES
 from aml_pipeline import progress
 from aml_pipeline.errors import AmlError
-from aml_pipeline.pipeline.build import publish_dataset
+from aml_pipeline.pipeline.build import publish_dataset, run_scope
 from aml_pipeline.pipeline.dataset import (
     fit_normalization,
     load_norm,
@@ -28,7 +26,7 @@ from aml_pipeline.pipeline.dataset import (
     save_norm,
     save_plan,
 )
-from aml_pipeline.pipeline.plots import bar_plot_markdown, run_plot_markdown
+from aml_pipeline.pipeline.plots import run_plot_markdown, windows_per_run_markdown
 from aml_pipeline.pipeline.runs import (
     ALGORITHM_VERSION,
     check_nodes_known,
@@ -87,7 +85,10 @@ def _each_run(
             context.log.error(f"run {run_id} ({i}/{len(keys)}) failed: {detail}")
         progress.report(stage, i, len(keys), run_id)
     checks = check_results(done) if check_results and not failed else []
-    metadata = {run_id: {k: v for k, v in m.items() if k != "summary"} for run_id, m in done.items()}
+    versions = {run_id: m.get("data_version") for run_id, m in done.items()}
+    metadata = {
+        run_id: {k: v for k, v in m.items() if k not in ("summary", "data_version")} for run_id, m in done.items()
+    }
     if failed:
         for run_id, meta in metadata.items():
             yield dg.AssetMaterialization(asset_key=context.asset_key, partition=run_id, metadata=meta)
@@ -98,25 +99,18 @@ def _each_run(
             metadata={"failed_runs": ", ".join(r for r, _ in failed), "succeeded": len(done)},
         ) from err
     if len(keys) == 1:
-        only = metadata[keys[0]]
-        version = only.pop("data_version", None)
+        version = versions[keys[0]]
         yield dg.MaterializeResult(
-            metadata=only,
+            metadata=metadata[keys[0]],
             check_results=checks,
+            # A data version per partition is only expressible for a one-partition step; a
+            # range step's partitions get Dagster's logical version (code + upstream).
             data_version=dg.DataVersion(version) if version else None,
         )
         return
     for run_id, meta in metadata.items():
-        meta.pop("data_version", None)
         context.add_asset_metadata(meta, partition_key=run_id)
     yield dg.MaterializeResult(metadata={"runs": len(keys)}, check_results=checks)
-
-
-def _raw_version(arrays: Mapping[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for k in ("offsets", "ts", "value", "state"):
-        h.update(np.ascontiguousarray(arrays[k]).data)
-    return h.hexdigest()[:24]
 
 
 def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
@@ -146,22 +140,30 @@ def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     )
     def raw_node_series(context: dg.AssetExecutionContext, tsdb: TsdbResource, store: StoreResource):
         ds = store.dataset_store(spec.id)
+        single = len(context.partition_keys) == 1
         with tsdb.open() as db:
             catalog = check_nodes_known(spec, db.list_nodes())
+            in_scope = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
 
             def one(run_id: str) -> dict[str, Any]:
-                summary = fetch_run(db, spec, db.get_run(run_id), ds, catalog, page_limit=tsdb.page_limit)
-                for node in spec.node_ids:
-                    context.log.debug(f"run {run_id} node {node}: {summary.points[node]} points in {summary.pages[node]} pages")
+                # A partition outside the scope (or unfinished) is looked up, to fail naming why.
+                run = in_scope.get(run_id) or db.get_run(run_id)
+                summary = fetch_run(db, spec, run, ds, catalog, page_limit=tsdb.page_limit)
+                # One log line per run, with every node's figures (a line per node is an event
+                # per node and run in the event log; the table below has them too).
+                per_node = ", ".join(
+                    f"{n} {summary.points[n]}/{summary.pages[n]}p" for n in spec.node_ids
+                )
                 return {
-                    "summary": f"{summary.total_points} points",
+                    "summary": f"{summary.total_points} points ({per_node})",
                     "points": summary.total_points,
                     "pages": sum(summary.pages.values()),
                     "per_node": _table(
                         [{"node": n, "points": summary.points[n], "pages": summary.pages[n]} for n in spec.node_ids]
                     ),
                     "path": dg.MetadataValue.path(str(ds.run_dir(run_id))),
-                    "data_version": _raw_version(ds.read_arrays(run_id, "raw")),
+                    # Only a one-partition step can record a partition's data version.
+                    "data_version": summary.data_version if single else None,
                 }
 
             yield from _each_run(context, one)
@@ -175,7 +177,6 @@ def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     )
     def cleaned_grid(context: dg.AssetExecutionContext, store: StoreResource):
         ds = store.dataset_store(spec.id)
-
         def one(run_id: str) -> dict[str, Any]:
             g = clean_run(spec, run_id, ds)
             totals = g.cleaning_totals
@@ -189,9 +190,7 @@ def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
                       "missing_ratio": round(g.missing[n], 4)} for n in spec.node_ids]
                 ),
                 "max_missing_ratio": max(g.missing.values()),
-                "plot": dg.MetadataValue.md(
-                    run_plot_markdown(run_id, spec.node_ids, ds.read_arrays(run_id, "raw"), ds.read_arrays(run_id, "grid"))
-                ),
+                "plot": dg.MetadataValue.md(run_plot_markdown(run_id, spec.node_ids, g.raw_arrays, g.grid_arrays)),
             }
 
         yield from _each_run(context, one)
@@ -269,12 +268,7 @@ def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         plan = plan_dataset(spec, run_ids, ds)
         path = save_plan(spec, plan, ds)
         split = plan.split
-        per_run = [(r, plan.runs[r]["windows"], part) for part, r in plan.ordered_runs()]
-        colors = {"train": "tab:blue", "val": "tab:orange", "test": "tab:green"}
-        md = bar_plot_markdown(
-            [r for r, _, _ in per_run], [w for _, w, _ in per_run], [colors[p] for _, _, p in per_run],
-            "windows per run (blue train, orange val, green test)",
-        )
+        per_run = [(r, part, int(plan.runs[r]["windows"])) for part, r in plan.ordered_runs()]
         context.log.info(
             f"split: train {len(split['trainRunIds'])} runs / {split['train']} windows, val {len(split['valRunIds'])} / "
             f"{split['val']}, test {len(split['testRunIds'])} / {split['test']}, excluded {len(split['excluded'])}"
@@ -285,7 +279,8 @@ def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
                 **{f"runs_{p}": len(split[f"{p}RunIds"]) for p in ("train", "val", "test")},
                 "runs_excluded": len(split["excluded"]),
                 "excluded": _table(split["excluded"]),
-                "windows_per_run": dg.MetadataValue.md(md),
+                "windows_per_run": dg.MetadataValue.md(windows_per_run_markdown(per_run)),
+                "runs": _table([{"run": r, "split": p, "windows": w} for r, p, w in per_run]),
                 "lineage_verified": plan.lineage.lineage_verified if plan.lineage else 0,
                 "path": dg.MetadataValue.path(str(path)),
             }

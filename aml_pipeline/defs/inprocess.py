@@ -1,12 +1,11 @@
 """Materialising one dataset's assets in this process (the CLI's ``build`` and ``demo``).
 
-The same asset definitions the UI shows, executed with ``dg.materialize``: the run partitions
-in one single-run backfill (a partition range), then the dataset assets.
+The same asset definitions the UI shows, executed with ``dg.materialize`` in one run: the run
+partitions as a single-run backfill (a partition range), then the dataset assets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +63,6 @@ def materialize_dataset(
     home: Path,
     datasets_dir: Path | None = None,
     instance: dg.DagsterInstance | None = None,
-    on_stage: Callable[[str], None] | None = None,
     console_log_level: str = "INFO",
 ) -> dict[str, Any]:
     """Build and publish ``spec`` through its Dagster assets; return the build summary.
@@ -86,29 +84,22 @@ def materialize_dataset(
     instance = instance or dg.DagsterInstance.ephemeral()
     try:
         keys = sync_run_partitions(instance, spec, [r.run_id for r in runs])
-        steps = (
-            ("run partitions", RUN_ASSETS, {RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]}),
-            ("dataset", DATASET_ASSETS, {}),
-        )
-        result = None
-        for label, names, tags in steps:
-            if on_stage:
-                on_stage(label)
-            try:
-                result = dg.materialize(
-                    assets,
-                    instance=instance,
-                    resources=resources,
-                    selection=[dg.AssetKey([spec.id, n]) for n in names],
-                    tags=tags,
-                    run_config={"loggers": {"console": {"config": {"log_level": console_log_level}}}},
-                )
-            except Exception as e:
-                err = user_error(e)
-                if err is not None:
-                    raise err from e
-                raise
-        assert result is not None
+        # One run: the run assets over the range of all partitions (a single-run backfill, one
+        # step per asset looping the runs), then the dataset assets over them.
+        try:
+            result = dg.materialize(
+                assets,
+                instance=instance,
+                resources=resources,
+                selection=[dg.AssetKey([spec.id, n]) for n in (*RUN_ASSETS, *DATASET_ASSETS)],
+                tags={RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]},
+                run_config={"loggers": {"console": {"config": {"log_level": console_log_level}}}},
+            )
+        except Exception as e:
+            err = user_error(e)
+            if err is not None:
+                raise err from e
+            raise
         for event in result.get_asset_materialization_events():
             mat = event.materialization
             if mat.asset_key == dg.AssetKey([spec.id, "dataset_manifest"]):

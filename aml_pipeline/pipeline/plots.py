@@ -1,7 +1,7 @@
 """Plots for the Dagster UI, as PNG data URIs in markdown metadata.
 
 The per-run plot is drawn straight into a numpy image (no matplotlib) because it is made for
-every run in every backfill: a few milliseconds per node instead of a few hundred per figure.
+every run in every backfill: a few milliseconds per run instead of a few hundred per figure.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ BACKGROUND = 255
 
 # Palette indices of the per-run strips (a 1-byte-per-pixel palette PNG is a third of the
 # bytes to compress, and zlib level 1 suffices for large single-colour areas).
-_BG, _RAW, _GRID, _OUTLIER = 0, 1, 2, 3
-PALETTE = np.array([[BACKGROUND] * 3, RAW, GRID, OUTLIER], np.uint8)
+_BG, _RAW, _GRID, _OUTLIER, _SEPARATOR = 0, 1, 2, 3, 4
+PALETTE = np.array([[BACKGROUND] * 3, RAW, GRID, OUTLIER, [60, 60, 60]], np.uint8)
 
 
 def _png(header: bytes, pixels: bytes, extra: bytes = b"", level: int = 6) -> bytes:
@@ -60,77 +60,68 @@ def data_uri_markdown(png: bytes, alt: str) -> str:
     return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
 
 
-def series_strip(
-    raw_ts: np.ndarray,
-    raw_value: np.ndarray,
-    grid_ts: np.ndarray,
-    grid_value: np.ndarray,
-    outlier_ts: np.ndarray,
-    outlier_value: np.ndarray,
-    t_range: tuple[int, int],
-) -> np.ndarray:
-    """One node: raw points (grey), cleaned grid (blue, gaps left open), removed outliers (red)."""
-    return PALETTE[strip_indices(raw_ts, raw_value, grid_ts, grid_value, outlier_ts, outlier_value, t_range)]
+def _segment_ids(offsets: np.ndarray) -> np.ndarray:
+    """For concatenated per-node arrays delimited by ``offsets``: each element's node index."""
+    return np.repeat(np.arange(offsets.shape[0] - 1), np.diff(offsets))
 
 
-def strip_indices(
-    raw_ts: np.ndarray,
-    raw_value: np.ndarray,
-    grid_ts: np.ndarray,
-    grid_value: np.ndarray,
-    outlier_ts: np.ndarray,
-    outlier_value: np.ndarray,
-    t_range: tuple[int, int],
-) -> np.ndarray:
-    """:func:`series_strip` as ``[HEIGHT, WIDTH]`` indices into :data:`PALETTE`."""
-    img = np.zeros((HEIGHT, WIDTH), np.uint8)
-    finite = grid_value[np.isfinite(grid_value)]
-    if finite.size == 0:
-        finite = raw_value[np.isfinite(raw_value)]
-    if finite.size == 0:
-        return img
-    lo, hi = float(finite.min()), float(finite.max())
-    pad = (hi - lo) * 0.15 or max(abs(lo) * 0.05, 1.0)
-    lo, hi = lo - pad, hi + pad
-    t0, t1 = t_range
-    span = max(t1 - t0, 1)
+def run_image(raw: Mapping[str, np.ndarray], grid: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All nodes of a run, one band each, as ``[n * (HEIGHT + 1), WIDTH]`` palette indices.
 
-    def px(ts: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        ok = np.isfinite(v)
-        x = ((ts[ok] - t0) * (WIDTH - 1) // span).astype(np.int64)
-        y = ((hi - v[ok]) / (hi - lo) * (HEIGHT - 1)).round().astype(np.int64)
-        keep = (x >= 0) & (x < WIDTH)
-        return x[keep], np.clip(y[keep], 0, HEIGHT - 1)
+    Per band: raw points (grey), the cleaned grid as a per-column min..max envelope bridged to the
+    neighbouring column (a steep step stays one stroke; NaN rows leave the column empty, a
+    visible gap), removed outliers (red). Each node is scaled to its own cleaned range. Drawn for
+    every node at once (no loop per node or point). Returns the image and the value ranges.
+    """
+    values = grid["values"]
+    gts = grid["grid_ts"]
+    n = values.shape[1]
+    band = HEIGHT + 1  # one separator row below each band
+    img = np.zeros((n, band, WIDTH), np.uint8)
+    img[:, HEIGHT, :] = _SEPARATOR
+    if gts.size == 0 or n == 0:
+        return img.reshape(n * band, WIDTH), np.full(n, np.nan), np.full(n, np.nan)
+    t0, span = int(gts[0]), max(int(gts[-1]) - int(gts[0]), 1)
+    with np.errstate(all="ignore"):
+        lo, hi = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
+    pad = np.where(hi > lo, (hi - lo) * 0.15, np.maximum(np.abs(lo) * 0.05, 1.0))
+    lo_p, hi_p = lo - pad, hi + pad
 
-    x, y = px(raw_ts, raw_value)
-    img[y, x] = _RAW
-    # The grid line as a per-column min..max envelope, bridged to the neighbouring column so a
-    # steep step is drawn as a continuous stroke; NaN rows leave the column empty (a visible gap).
-    x, y = px(grid_ts, grid_value)
-    if x.size:
-        top = np.full(WIDTH, HEIGHT, np.int64)
-        bottom = np.full(WIDTH, -1, np.int64)
-        if x.size < 2 or bool(np.all(x[1:] >= x[:-1])):
-            # Grid times ascend, so each column's points are one contiguous run: reduce per run.
-            first = np.flatnonzero(np.concatenate([[True], x[1:] != x[:-1]]))
-            cols = x[first]
-            top[cols] = np.minimum.reduceat(y, first)
-            bottom[cols] = np.maximum.reduceat(y, first)
-        else:
-            np.minimum.at(top, x, y)
-            np.maximum.at(bottom, x, y)
-        has = bottom >= 0
-        prev_top, prev_bottom = np.roll(top, 1), np.roll(bottom, 1)
-        bridge = has & np.roll(has, 1)
-        bridge[0] = False
-        top = np.where(bridge, np.minimum(top, prev_bottom), top)
-        bottom = np.where(bridge, np.maximum(bottom, prev_top), bottom)
-        rows = np.arange(HEIGHT)[:, None]
-        img[(rows >= top[None, :]) & (rows <= bottom[None, :])] = _GRID
-    x, y = px(outlier_ts, outlier_value)
+    def pixels(ts: np.ndarray, v: np.ndarray, node: np.ndarray):
+        with np.errstate(all="ignore"):
+            x = (ts - t0) * (WIDTH - 1) // span
+            y = np.rint((hi_p[node] - v) / (hi_p[node] - lo_p[node]) * (HEIGHT - 1))
+        ok = np.isfinite(y) & (x >= 0) & (x < WIDTH)
+        return node[ok], np.clip(y[ok], 0, HEIGHT - 1).astype(np.intp), x[ok].astype(np.intp)
+
+    node, y, x = pixels(raw["ts"], raw["value"], _segment_ids(raw["offsets"]))
+    img[node, y, x] = _RAW
+
+    # Grid times ascend, so each pixel column is one contiguous group of grid rows.
+    gx = (gts - t0) * (WIDTH - 1) // span
+    first = np.flatnonzero(np.r_[True, gx[1:] != gx[:-1]])
+    with np.errstate(all="ignore"):
+        gy = np.rint((hi_p[None, :] - values) / (hi_p - lo_p)[None, :] * (HEIGHT - 1))
+    finite = np.isfinite(gy)
+    gy_top = np.where(finite, np.clip(gy, 0, HEIGHT - 1), HEIGHT)
+    gy_bottom = np.where(finite, np.clip(gy, 0, HEIGHT - 1), -1)
+    top = np.full((WIDTH, n), HEIGHT, np.float64)
+    bottom = np.full((WIDTH, n), -1, np.float64)
+    top[gx[first]] = np.minimum.reduceat(gy_top, first, axis=0)
+    bottom[gx[first]] = np.maximum.reduceat(gy_bottom, first, axis=0)
+    has = bottom >= 0
+    bridge = has & np.roll(has, 1, axis=0)
+    bridge[0] = False
+    top = np.where(bridge, np.minimum(top, np.roll(bottom, 1, axis=0)), top)
+    bottom = np.where(bridge, np.maximum(bottom, np.roll(top, 1, axis=0)), bottom)
+    rows = np.arange(HEIGHT, dtype=np.float64)[None, :, None]
+    line = (rows >= top.T[:, None, :]) & (rows <= bottom.T[:, None, :])
+    img[:, :HEIGHT, :][line] = _GRID
+
+    node, y, x = pixels(grid["outlier_ts"], grid["outlier_value"], _segment_ids(grid["outlier_offsets"]))
     for dx, dy in ((0, 0), (-1, -1), (1, 1), (-1, 1), (1, -1), (-2, -2), (2, 2), (-2, 2), (2, -2)):
-        img[np.clip(y + dy, 0, HEIGHT - 1), np.clip(x + dx, 0, WIDTH - 1)] = _OUTLIER
-    return img
+        img[node, np.clip(y + dy, 0, HEIGHT - 1), np.clip(x + dx, 0, WIDTH - 1)] = _OUTLIER
+    return img.reshape(n * band, WIDTH), lo, hi
 
 
 def run_plot_markdown(
@@ -139,49 +130,52 @@ def run_plot_markdown(
     raw: Mapping[str, np.ndarray],
     grid: Mapping[str, np.ndarray],
 ) -> str:
-    """Markdown with one strip per node: raw points, cleaned grid and removed outliers."""
+    """Markdown: one image with a band per node (in the listed order) and the nodes' ranges."""
+    image, lo, hi = run_image(raw, grid)
     gts = grid["grid_ts"]
-    t_range = (int(gts[0]), int(gts[-1])) if gts.size else (0, 1)
-    off, ooff = raw["offsets"], grid["outlier_offsets"]
-    minutes = (t_range[1] - t_range[0]) / 60_000
-    lines = [
-        f"**run {run_id}**: {minutes:.1f} min; raw points grey, cleaned grid blue (gaps open), "
-        "removed Hampel outliers red",
-        "",
-    ]
-    for j, node in enumerate(node_ids):
-        rs, os_ = slice(int(off[j]), int(off[j + 1])), slice(int(ooff[j]), int(ooff[j + 1]))
-        values = grid["values"][:, j]
-        finite = values[np.isfinite(values)]
-        rng = f"{finite.min():.4g} … {finite.max():.4g}" if finite.size else "no data"
-        strip = strip_indices(
-            raw["ts"][rs], raw["value"][rs], gts, values, grid["outlier_ts"][os_], grid["outlier_value"][os_], t_range
-        )
-        lines.append(f"`{node}` {rng}; {os_.stop - os_.start} outliers removed  ")
-        lines.append(data_uri_markdown(palette_png_bytes(strip, PALETTE), node))
-        lines.append("")
-    return "\n".join(lines)
+    minutes = (int(gts[-1]) - int(gts[0])) / 60_000 if gts.size else 0.0
+    outliers = np.diff(grid["outlier_offsets"])
+    legend = "; ".join(
+        f"{i}. `{node}` " + (f"{lo[i - 1]:.4g} … {hi[i - 1]:.4g}" if np.isfinite(lo[i - 1]) else "no data")
+        + (f", {outliers[i - 1]} outliers" if outliers[i - 1] else "")
+        for i, node in enumerate(node_ids, 1)
+    )
+    return (
+        f"**run {run_id}**: {minutes:.1f} min; per node, top to bottom: raw points grey, cleaned grid "
+        f"blue (gaps open), removed Hampel outliers red\n\n{data_uri_markdown(palette_png_bytes(image, PALETTE), f'run {run_id}')}"
+        f"\n\n{legend}"
+    )
 
 
-def bar_plot_markdown(labels: Sequence[str], values: Sequence[float], colors: Sequence[str], title: str) -> str:
-    """A bar chart (matplotlib; drawn once per dataset, not per run).
+# Split colours of the windows-per-run chart (matplotlib's tab10 blue, orange, green).
+SPLIT_COLOURS = {"train": (31, 119, 180), "val": (255, 127, 14), "test": (44, 160, 44)}
+BAR_HEIGHT = 120
 
-    Uses matplotlib's object API with the Agg canvas directly: no pyplot (a slow import, global
-    figure state) and no change of the process's backend.
-    """
-    import io
 
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def bars_png(values: Sequence[float], colours: Sequence[tuple[int, int, int]]) -> bytes:
+    """A bar chart as PNG bytes: one bar per value, left to right, scaled to the largest."""
+    n = len(values)
+    bar = max(2, min(24, 720 // max(n, 1)))
+    width = max(n * bar, 1)
+    palette = np.array([[255, 255, 255], *colours], np.uint8)
+    img = np.zeros((BAR_HEIGHT, width), np.uint8)
+    top = max(max(values, default=0), 1)
+    heights = np.round(np.asarray(values, float) / top * (BAR_HEIGHT - 1)).astype(int)
+    rows = np.arange(BAR_HEIGHT)[:, None]
+    columns = np.repeat(np.arange(n), bar)
+    filled = rows >= (BAR_HEIGHT - heights[columns])[None, :]
+    body = np.tile(np.r_[np.ones(bar - 1, bool), False], n)  # a one-pixel gap between bars
+    img[filled & body[None, :]] = (columns + 1)[None, :].repeat(BAR_HEIGHT, 0)[filled & body[None, :]]
+    return palette_png_bytes(img, palette)
 
-    fig = Figure(figsize=(max(4, 0.25 * len(labels) + 2), 2.6))
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    ax.bar(range(len(labels)), values, color=colors)
-    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
-    ax.set_title(title, fontsize=8)
-    ax.tick_params(labelsize=6)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=72)
-    return data_uri_markdown(buf.getvalue(), title)
+
+def windows_per_run_markdown(runs: Sequence[tuple[str, str, int]]) -> str:
+    """Windows per run in snapshot order, coloured by split (``runs``: (run id, split, windows))."""
+    png = bars_png([w for _, _, w in runs], [SPLIT_COLOURS[p] for _, p, _ in runs])
+    counts = {p: sum(1 for _, q, _ in runs if q == p) for p in SPLIT_COLOURS}
+    first, last = (runs[0][0], runs[-1][0]) if runs else ("-", "-")
+    return (
+        f"**windows per run**, {first} … {last} in snapshot order: train (blue, {counts['train']} runs), "
+        f"val (orange, {counts['val']}), test (green, {counts['test']}); the largest bar is "
+        f"{max((w for _, _, w in runs), default=0)} windows\n\n" + data_uri_markdown(png, "windows per run")
+    )
