@@ -40,6 +40,8 @@ GOALS = {
     "windowing vs TimeSeriesDataSet": ("windows_speedup_vs_pf", 50.0, ">=", "x"),
     "peak RSS 128 runs / 8 runs": ("rss_ratio_128_over_8", 1.3, "<=", "x"),
     "Dagster backfill + manifest / library": ("dagster_over_library", 1.5, "<=", "x"),
+    # Time ratio: the adapter reaches at least half of COPY's points/s iff this is <= 2.
+    "PostgreSQL adapter fetch / raw COPY (time)": ("pg_fetch_over_copy", 2.0, "<=", "x"),
 }
 
 FULL = dict(runs=32, minutes=120.0, rss_runs=(8, 32, 128), repeat=3, pf_runs=8)
