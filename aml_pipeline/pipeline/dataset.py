@@ -20,7 +20,7 @@ from aml_pipeline.core.clean import CLEAN_CAUSES
 from aml_pipeline.core.hashing import BackgroundSnapshotHasher, SnapshotHasher
 from aml_pipeline.core.lineage import RunContext, RunLineage, classify_lineage
 from aml_pipeline.core.manifest import SPLITS, build_manifest, build_sidecar, to_json_bytes
-from aml_pipeline.core.normalize import MomentAccumulator, NormStats, apply_norm, fit_window_stats
+from aml_pipeline.core.normalize import NormStats, apply_norm, fit_window_stats
 from aml_pipeline.core.split import split_blocks, split_runs
 from aml_pipeline.core.stats import LagCorrelation, NodeSummary, add_lag_pairs
 from aml_pipeline.core.windows import window_block

@@ -45,21 +45,29 @@ from typing import Any
 
 import duckdb
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from aml_pipeline.errors import (
     IngestError,
-    InvalidIdError,
     TsdbBusyError,
     TsdbError,
     UnknownNodeError,
     UnknownRunError,
 )
-from aml_pipeline.ids import check_external_id
+from aml_pipeline.tsdb.columns import (
+    PreparedPoints,
+    clamp_i64,
+    codes_to_keys,
+    empty_page,
+    nodes_table,
+    opt_float,
+    prepare_points,
+    run_from_row,
+    runs_table,
+    sorted_by_ts_seq,
+)
 from aml_pipeline.tsdb.port import (
     DEFAULT_PAGE_LIMIT,
-    EVIDENCE_SOURCES,
     Cursor,
     Node,
     Page,
@@ -75,9 +83,6 @@ URL_PREFIX = "duckdb://"
 # the limit). A query that still runs out of it is retried with the limit doubled, up to the max.
 READ_ONLY_MEMORY_LIMIT_MB = 16
 READ_ONLY_MEMORY_LIMIT_MAX_MB = 16 * 1024
-
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 
 _DDL = (
     """CREATE TABLE IF NOT EXISTS schema_version (
@@ -348,10 +353,10 @@ class DuckDBTsdb:
                     params.append(value)
             if scope.to_ms is not None:
                 where.append("started_at <= ?")
-                params.append(_clamp_i64(scope.to_ms))
+                params.append(clamp_i64(scope.to_ms))
             if scope.from_ms is not None:
                 where.append("(ended_at IS NULL OR ended_at >= ?)")
-                params.append(_clamp_i64(scope.from_ms))
+                params.append(clamp_i64(scope.from_ms))
         if finished_only:
             where.append("ended_at IS NOT NULL")
         sql = f"SELECT {_RUN_COLUMNS} FROM runs"
@@ -360,7 +365,7 @@ class DuckDBTsdb:
         sql += " ORDER BY started_at, run_id"
         with self._lock:
             rows = self._c.execute(sql, params).fetchall()
-        return [_run_from_row(r) for r in rows]
+        return [run_from_row(r) for r in rows]
 
     def get_run(self, run_id: str) -> Run:
         with self._lock:
@@ -369,14 +374,14 @@ class DuckDBTsdb:
             ).fetchall()
         if not rows:
             raise UnknownRunError(f"unknown run {run_id!r}: not in {self.url}")
-        return _run_from_row(rows[0])
+        return run_from_row(rows[0])
 
     def list_nodes(self) -> list[Node]:
         with self._lock:
             rows = self._c.execute(
                 "SELECT node_id, unit, range_lo, range_hi FROM nodes ORDER BY node_id"
             ).fetchall()
-        return [Node(r[0], r[1] or "", _opt_float(r[2]), _opt_float(r[3])) for r in rows]
+        return [Node(r[0], r[1] or "", opt_float(r[2]), opt_float(r[3])) for r in rows]
 
     def availability_watermark(self) -> int | None:
         with self._lock:
@@ -439,18 +444,18 @@ class DuckDBTsdb:
                 return self._prefetched_page(key, cursor, limit)
             run_key = self._run_key(run_id)
             node_key = self._node_key(node_id)
-            lo, hi = _clamp_i64(from_ms), _clamp_i64(to_ms)
+            lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
             where = "run_key = ? AND node_key = ? AND ts BETWEEN ? AND ?"
             if cursor is not None:
                 # ts >= cursor.ts is folded into the range (so zone maps prune on it); within it,
                 # (ts, seq) > cursor  <=>  ts > cursor.ts OR seq > cursor.seq.
-                lo = max(lo, _clamp_i64(cursor.ts))
+                lo = max(lo, clamp_i64(cursor.ts))
                 where += " AND (ts > ? OR seq > ?)"
             if lo > hi:
-                return _empty_page(cursor)
+                return empty_page(cursor)
             params: list[Any] = [run_key, node_key, lo, hi]
             if cursor is not None:
-                params += [_clamp_i64(cursor.ts), _clamp_i64(cursor.seq)]
+                params += [clamp_i64(cursor.ts), clamp_i64(cursor.seq)]
             cols = None
             if cursor is None:
                 # First page: most series fit in one page. An unordered LIMIT limit+1 that
@@ -463,7 +468,7 @@ class DuckDBTsdb:
                 if len(cols["ts"]) > limit:
                     cols = None
                 else:
-                    cols = _sorted_by_ts_seq(cols)
+                    cols = sorted_by_ts_seq(cols)
             if cols is None:
                 cols = self._read(
                     f"SELECT ts, value, state, seq FROM points WHERE {where} "
@@ -500,7 +505,7 @@ class DuckDBTsdb:
                     keys[self._node_key(node_id)] = node_id
                 except UnknownNodeError:
                     continue  # query_page reports it when that node is asked for
-            lo, hi = _clamp_i64(from_ms), _clamp_i64(to_ms)
+            lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
             if not keys or lo > hi:
                 return
             node_list = ", ".join(str(int(k)) for k in keys)  # integers from our own catalog
@@ -529,7 +534,7 @@ class DuckDBTsdb:
         ts, value, state, seq = self._prefetched[key]
         pos = 0
         if cursor is not None:  # first row with (ts, seq) > cursor
-            c_ts, c_seq = _clamp_i64(cursor.ts), _clamp_i64(cursor.seq)
+            c_ts, c_seq = clamp_i64(cursor.ts), clamp_i64(cursor.seq)
             lo, hi = int(np.searchsorted(ts, c_ts, "left")), int(np.searchsorted(ts, c_ts, "right"))
             pos = lo + int(np.searchsorted(seq[lo:hi], c_seq, "right"))
         end = min(pos + limit, ts.shape[0])
@@ -551,9 +556,9 @@ class DuckDBTsdb:
         if self.read_only:
             raise TsdbError(f"{self.url} is open read-only; open it with read_only=False to ingest")
         runs, nodes = list(runs), list(nodes)
-        runs_tab = _runs_table(runs)
-        nodes_tab = _nodes_table(nodes)
-        prepared = _prepare_points(points) if points is not None and len(points) else None
+        runs_tab = runs_table(runs)
+        nodes_tab = nodes_table(nodes)
+        prepared = prepare_points(points) if points is not None and len(points) else None
         with _ingest_lock(self.path), self._lock:
             con = self._c
             con.execute("BEGIN TRANSACTION")
@@ -618,11 +623,11 @@ class DuckDBTsdb:
         finally:
             con.unregister("_aml_runs")
 
-    def _append_points(self, con: duckdb.DuckDBPyConnection, p: _PreparedPoints) -> int:
+    def _append_points(self, con: duckdb.DuckDBPyConnection, p: PreparedPoints) -> int:
         run_map = _key_map(con, "runs", "run_id", "run_key", p.run_uniques)
         node_map = _key_map(con, "nodes", "node_id", "node_key", p.node_uniques)
-        run_keys = _codes_to_keys(p, p.run_codes, p.run_uniques, run_map, "run")
-        node_keys = _codes_to_keys(p, p.node_codes, p.node_uniques, node_map, "node")
+        run_keys = codes_to_keys(p, p.run_codes, p.run_uniques, run_map, "run")
+        node_keys = codes_to_keys(p, p.node_codes, p.node_uniques, node_map, "node")
         base = int(con.execute("SELECT coalesce(max(seq), -1) + 1 FROM points").fetchall()[0][0])
         n = p.n
         tab = pa.table(
@@ -651,56 +656,6 @@ class DuckDBTsdb:
 # ---- helpers -------------------------------------------------------------------------------
 
 
-class _PreparedPoints:
-    __slots__ = ("n", "run_codes", "run_uniques", "node_codes", "node_uniques", "ts", "value", "state")
-
-    def __init__(self, **kw: Any) -> None:
-        for k, v in kw.items():
-            setattr(self, k, v)
-
-
-def _prepare_points(points: PointColumns) -> _PreparedPoints:
-    """Coerce and check the columns (vectorised) before the transaction starts."""
-    n = len(points)
-    for name in ("run_id", "node_id", "value", "state"):
-        if np.shape(getattr(points, name))[0] != n:
-            raise IngestError(
-                f"points: column {name} has {np.shape(getattr(points, name))[0]} rows, ts has {n}"
-            )
-    ts = _int_column(points.ts, "ts", _I64_MIN, _I64_MAX, np.int64)
-    state = _int_column(points.state, "state", _I32_MIN, _I32_MAX, np.int32)
-    value = np.asarray(points.value)
-    if value.dtype.kind not in "fiu":
-        raise IngestError(f"points: column value must be numeric, got dtype {value.dtype}")
-    value = value.astype(np.float64, copy=False)
-    run_codes, run_uniques = pd.factorize(np.asarray(points.run_id, dtype=object), use_na_sentinel=True)
-    node_codes, node_uniques = pd.factorize(np.asarray(points.node_id, dtype=object), use_na_sentinel=True)
-    for codes, what in ((run_codes, "run_id"), (node_codes, "node_id")):
-        if codes.size and codes.min() < 0:
-            i = int(np.argmax(codes < 0))
-            raise IngestError(f"points: point at index {i} has no {what}; nothing written")
-    return _PreparedPoints(
-        n=n,
-        run_codes=run_codes,
-        run_uniques=list(run_uniques),
-        node_codes=node_codes,
-        node_uniques=list(node_uniques),
-        ts=ts,
-        value=value,
-        state=state,
-    )
-
-
-def _int_column(values: Any, name: str, lo: int, hi: int, dtype: type) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.dtype.kind not in "iu":
-        raise IngestError(f"points: column {name} must be integer, got dtype {arr.dtype}")
-    if arr.size and (arr.min() < lo or arr.max() > hi):
-        bad = int(np.argmax((arr < lo) | (arr > hi)))
-        raise IngestError(f"points: point at index {bad} has {name} {arr[bad]} out of range")
-    return arr.astype(dtype, copy=False)
-
-
 def _key_map(
     con: duckdb.DuckDBPyConnection, table: str, id_col: str, key_col: str, ids: list[Any]
 ) -> dict[str, int]:
@@ -715,155 +670,6 @@ def _key_map(
     finally:
         con.unregister("_aml_ids")
     return {r[0]: int(r[1]) for r in rows}
-
-
-def _codes_to_keys(
-    p: _PreparedPoints, codes: np.ndarray, uniques: list[Any], key_map: dict[str, int], what: str
-) -> np.ndarray:
-    lookup = np.empty(len(uniques), dtype=np.int64)
-    missing = []
-    for j, u in enumerate(uniques):
-        k = key_map.get(u) if isinstance(u, str) else None
-        if k is None:
-            missing.append(j)
-            lookup[j] = -1
-        else:
-            lookup[j] = k
-    if missing:
-        first = min(int(np.argmax(codes == j)) for j in missing)
-        bad = uniques[int(codes[first])]
-        raise IngestError(
-            f"points: point at index {first} references {what} {bad!r}, which is neither in the "
-            "database nor in this ingest; nothing written"
-        )
-    return lookup[codes]
-
-
-def _runs_table(runs: list[Run]) -> pa.Table | None:
-    if not runs:
-        return None
-    seen: set[str] = set()
-    for i, r in enumerate(runs):
-        where = f"runs[{i}]"
-        _check_id(r.run_id, f"{where}: run_id")
-        if r.run_id in seen:
-            raise IngestError(f"{where}: run_id {r.run_id!r} appears twice in one ingest")
-        seen.add(r.run_id)
-        for field in ("line_id", "product_id", "recipe_id"):
-            v = getattr(r, field)
-            if not isinstance(v, str) or not v.strip():
-                raise IngestError(f"{where} ({r.run_id}): {field} must be a non-empty string")
-        if r.evidence_source not in EVIDENCE_SOURCES:
-            raise IngestError(
-                f"{where} ({r.run_id}): evidence_source {r.evidence_source!r} is not one of "
-                + ", ".join(EVIDENCE_SOURCES)
-            )
-        if r.ended_at is not None and r.ended_at < r.started_at:
-            raise IngestError(
-                f"{where} ({r.run_id}): ended_at {r.ended_at} is before started_at {r.started_at}"
-            )
-        if r.recipe_version is not None and not (_I32_MIN <= r.recipe_version <= _I32_MAX):
-            raise IngestError(f"{where} ({r.run_id}): recipe_version {r.recipe_version} out of range")
-    return pa.table(
-        {
-            "ord": pa.array(range(len(runs)), type=pa.int64()),
-            "run_id": pa.array([r.run_id for r in runs], type=pa.string()),
-            "line_id": pa.array([r.line_id for r in runs], type=pa.string()),
-            "product_id": pa.array([r.product_id for r in runs], type=pa.string()),
-            "recipe_id": pa.array([r.recipe_id for r in runs], type=pa.string()),
-            "recipe_version": pa.array(
-                [None if r.recipe_version is None else int(r.recipe_version) for r in runs],
-                type=pa.int32(),
-            ),
-            "recipe_content_hash": pa.array([r.recipe_content_hash for r in runs], type=pa.string()),
-            "started_at": pa.array([int(r.started_at) for r in runs], type=pa.int64()),
-            "ended_at": pa.array(
-                [None if r.ended_at is None else int(r.ended_at) for r in runs], type=pa.int64()
-            ),
-            "evidence_source": pa.array([r.evidence_source for r in runs], type=pa.string()),
-            "context_confirmed": pa.array([bool(r.context_confirmed) for r in runs], type=pa.bool_()),
-        }
-    )
-
-
-def _nodes_table(nodes: list[Node]) -> pa.Table | None:
-    if not nodes:
-        return None
-    seen: set[str] = set()
-    for i, n in enumerate(nodes):
-        where = f"nodes[{i}]"
-        _check_id(n.node_id, f"{where}: node_id")
-        if n.node_id in seen:
-            raise IngestError(f"{where}: node_id {n.node_id!r} appears twice in one ingest")
-        seen.add(n.node_id)
-        lo, hi = n.range_lo, n.range_hi
-        for name, v in (("range_lo", lo), ("range_hi", hi)):
-            if v is not None and np.isnan(float(v)):
-                raise IngestError(f"{where} ({n.node_id}): {name} is NaN; leave it empty (None)")
-        if lo is not None and hi is not None and float(lo) > float(hi):
-            raise IngestError(f"{where} ({n.node_id}): range_lo {lo} is above range_hi {hi}")
-    return pa.table(
-        {
-            "ord": pa.array(range(len(nodes)), type=pa.int64()),
-            "node_id": pa.array([n.node_id for n in nodes], type=pa.string()),
-            "unit": pa.array([n.unit or "" for n in nodes], type=pa.string()),
-            "range_lo": pa.array([_opt_float(n.range_lo) for n in nodes], type=pa.float64()),
-            "range_hi": pa.array([_opt_float(n.range_hi) for n in nodes], type=pa.float64()),
-        }
-    )
-
-
-def _check_id(value: Any, what: str) -> None:
-    try:
-        check_external_id(value, what=what)
-    except InvalidIdError as e:
-        raise IngestError(e.message) from None
-
-
-def _sorted_by_ts_seq(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    ts, seq = cols["ts"], cols["seq"]
-    if ts.shape[0] < 2:
-        return cols
-    dts = np.diff(ts)
-    if bool(np.all((dts > 0) | ((dts == 0) & (np.diff(seq) > 0)))):
-        return cols
-    order = np.lexsort((seq, ts))
-    return {k: np.asarray(v)[order] for k, v in cols.items()}
-
-
-def _empty_page(cursor: Cursor | None) -> Page:
-    return Page(
-        np.empty(0, np.int64),
-        np.empty(0, np.float64),
-        np.empty(0, np.int32),
-        np.empty(0, np.int64),
-        cursor,
-        True,
-    )
-
-
-def _run_from_row(r: tuple[Any, ...]) -> Run:
-    return Run(
-        run_id=r[0],
-        line_id=r[1],
-        product_id=r[2],
-        recipe_id=r[3],
-        recipe_version=None if r[4] is None else int(r[4]),
-        recipe_content_hash=r[5],
-        started_at=int(r[6]),
-        ended_at=None if r[7] is None else int(r[7]),
-        evidence_source=r[8],
-        context_confirmed=bool(r[9]),
-    )
-
-
-def _opt_float(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
-def _clamp_i64(v: int) -> int:
-    v = int(v)
-    return _I64_MIN if v < _I64_MIN else _I64_MAX if v > _I64_MAX else v
 
 
 def _one_line(e: BaseException) -> str:

@@ -73,16 +73,16 @@ from aml_pipeline.errors import IngestError, TsdbError, UnknownNodeError, Unknow
 
 # Validation and the error messages are shared with the embedded adapter on purpose: both
 # adapters must refuse the same inputs with the same words.
-from aml_pipeline.tsdb.duckdb import (
-    _clamp_i64,
-    _codes_to_keys,
-    _empty_page,
-    _nodes_table,
-    _opt_float,
-    _prepare_points,
-    _PreparedPoints,
-    _run_from_row,
-    _runs_table,
+from aml_pipeline.tsdb.columns import (
+    PreparedPoints,
+    clamp_i64,
+    codes_to_keys,
+    empty_page,
+    nodes_table,
+    opt_float,
+    prepare_points,
+    run_from_row,
+    runs_table,
 )
 from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT, Cursor, Node, Page, PointColumns, Run, RunScope
 
@@ -548,10 +548,10 @@ class PostgresTsdb:
                     params.append(value)
             if scope.to_ms is not None:
                 where.append("started_at <= %s")
-                params.append(Int8(_clamp_i64(scope.to_ms)))
+                params.append(Int8(clamp_i64(scope.to_ms)))
             if scope.from_ms is not None:
                 where.append("(ended_at IS NULL OR ended_at >= %s)")
-                params.append(Int8(_clamp_i64(scope.from_ms)))
+                params.append(Int8(clamp_i64(scope.from_ms)))
         if finished_only:
             where.append("ended_at IS NOT NULL")
         query = self._q["runs"]
@@ -560,19 +560,19 @@ class PostgresTsdb:
         query += " ORDER BY started_at, run_id COLLATE \"C\""
         with self._lock, self._reading("listing runs"):
             rows = self._c.execute(query, params).fetchall()
-        return [_run_from_row(r) for r in rows]
+        return [run_from_row(r) for r in rows]
 
     def get_run(self, run_id: str) -> Run:
         with self._lock, self._reading(f"reading run {run_id!r}"):
             rows = self._c.execute(self._q["runs"] + " WHERE run_id = %s", [run_id]).fetchall()
         if not rows:
             raise UnknownRunError(f"unknown run {run_id!r}: not in {self.url}")
-        return _run_from_row(rows[0])
+        return run_from_row(rows[0])
 
     def list_nodes(self) -> list[Node]:
         with self._lock, self._reading("listing nodes"):
             rows = self._c.execute(self._q["nodes"]).fetchall()
-        return [Node(r[0], r[1] or "", _opt_float(r[2]), _opt_float(r[3])) for r in rows]
+        return [Node(r[0], r[1] or "", opt_float(r[2]), opt_float(r[3])) for r in rows]
 
     def availability_watermark(self) -> int | None:
         with self._lock, self._reading("reading the watermark"):
@@ -631,13 +631,13 @@ class PostgresTsdb:
             conn = self._c
             run_key = self._run_key(conn, run_id)
             node_key = self._node_key(conn, node_id)
-            lo, hi = _clamp_i64(from_ms), _clamp_i64(to_ms)
+            lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
             after = None
             if cursor is not None:
-                after = (_clamp_i64(cursor.ts), _clamp_i64(cursor.seq))
+                after = (clamp_i64(cursor.ts), clamp_i64(cursor.seq))
                 lo = max(lo, after[0])  # (ts, seq) > cursor implies ts >= cursor.ts
             if lo > hi:
-                return _empty_page(cursor)
+                return empty_page(cursor)
             parts: list[tuple[np.ndarray, ...]] = []
             want = limit + 1
             while want > 0:
@@ -754,9 +754,9 @@ class PostgresTsdb:
         if self.read_only:
             raise TsdbError(f"{self.url} is open read-only; open it with read_only=False to ingest")
         runs, nodes = list(runs), list(nodes)
-        runs_tab = _runs_table(runs)
-        nodes_tab = _nodes_table(nodes)
-        prepared = _prepare_points(points) if points is not None and len(points) else None
+        runs_tab = runs_table(runs)
+        nodes_tab = nodes_table(nodes)
+        prepared = prepare_points(points) if points is not None and len(points) else None
         with self._lock:
             conn = self._c
             run_map: dict[str, int] = {}
@@ -803,12 +803,12 @@ class PostgresTsdb:
         return written
 
     def _append_points(
-        self, conn: psycopg.Connection, p: _PreparedPoints, next_seq: int
+        self, conn: psycopg.Connection, p: PreparedPoints, next_seq: int
     ) -> tuple[dict[str, int], dict[str, int], int]:
         run_map = self._key_map(conn, "run_keys", p.run_uniques)
         node_map = self._key_map(conn, "node_keys", p.node_uniques)
-        run_keys = _codes_to_keys(p, p.run_codes, p.run_uniques, run_map, "run")
-        node_keys = _codes_to_keys(p, p.node_codes, p.node_uniques, node_map, "node")
+        run_keys = codes_to_keys(p, p.run_codes, p.run_uniques, run_map, "run")
+        node_keys = codes_to_keys(p, p.node_codes, p.node_uniques, node_map, "node")
         n = p.n
         seq = np.arange(next_seq, next_seq + n, dtype=np.int64)
         # Stable sort: equal (run, node, ts) keep row order, i.e. seq order.

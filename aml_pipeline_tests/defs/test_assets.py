@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from aml_pipeline.defs.assets import DATASET_ASSETS, MANIFEST_CHECKS, RUN_ASSETS, dataset_assets
 from aml_pipeline.definitions import defs as load_definitions
