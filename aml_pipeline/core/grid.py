@@ -8,16 +8,17 @@ it cannot use.
 
 from __future__ import annotations
 
-import operator
 
 import numpy as np
+
+from aml_pipeline.core.args import as_int
 
 INTERP_METHODS: tuple[str, ...] = ("linear", "hold")
 
 
 def grid_times(start_ms: int, end_ms: int, beat_ms: int) -> np.ndarray:
     """Grid timestamps (int64 epoch ms) within the inclusive ``[start_ms, end_ms]``."""
-    start, end, beat = _int("start_ms", start_ms), _int("end_ms", end_ms), _int("beat_ms", beat_ms)
+    start, end, beat = as_int("start_ms", start_ms), as_int("end_ms", end_ms), as_int("beat_ms", beat_ms)
     if beat < 1:
         raise ValueError(f"grid_times: beat_ms must be >= 1, got {beat}")
     first = -(-start // beat) * beat  # exact integer ceil, also for negative start
@@ -104,7 +105,7 @@ def _check(
             f"{fn}: ts must be strictly increasing (clean duplicates first); ts[{i - 1}] = {int(ts[i - 1])}, "
             f"ts[{i}] = {int(ts[i])}"
         )
-    max_gap = _int("max_interp_ms", max_interp_ms)
+    max_gap = as_int("max_interp_ms", max_interp_ms)
     if max_gap < 0:
         raise ValueError(f"{fn}: max_interp_ms must be >= 0, got {max_gap}")
     return ts, value, grid, max_gap
@@ -119,10 +120,3 @@ def _int_array(fn: str, name: str, a: np.ndarray) -> np.ndarray:
     return a.astype(np.int64, copy=False)
 
 
-def _int(name: str, v: object) -> int:
-    if isinstance(v, bool):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    try:
-        return operator.index(v)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {v!r}") from None

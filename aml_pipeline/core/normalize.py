@@ -16,11 +16,12 @@ signals such as 300 K +- 0.01 K.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from aml_pipeline.core.args import as_int
 
 
 @dataclass(frozen=True, eq=False)  # eq on numpy fields would be ambiguous
@@ -38,7 +39,7 @@ class MomentAccumulator:
     """Streaming weighted count, mean and M2 (sum of squared deviations) per column."""
 
     def __init__(self, n_cols: int) -> None:
-        n_cols = _as_int("n_cols", n_cols)
+        n_cols = as_int("n_cols", n_cols)
         if n_cols < 0:
             raise ValueError(f"MomentAccumulator: n_cols must be >= 0, got {n_cols}")
         self.n_cols = n_cols
@@ -126,7 +127,7 @@ def window_row_weights(starts: np.ndarray, n_rows: int, lo: int, hi: int) -> np.
 
     x uses ``lo=-H, hi=0``; u and y use ``lo=0, hi=F``.
     """
-    n_rows, lo, hi = _as_int("n_rows", n_rows), _as_int("lo", lo), _as_int("hi", hi)
+    n_rows, lo, hi = as_int("n_rows", n_rows), as_int("lo", lo), as_int("hi", hi)
     if n_rows < 0:
         raise ValueError(f"window_row_weights: n_rows must be >= 0, got {n_rows}")
     if lo >= hi:
@@ -164,14 +165,14 @@ def accumulate_window_stats(
     grid = np.asarray(grid, dtype=np.float64)
     if grid.ndim != 2:
         raise ValueError(f"grid must be 2-D [rows, nodes], got shape {grid.shape}")
-    H, F = _as_int("history", history), _as_int("horizon", horizon)
+    H, F = as_int("history", history), as_int("horizon", horizon)
     if H < 1 or F < 1:
         raise ValueError(f"history and horizon must be >= 1, got {H} and {F}")
     n_nodes = grid.shape[1]
     ctrl, tgt = list(control_cols), list(target_cols)
     for name, cols in (("control_cols", ctrl), ("target_cols", tgt)):
         for c in cols:
-            if not (0 <= _as_int(name, c) < n_nodes):
+            if not (0 <= as_int(name, c) < n_nodes):
                 raise ValueError(
                     f"{name}: column index {c} is out of range for a grid with {n_nodes} columns"
                 )
@@ -225,10 +226,3 @@ def apply_norm(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndar
     return ((v - mean) / std).astype(np.float32)
 
 
-def _as_int(name: str, v: object) -> int:
-    try:
-        if isinstance(v, bool):
-            raise TypeError
-        return operator.index(v)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {v!r}") from None

@@ -8,11 +8,12 @@ of the feature is never read.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+from aml_pipeline.core.args import as_int, positive_int
 
 
 def window_starts(
@@ -25,8 +26,8 @@ def window_starts(
 ) -> np.ndarray:
     """Start rows ``t = H, H+stride, ... <= T-F`` of the complete windows (int64, ascending)."""
     grid = _grid(grid)
-    H, F = _positive("history", history), _positive("horizon", horizon)
-    stride = _positive("stride", stride)
+    H, F = positive_int("history", history), positive_int("horizon", horizon)
+    stride = positive_int("stride", stride)
     ctrl, tgt = (
         _cols("control_cols", control_cols, grid.shape[1]),
         _cols("target_cols", target_cols, grid.shape[1]),
@@ -60,7 +61,7 @@ def gather_windows(
     happens before the gather, so only the windows' own values are copied per window.
     """
     grid = _grid(grid)
-    H, F = _positive("history", history), _positive("horizon", horizon)
+    H, F = positive_int("history", history), positive_int("horizon", horizon)
     n_nodes = grid.shape[1]
     ctrl, tgt = _cols("control_cols", control_cols, n_nodes), _cols("target_cols", target_cols, n_nodes)
     starts = _starts(starts, grid.shape[0], H, F)
@@ -79,7 +80,7 @@ def window_block(values: np.ndarray, starts: np.ndarray, lo: int, hi: int) -> np
     values = np.asarray(values)
     if values.ndim != 2:
         raise ValueError(f"window_block: values must be 2-D [rows, cols], got shape {values.shape}")
-    lo, hi = _int("lo", lo), _int("hi", hi)
+    lo, hi = as_int("lo", lo), as_int("hi", hi)
     if lo >= hi:
         raise ValueError(f"window_block: need lo < hi, got lo={lo}, hi={hi}")
     starts = np.asarray(starts)
@@ -104,7 +105,7 @@ def window_timestamps(grid_ts: np.ndarray, starts: np.ndarray, history: int, hor
     grid_ts = np.asarray(grid_ts)
     if grid_ts.ndim != 1:
         raise ValueError(f"window_timestamps: grid_ts must be 1-D, got shape {grid_ts.shape}")
-    H, F = _positive("history", history), _positive("horizon", horizon)
+    H, F = positive_int("history", history), positive_int("horizon", horizon)
     starts = _starts(starts, grid_ts.size, H, F)
     return grid_ts[starts[:, None] + np.arange(-H, F, dtype=np.int64)]
 
@@ -119,7 +120,7 @@ def explain_no_windows(
 ) -> str:
     """One line saying why a run yields no window (meant for runs where window_starts is empty)."""
     grid = _grid(grid)
-    H, F = _positive("history", history), _positive("horizon", horizon)
+    H, F = positive_int("history", history), positive_int("horizon", horizon)
     if len(node_ids) != grid.shape[1]:
         raise ValueError(
             f"explain_no_windows: {len(node_ids)} node ids for a grid with {grid.shape[1]} columns"
@@ -163,22 +164,6 @@ def _grid(grid: np.ndarray) -> np.ndarray:
     if not np.issubdtype(grid.dtype, np.floating):
         raise ValueError(f"grid must be floating point (NaN = missing), got dtype {grid.dtype}")
     return grid
-
-
-def _int(name: str, v: object) -> int:
-    try:
-        if isinstance(v, bool):
-            raise TypeError
-        return operator.index(v)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {v!r}") from None
-
-
-def _positive(name: str, v: object) -> int:
-    i = _int(name, v)
-    if i < 1:
-        raise ValueError(f"{name} must be >= 1, got {i}")
-    return i
 
 
 def _cols(name: str, cols: Sequence[int], n_nodes: int) -> np.ndarray:

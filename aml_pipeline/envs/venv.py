@@ -52,6 +52,7 @@ from typing import Any
 
 from aml_pipeline import config
 from aml_pipeline.errors import AmlError
+from aml_pipeline.fsutil import fsync_dir
 from aml_pipeline.lease import DEFAULT_LEASE_NAME, EnvLease, LeaseHandle, is_postgres_location, open_lease
 
 INSTALLERS = ("auto", "uv", "pip", "copy")
@@ -394,14 +395,6 @@ class EnvBuild:
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _new_build_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
@@ -478,7 +471,7 @@ def _swap_in(venv_path: Path, build_dir: Path) -> str | None:
     tmp = venv_path.with_name(f".{venv_path.name}.link-{uuid.uuid4().hex[:8]}")
     os.symlink(build_dir.name, tmp)
     os.replace(tmp, venv_path)
-    _fsync_dir(venv_path.parent)
+    fsync_dir(venv_path.parent)
     return str(before) if before is not None else None
 
 
@@ -556,7 +549,7 @@ def build_env(settings: EnvSettings, lease_handle: LeaseHandle, *, log: Log | No
             json.dump(build.marker(), f, indent=2)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(build_dir)
+        fsync_dir(build_dir)
         if hasattr(os, "sync"):
             os.sync()  # the installed files too: the swap must never expose unflushed ones
         if not lease_handle.is_held():

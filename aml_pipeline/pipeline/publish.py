@@ -20,18 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from aml_pipeline.core.hashing import DIGEST_FILE, SnapshotDigest, verify_snapshot
+from aml_pipeline.fsutil import fsync_dir
 from aml_pipeline.ids import check_spec_id
 
 CATALOG_FILE = "catalog.sqlite"
 CURRENT_LINK = "current"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -83,7 +76,7 @@ def publish_staged(staging: Path, digest: SnapshotDigest) -> Path:
         os.fsync(f.fileno())
     for d in (staging / "arrays", staging):
         if d.is_dir():
-            _fsync_dir(d)
+            fsync_dir(d)
     target = staging.parent / digest.sha256[:16]
     if target.exists():
         # Same content was published before: keep the existing (immutable) snapshot if intact.
@@ -93,7 +86,7 @@ def publish_staged(staging: Path, digest: SnapshotDigest) -> Path:
         broken = target.with_name(f".broken-{target.name}-{uuid.uuid4().hex[:8]}")
         os.rename(target, broken)
     os.rename(staging, target)
-    _fsync_dir(staging.parent)
+    fsync_dir(staging.parent)
     return target
 
 
@@ -103,7 +96,7 @@ def set_current(snapshot_dir: Path) -> None:
     tmp = parent / f".current-{uuid.uuid4().hex}"
     os.symlink(snapshot_dir.name, tmp)
     os.replace(tmp, parent / CURRENT_LINK)
-    _fsync_dir(parent)
+    fsync_dir(parent)
 
 
 def current_snapshot(root: Path, spec_id: str) -> Path | None:
