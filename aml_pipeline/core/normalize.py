@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aml_pipeline.core.args import as_int
+from aml_pipeline.core.args import as_int, window_spans
 
 
 @dataclass(frozen=True, eq=False)  # eq on numpy fields would be ambiguous
@@ -127,19 +127,10 @@ def window_row_weights(starts: np.ndarray, n_rows: int, lo: int, hi: int) -> np.
 
     x uses ``lo=-H, hi=0``; u and y use ``lo=0, hi=F``.
     """
-    n_rows, lo, hi = as_int("n_rows", n_rows), as_int("lo", lo), as_int("hi", hi)
+    n_rows = as_int("n_rows", n_rows)
     if n_rows < 0:
         raise ValueError(f"window_row_weights: n_rows must be >= 0, got {n_rows}")
-    if lo >= hi:
-        raise ValueError(f"window_row_weights: need lo < hi, got lo={lo}, hi={hi}")
-    starts = np.asarray(starts)
-    if starts.ndim != 1 or (starts.size and not np.issubdtype(starts.dtype, np.integer)):
-        raise ValueError("window_row_weights: starts must be a 1-D integer array")
-    starts = starts.astype(np.int64, copy=False)
-    if starts.size and (int(starts.min()) + lo < 0 or int(starts.max()) + hi > n_rows):
-        raise ValueError(
-            f"window_row_weights: a window [t{lo:+d}, t{hi:+d}) falls outside the {n_rows} grid rows"
-        )
+    starts, lo, hi = window_spans("window_row_weights", starts, lo, hi, n_rows)
     # Difference array: +1 where a window's span begins, -1 one past its end; the running sum is
     # the number of spans covering each row.
     diff = np.bincount(starts + lo, minlength=n_rows + 1) - np.bincount(starts + hi, minlength=n_rows + 1)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from aml_pipeline.core.args import as_int, positive_int
+from aml_pipeline.core.args import positive_int, window_spans
 
 
 def window_starts(
@@ -80,16 +80,7 @@ def window_block(values: np.ndarray, starts: np.ndarray, lo: int, hi: int) -> np
     values = np.asarray(values)
     if values.ndim != 2:
         raise ValueError(f"window_block: values must be 2-D [rows, cols], got shape {values.shape}")
-    lo, hi = as_int("lo", lo), as_int("hi", hi)
-    if lo >= hi:
-        raise ValueError(f"window_block: need lo < hi, got lo={lo}, hi={hi}")
-    starts = np.asarray(starts)
-    if starts.ndim != 1 or (starts.size and not np.issubdtype(starts.dtype, np.integer)):
-        raise ValueError("window_block: starts must be a 1-D integer array")
-    starts = starts.astype(np.int64, copy=False)
-    T = values.shape[0]
-    if starts.size and (int(starts.min()) + lo < 0 or int(starts.max()) + hi > T):
-        raise ValueError(f"window_block: a window [t{lo:+d}, t{hi:+d}) falls outside the {T} rows")
+    starts, lo, hi = window_spans("window_block", starts, lo, hi, values.shape[0])
     steps, cols = hi - lo, values.shape[1]
     if starts.size == 0 or cols == 0:
         return np.empty((starts.size, steps, cols), dtype=values.dtype)
