@@ -33,6 +33,26 @@ def env_location() -> str:
     return os.environ.get("AML_ENV_LOCATION") or str(aml_home() / "env")
 
 
+DEFAULT_MEMORY_MB = 1024
+
+
+def memory_budget_mb() -> int:
+    """The memory budget of one build process (``AML_MEMORY_MB``, default 1024): runs are
+    processed in chunks sized from it, and the embedded TSDB's cache takes a share of it."""
+    raw = os.environ.get("AML_MEMORY_MB", "").strip()
+    if not raw:
+        return DEFAULT_MEMORY_MB
+    try:
+        mb = int(raw)
+    except ValueError:
+        mb = 0
+    if mb < 64:
+        from aml_pipeline.errors import AmlError
+
+        raise AmlError(f"AML_MEMORY_MB={raw!r} must be an integer number of megabytes >= 64", code="CONFIG_INVALID")
+    return mb
+
+
 def store_dir(home: Path | None = None) -> Path:
     """Per-run intermediate artifacts of the Dagster assets."""
     return (home or aml_home()) / "store"

@@ -96,3 +96,20 @@ class VerifyError(AmlError):
     """A snapshot whose bytes do not match its recorded hash."""
 
     code = "SNAPSHOT_TAMPERED"
+
+
+class DiskFullError(AmlError):
+    """A write ran out of space (ENOSPC/EDQUOT): the step fails as one line naming the path, and
+    how many bytes it needed where that is known; nothing partial is left visible."""
+
+    code = "DISK_FULL"
+
+
+def disk_full(err: OSError, path: object, *, needed_bytes: int | None = None) -> DiskFullError | None:
+    """The :class:`DiskFullError` for ``err`` if it is an out-of-space error, else None."""
+    import errno
+
+    if getattr(err, "errno", None) not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    need = f"; this step needed about {needed_bytes / 1e6:.1f} MB more" if needed_bytes else ""
+    return DiskFullError(f"{path}: no space left on the device{need}; free space or point it elsewhere")
