@@ -57,6 +57,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             datasets_dir=Path(args.out).resolve() if args.out else None,
             instance=_instance(args),
             console_log_level=args.log_level,
+            full=args.full,
         )
     _print_summary(summary, as_json=args.json)
     return 0
@@ -79,6 +80,12 @@ def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         print(f"manifest  v{summary['manifestVersion']}  lineageVerified={summary['lineageVerified']}")
         print(f"windows   train {w['train']}  val {w['val']}  test {w['test']}")
         print(f"runs      train {r['train']}  val {r['val']}  test {r['test']}  excluded {r['excluded']}")
+        if "materialized" in summary:
+            m = summary["materialized"]
+            print(f"built     {m['raw_node_series']} fetched, {m['cleaned_grid']} cleaned, {m['run_windows']} windowed"
+                  " (the other runs were up to date)")
+        if summary.get("published") is False:
+            print("published nothing new: the current snapshot already holds these runs and this spec")
     print(json.dumps(summary))
 
 
@@ -119,6 +126,32 @@ def cmd_datasets(args: argparse.Namespace) -> int:
             f"{e.spec_id:<16} {'*' if e.current else '':<3} {e.sha256[:16]:<16} {e.manifest_version:<2} "
             f"{e.created_at:<20} {windows:<24} {e.path}"
         )
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from aml_pipeline.pipeline.retention import collect_garbage
+    from aml_pipeline.spec import discover_specs
+
+    home = Path(args.home).resolve() if args.home else config.aml_home()
+    root = Path(args.root).resolve() if args.root else config.datasets_dir(home)
+    specs, errors = discover_specs(config.specs_dir())
+    for path, message in errors:
+        print(f"spec {path} skipped: {message}", file=sys.stderr)
+    report = collect_garbage(root, config.store_dir(home), {s.id: s for _, s in specs}, keep=args.keep, dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.to_json()))
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for path in report.removed_snapshots:
+        print(f"{verb} snapshot {path}")
+    for stage in report.removed_stages:
+        print(f"{verb} stage {stage} (built for another version of the spec)")
+    for path in report.removed_other:
+        print(f"{verb} {path}")
+    for why in report.skipped:
+        print(f"skipped {why}")
+    print(f"{'would free' if args.dry_run else 'freed'} {report.freed_bytes / 1e6:.1f} MB")
     return 0
 
 
@@ -203,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--home", help="AML_HOME for intermediate artifacts (default: $AML_HOME or ./.aml)")
     b.add_argument("--json", action="store_true", help="print only the JSON summary")
     b.add_argument("--ephemeral", action="store_true", help="do not record in $DAGSTER_HOME's instance")
+    b.add_argument("--full", action="store_true", help="rebuild every run partition, not only missing or stale ones")
     b.add_argument("--log-level", default="CRITICAL", help="Dagster console log level (the run log is kept in full)")
     b.set_defaults(func=cmd_build)
 
@@ -215,6 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--spec", help="only this spec id")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_datasets)
+
+    g = sub.add_parser("gc", help="remove old snapshots and intermediates no current spec version needs")
+    g.add_argument("--keep", type=int, default=3, help="non-current snapshots to keep per spec, newest first (default 3)")
+    g.add_argument("--root", help="datasets root (default: $AML_HOME/datasets)")
+    g.add_argument("--home", help="AML_HOME whose intermediates to clean (default: $AML_HOME or ./.aml)")
+    g.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=cmd_gc)
 
     env = sub.add_parser("env", help="the shared Python environment: lease status, rebuild")
     env_sub = env.add_subparsers(dest="env_command", required=True)

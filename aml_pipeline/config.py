@@ -53,6 +53,23 @@ def memory_budget_mb() -> int:
     return mb
 
 
+DEFAULT_BACKFILL_CHUNK_RUNS = 64
+
+
+def backfill_chunk_runs() -> int:
+    """Runs per Dagster run when run partitions are backfilled (``AML_BACKFILL_CHUNK_RUNS``,
+    default 64): a crash loses at most one chunk, and each chunk's partitions are recorded as
+    soon as it ends."""
+    raw = os.environ.get("AML_BACKFILL_CHUNK_RUNS", "").strip()
+    if not raw:
+        return DEFAULT_BACKFILL_CHUNK_RUNS
+    if not raw.isdigit() or int(raw) < 1:
+        from aml_pipeline.errors import AmlError
+
+        raise AmlError(f"AML_BACKFILL_CHUNK_RUNS={raw!r} must be a positive integer", code="CONFIG_INVALID")
+    return int(raw)
+
+
 def store_dir(home: Path | None = None) -> Path:
     """Per-run intermediate artifacts of the Dagster assets."""
     return (home or aml_home()) / "store"

@@ -175,9 +175,15 @@ class BackgroundSnapshotHasher(SnapshotHasher):
 class SnapshotDigest:
     sha256: str
     files: dict[str, str]
+    # What each large file was computed from, so the next snapshot can share a file whose inputs
+    # did not change (a hard link) instead of writing it again. Not part of the hash.
+    file_keys: dict[str, str] | None = None
 
     def to_json_bytes(self) -> bytes:
-        return (json.dumps({"sha256": self.sha256, "files": self.files}, indent=2) + "\n").encode()
+        body: dict[str, Any] = {"sha256": self.sha256, "files": self.files}
+        if self.file_keys:
+            body["fileKeys"] = self.file_keys
+        return (json.dumps(body, indent=2) + "\n").encode()
 
 
 def digest_snapshot(snapshot_dir: str | Path) -> SnapshotDigest:

@@ -131,9 +131,18 @@ def window_row_weights(starts: np.ndarray, n_rows: int, lo: int, hi: int) -> np.
     if n_rows < 0:
         raise ValueError(f"window_row_weights: n_rows must be >= 0, got {n_rows}")
     starts, lo, hi = window_spans("window_row_weights", starts, lo, hi, n_rows)
-    # Difference array: +1 where a window's span begins, -1 one past its end; the running sum is
-    # the number of spans covering each row.
-    diff = np.bincount(starts + lo, minlength=n_rows + 1) - np.bincount(starts + hi, minlength=n_rows + 1)
+    return block_row_weights(starts, 0, n_rows, lo, hi)
+
+
+def block_row_weights(starts: np.ndarray, first_row: int, n_rows: int, lo: int, hi: int) -> np.ndarray:
+    """:func:`window_row_weights` for the rows ``first_row .. first_row + n_rows - 1`` of a run only:
+    windows that reach outside the block count for the part inside it."""
+    starts = np.asarray(starts, dtype=np.int64)
+    # Difference array: +1 where a window's (clipped) span begins, -1 one past its end; the running
+    # sum is the number of spans covering each row. A span wholly outside adds +1 and -1 at once.
+    a = np.clip(starts + (lo - first_row), 0, n_rows)
+    b = np.clip(starts + (hi - first_row), 0, n_rows)
+    diff = np.bincount(a, minlength=n_rows + 1) - np.bincount(b, minlength=n_rows + 1)
     return np.cumsum(diff[:n_rows], dtype=np.int64)
 
 
@@ -147,11 +156,17 @@ def accumulate_window_stats(
     horizon: int,
     control_cols: Sequence[int],
     target_cols: Sequence[int],
+    *,
+    first_row: int | None = None,
 ) -> None:
-    """Add one run's (train) windows, given by their ``starts`` on ``grid``, to the accumulators.
+    """Add (train) windows, given by their ``starts`` on a run's grid, to the accumulators.
 
-    Use this to stream a split run by run into one set of accumulators; use
-    :func:`fit_window_stats` for per-run accumulators to :meth:`MomentAccumulator.merge` later.
+    ``grid`` holds the run's rows ``first_row ..`` (None: the whole run, every window inside it);
+    otherwise only the parts of
+    the windows inside those rows are added, so a run can be streamed block by block, each block
+    with the starts of every window that touches it. Each call is one batch of the accumulators
+    (two-pass, merged by Chan et al.), so a caller that wants bytes independent of how a run is
+    read must call it on fixed blocks.
     """
     grid = np.asarray(grid, dtype=np.float64)
     if grid.ndim != 2:
@@ -171,8 +186,13 @@ def accumulate_window_stats(
         if acc.n_cols != n:
             raise ValueError(f"{name} has {acc.n_cols} columns, expected {n}")
     T = grid.shape[0]
-    past = window_row_weights(starts, T, -H, 0)
-    future = window_row_weights(starts, T, 0, F)
+    if first_row is None:
+        past = window_row_weights(starts, T, -H, 0)
+        future = window_row_weights(starts, T, 0, F)
+    else:
+        first = as_int("first_row", first_row)
+        past = block_row_weights(starts, first, T, -H, 0)
+        future = block_row_weights(starts, first, T, 0, F)
     acc_x.add(grid, past)
     acc_u.add(grid[:, ctrl], future)
     acc_y.add(grid[:, tgt], future)

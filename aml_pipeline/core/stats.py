@@ -110,7 +110,10 @@ class LagCorrelation:
         self.m2_b = np.zeros(size)
         self.c_ab = np.zeros(size)
 
-    def add(self, control: np.ndarray, target: np.ndarray) -> LagCorrelation:
+    def add(self, control: np.ndarray, target: np.ndarray, first: int = 0) -> LagCorrelation:
+        """Add the pairs of one run, or of a block of one: with ``first > 0`` only the pairs whose
+        target difference has index >= ``first`` (the earlier ones belong to the previous block,
+        whose last rows this block repeats as context)."""
         c = np.asarray(control, dtype=np.float64)
         t = np.asarray(target, dtype=np.float64)
         if c.ndim != 1 or t.ndim != 1 or c.size != t.size:
@@ -119,7 +122,7 @@ class LagCorrelation:
             )
         top, size = _lag_plan(self.max_lag, c.size)
         if top >= 0:
-            self._add_spectra(_LagSeries(c, size), _LagSeries(t, size), top, size)
+            self._add_spectra(_LagSeries(c, size), _LagSeries(t, size, first), top, size)
         return self
 
     def _add_spectra(self, a: _LagSeries, b: _LagSeries, top: int, size: int) -> None:
@@ -216,9 +219,10 @@ class _LagSeries:
 
     __slots__ = ("n", "empty", "ref", "energy", "spectrum", "_conj")
 
-    def __init__(self, column: np.ndarray, size: int) -> None:
+    def __init__(self, column: np.ndarray, size: int, first: int = 0) -> None:
         d = np.diff(column)
         ok = np.isfinite(d)
+        ok[:first] = False  # a target side that starts with context rows of the previous block
         self.n = d.size
         self.empty = not ok.any()
         self.ref = float(np.median(d[ok])) if not self.empty else 0.0
@@ -243,14 +247,16 @@ def _lag_plan(max_lag: int, length: int) -> tuple[int, int]:
 
 
 def add_lag_pairs(
-    accumulators: Mapping[tuple[Hashable, Hashable], LagCorrelation], columns: Mapping[Hashable, np.ndarray]
+    accumulators: Mapping[tuple[Hashable, Hashable], LagCorrelation],
+    columns: Mapping[Hashable, np.ndarray],
+    first: int = 0,
 ) -> None:
-    """``acc.add(columns[c], columns[t])`` for every ``(c, t): acc``, each column's FFT done once.
+    """``acc.add(columns[c], columns[t], first)`` for every ``(c, t): acc``, each column's FFT done once.
 
     Gives exactly what the pairwise calls give; a report with many control/target pairs pays
     for each column once instead of once per pair.
     """
-    prepared: dict[tuple[Hashable, int], _LagSeries] = {}
+    prepared: dict[tuple[Hashable, int, int], _LagSeries] = {}
     for (c, t), acc in accumulators.items():
         a, b = np.asarray(columns[c], dtype=np.float64), np.asarray(columns[t], dtype=np.float64)
         if a.ndim != 1 or b.ndim != 1 or a.size != b.size:
@@ -260,10 +266,11 @@ def add_lag_pairs(
         top, size = _lag_plan(acc.max_lag, a.size)
         if top < 0:
             continue
-        for key in ((c, size), (t, size)):
+        # Controls are the left side of a pair (never masked), targets the right side.
+        for key in ((c, size, 0), (t, size, first)):
             if key not in prepared:
-                prepared[key] = _LagSeries(np.asarray(columns[key[0]], dtype=np.float64), size)
-        acc._add_spectra(prepared[(c, size)], prepared[(t, size)], top, size)
+                prepared[key] = _LagSeries(np.asarray(columns[key[0]], dtype=np.float64), size, key[2])
+        acc._add_spectra(prepared[(c, size, 0)], prepared[(t, size, first)], top, size)
 
 
 def _fft_size(n: int) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from aml_pipeline.core.args import positive_int, window_spans
+from aml_pipeline.core.args import as_int, positive_int, window_spans
 
 
 def window_starts(
@@ -24,27 +24,83 @@ def window_starts(
     control_cols: Sequence[int],
     target_cols: Sequence[int],
 ) -> np.ndarray:
-    """Start rows ``t = H, H+stride, ... <= T-F`` of the complete windows (int64, ascending)."""
+    """Start rows ``t = H, H+stride, ... <= T-F`` of the complete windows (int64, ascending).
+
+    The one-block form of :class:`StartFinder`.
+    """
     grid = _grid(grid)
-    H, F = positive_int("history", history), positive_int("horizon", horizon)
-    stride = positive_int("stride", stride)
-    ctrl, tgt = (
-        _cols("control_cols", control_cols, grid.shape[1]),
-        _cols("target_cols", target_cols, grid.shape[1]),
-    )
-    T = grid.shape[0]
-    if T < H + F:
-        return np.empty(0, dtype=np.int64)
-    starts = np.arange(H, T - F + 1, stride, dtype=np.int64)
-    # Prefix sums of "row has a missing value" answer "any missing in rows a..b-1" for every
-    # window at once; a window is complete iff both its spans count zero bad rows.
-    past_bad = _prefix_bad_rows(grid)
-    future_cols = np.union1d(ctrl, tgt)
-    future_bad = (
-        _prefix_bad_rows(grid[:, future_cols]) if future_cols.size else np.zeros(T + 1, dtype=np.int64)
-    )
-    ok = (past_bad[starts] == past_bad[starts - H]) & (future_bad[starts + F] == future_bad[starts])
-    return starts[ok]
+    finder = StartFinder(grid.shape[0], grid.shape[1], history, horizon, stride, control_cols, target_cols)
+    return np.concatenate([finder.feed(grid), finder.finish()])
+
+
+class StartFinder:
+    """:func:`window_starts` over a run's grid fed in row blocks of any size (bounded memory).
+
+    A start ``t`` is decided once rows up to ``t+F-1`` are in; it needs rows ``t-H..t+F-1``, so at
+    most the last ``H + F - 1`` rows' "has a missing value" flags are carried to the next block.
+    Prefix sums of those flags answer "any missing in rows a..b-1" for every candidate at once.
+    """
+
+    def __init__(
+        self,
+        n_rows: int,
+        n_cols: int,
+        history: int,
+        horizon: int,
+        stride: int,
+        control_cols: Sequence[int],
+        target_cols: Sequence[int],
+    ) -> None:
+        self.n_rows = as_int("n_rows", n_rows)
+        self.n_cols = as_int("n_cols", n_cols)
+        self.H, self.F = positive_int("history", history), positive_int("horizon", horizon)
+        self.stride = positive_int("stride", stride)
+        ctrl = _cols("control_cols", control_cols, self.n_cols)
+        tgt = _cols("target_cols", target_cols, self.n_cols)
+        self.future_cols = np.union1d(ctrl, tgt)
+        self.fed = 0  # rows fed so far
+        self.next_start = self.H  # first candidate not decided yet
+        self._buf_first = 0  # row index of the first buffered flag
+        self._past_bad = np.empty(0, dtype=bool)  # row has a missing value in any column
+        self._future_bad = np.empty(0, dtype=bool)  # ... in a control or target column
+
+    def feed(self, block: np.ndarray) -> np.ndarray:
+        """Add the next rows; returns the complete-window starts this block decided."""
+        block = _grid(block)
+        if block.shape[1] != self.n_cols:
+            raise ValueError(f"StartFinder: block has {block.shape[1]} columns, expected {self.n_cols}")
+        if self.fed + block.shape[0] > self.n_rows:
+            raise ValueError(f"StartFinder: more than the run's {self.n_rows} rows were fed")
+        bad = ~np.isfinite(block)
+        self._past_bad = np.concatenate([self._past_bad, bad.any(axis=1)])
+        future = bad[:, self.future_cols].any(axis=1) if self.future_cols.size else np.zeros(block.shape[0], bool)
+        self._future_bad = np.concatenate([self._future_bad, future])
+        self.fed += block.shape[0]
+        return self._decide()
+
+    def finish(self) -> np.ndarray:
+        if self.fed != self.n_rows:
+            raise ValueError(f"StartFinder: {self.fed} of the run's {self.n_rows} rows were fed")
+        return self._decide()
+
+    def _decide(self) -> np.ndarray:
+        H, F = self.H, self.F
+        last = min(self.fed, self.n_rows) - F  # largest start whose rows are all in
+        if last < self.next_start:
+            return np.empty(0, dtype=np.int64)
+        starts = np.arange(self.next_start, last + 1, self.stride, dtype=np.int64)
+        b0 = self._buf_first
+        past = np.zeros(self._past_bad.size + 1, dtype=np.int64)
+        np.cumsum(self._past_bad, out=past[1:])
+        future = np.zeros(self._future_bad.size + 1, dtype=np.int64)
+        np.cumsum(self._future_bad, out=future[1:])
+        s = starts - b0
+        ok = (past[s] == past[s - H]) & (future[s + F] == future[s])
+        self.next_start = int(starts[-1]) + self.stride
+        drop = max(0, min(self.next_start - H, self.fed) - b0)
+        self._past_bad, self._future_bad = self._past_bad[drop:], self._future_bad[drop:]
+        self._buf_first = b0 + drop
+        return starts[ok]
 
 
 def gather_windows(
@@ -102,26 +158,21 @@ def window_timestamps(grid_ts: np.ndarray, starts: np.ndarray, history: int, hor
 
 
 def explain_no_windows(
-    grid: np.ndarray,
-    history: int,
-    horizon: int,
-    control_cols: Sequence[int],
-    target_cols: Sequence[int],
-    node_ids: Sequence[str],
+    n_rows: int, history: int, horizon: int, missing_rows: Sequence[int], node_ids: Sequence[str]
 ) -> str:
-    """One line saying why a run yields no window (meant for runs where window_starts is empty)."""
-    grid = _grid(grid)
+    """One line saying why a run yields no window (meant for runs where window_starts is empty).
+
+    ``missing_rows``: per node, how many of the run's ``n_rows`` grid rows are missing (counted
+    while the grid streams past, so the grid itself is not needed).
+    """
+    T = as_int("n_rows", n_rows)
     H, F = positive_int("history", history), positive_int("horizon", horizon)
-    if len(node_ids) != grid.shape[1]:
-        raise ValueError(
-            f"explain_no_windows: {len(node_ids)} node ids for a grid with {grid.shape[1]} columns"
-        )
-    _cols("control_cols", control_cols, grid.shape[1])
-    _cols("target_cols", target_cols, grid.shape[1])
-    T = grid.shape[0]
+    missing = np.asarray(list(missing_rows), dtype=np.int64)
+    if missing.shape != (len(node_ids),):
+        raise ValueError(f"explain_no_windows: {missing.size} missing counts for {len(node_ids)} node ids")
     if T < H + F:
         return f"run has {T} grid rows, fewer than historySteps + horizonSteps = {H + F}"
-    ratios = np.count_nonzero(~np.isfinite(grid), axis=0) / T
+    ratios = missing / T
     order = [j for j in np.argsort(-ratios, kind="stable") if ratios[j] > 0][:3]
     if not order:
         return "no window without missing values"
@@ -139,13 +190,6 @@ def _percent(r: float) -> str:
     if r < 1.0 and round(r * 100) == 100:
         return ">99%"
     return f"{round(r * 100)}%"
-
-
-def _prefix_bad_rows(block: np.ndarray) -> np.ndarray:
-    bad = (~np.isfinite(block)).any(axis=1)
-    out = np.zeros(block.shape[0] + 1, dtype=np.int64)
-    np.cumsum(bad, out=out[1:])
-    return out
 
 
 def _grid(grid: np.ndarray) -> np.ndarray:

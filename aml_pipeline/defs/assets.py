@@ -1,54 +1,65 @@
 """Dataset assets, one group per spec: keys ``[<spec id>, <name>]``.
 
-Run-partitioned: ``raw_node_series`` -> ``cleaned_grid`` -> ``run_windows``; then, over all run
-partitions: ``dataset_split`` -> ``normalization_stats`` -> ``dataset_manifest``. Assets are thin:
-they call ``aml_pipeline.pipeline`` and turn its summaries into metadata. They manage their own
-I/O through the store resource; nothing is passed through an IO manager, so downstream steps
-stream runs from disk.
+Run-partitioned: ``raw_node_series`` -> ``cleaned_grid`` -> ``run_windows``, one multi-asset step
+per chunk of runs (the three stages of a run back to back, any subset of them). Then, over all run
+partitions: ``dataset_split`` -> ``normalization_stats`` -> ``dataset_manifest``. Every asset's code
+version is its stage's fingerprint (:mod:`aml_pipeline.pipeline.versions`), so editing a spec marks
+exactly the stages it changes as stale. Assets are thin: they call ``aml_pipeline.pipeline`` and
+turn its summaries into metadata, managing their own I/O through the store resource (nothing goes
+through an IO manager), so downstream steps stream runs from disk.
 """
 
-
-import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
+from aml_pipeline import config, progress
 from aml_pipeline.core.clean import CLEAN_CAUSES
-from aml_pipeline import progress
+from aml_pipeline.defs.partitions import RUN_ASSETS, run_partitions
+from aml_pipeline.defs.resources import StoreResource, TsdbResource
 from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.build import publish_dataset, run_scope
+from aml_pipeline.pipeline.checks import snapshot_checks
 from aml_pipeline.pipeline.dataset import (
-    fit_normalization,
+    DatasetPlan,
+    fit_or_reuse_normalization,
     load_norm,
     load_plan,
     plan_dataset,
-    save_norm,
     save_plan,
 )
-from aml_pipeline.pipeline.plots import run_plot_markdown, windows_per_run_markdown
-from aml_pipeline.pipeline.runs import (
-    ALGORITHM_VERSION,
-    check_nodes_known,
-    clean_run,
-    fetch_run,
-    stage_fingerprint,
-    window_run,
-)
+from aml_pipeline.pipeline.incremental import tsdb_run_versions
+from aml_pipeline.pipeline.plots import windows_per_run_markdown
+from aml_pipeline.pipeline.publish import Catalog
+from aml_pipeline.pipeline.runs import check_nodes_known, clean_run, fetch_run, window_run
+from aml_pipeline.pipeline.versions import stage_versions
 from aml_pipeline.spec import DatasetSpec
-from aml_pipeline.defs.partitions import run_partitions
-from aml_pipeline.defs.resources import StoreResource, TsdbResource
 
 TSDB_POINTS = dg.AssetKey(["tsdb", "points"])
 # A node missing more than this share of a run's grid is worth a look (check warns).
 MISSING_WARN_RATIO = 0.2
 
-RUN_ASSETS = ("raw_node_series", "cleaned_grid", "run_windows")
 DATASET_ASSETS = ("dataset_split", "normalization_stats", "dataset_manifest")
 MANIFEST_CHECKS = ("hash_verifies", "no_run_in_two_splits", "norm_stats_from_train_only", "no_nan_or_inf")
+MANIFEST_CHECK_DESCRIPTIONS = (
+    "every hashed byte of the published snapshot matches its sha256 (sha256.json and the catalog)",
+    "no run appears in two splits; one block per run",
+    "normalised train windows have mean 0 and std 1 (statistics fitted on train windows only)",
+    "no NaN or inf in any array",
+)
+STAGE_OF_ASSET = {
+    "raw_node_series": "raw",
+    "cleaned_grid": "grid",
+    "run_windows": "windows",
+    "dataset_split": "split",
+    "normalization_stats": "norm",
+    "dataset_manifest": "manifest",
+}
 
 
-def _table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
+def table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
     if not rows:
         return dg.MetadataValue.md("_(none)_")
     columns = []
@@ -60,146 +71,186 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
     )
 
 
-def _each_run(
-    context: dg.AssetExecutionContext,
-    work: Callable[[str], dict[str, Any]],
-    *,
-    check_results: Callable[[dict[str, dict[str, Any]]], list[dg.AssetCheckResult]] | None = None,
-) -> Iterator[Any]:
-    """Run ``work`` for every run partition of the step (one, or many in a single-run backfill).
-
-    A run that fails does not lose the others: the successful ones are recorded as
-    materialisations of their partitions before the step fails, naming the failed runs.
-    """
-    keys = list(context.partition_keys)
-    done: dict[str, dict[str, Any]] = {}
-    failed: list[tuple[str, BaseException]] = []
-    stage = context.asset_key.path[-1]
-    for i, run_id in enumerate(keys, 1):
-        try:
-            done[run_id] = work(run_id)
-            context.log.info(f"run {run_id} ({i}/{len(keys)}): {done[run_id].get('summary', 'done')}")
-        except Exception as e:  # noqa: BLE001 - one run's failure must not lose the others
-            failed.append((run_id, e))
-            detail = e.one_line() if isinstance(e, AmlError) else "".join(traceback.format_exception(e))
-            context.log.error(f"run {run_id} ({i}/{len(keys)}) failed: {detail}")
-        progress.report(stage, i, len(keys), run_id)
-    checks = check_results(done) if check_results and not failed else []
-    versions = {run_id: m.get("data_version") for run_id, m in done.items()}
-    metadata = {
-        run_id: {k: v for k, v in m.items() if k not in ("summary", "data_version")} for run_id, m in done.items()
-    }
-    if failed:
-        for run_id, meta in metadata.items():
-            yield dg.AssetMaterialization(asset_key=context.asset_key, partition=run_id, metadata=meta)
-        run_id, err = failed[0]
-        what = err.one_line() if isinstance(err, AmlError) else f"{type(err).__name__}: {err}"
-        raise dg.Failure(
-            description=f"{len(failed)} of {len(keys)} runs failed; first: run {run_id}: {what}",
-            metadata={"failed_runs": ", ".join(r for r, _ in failed), "succeeded": len(done)},
-        ) from err
-    if len(keys) == 1:
-        version = versions[keys[0]]
-        yield dg.MaterializeResult(
-            metadata=metadata[keys[0]],
-            check_results=checks,
-            # A data version per partition is only expressible for a one-partition step; a
-            # range step's partitions get Dagster's logical version (code + upstream).
-            data_version=dg.DataVersion(version) if version else None,
-        )
-        return
-    for run_id, meta in metadata.items():
-        context.add_asset_metadata(meta, partition_key=run_id)
-    yield dg.MaterializeResult(metadata={"runs": len(keys)}, check_results=checks)
-
-
 def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
-    """The six assets of one dataset spec."""
-    runs = run_partitions(spec.id)
-    code_version = stage_fingerprint(spec)
-    group = spec.id
+    """The assets of one dataset spec: the run stages (one multi-asset) and the dataset stages."""
+    return [run_stage_assets(spec), *dataset_stage_assets(spec)]
+
+
+# ---- run stages ----------------------------------------------------------------------------------
+
+
+def run_stage_assets(spec: DatasetSpec) -> dg.AssetsDefinition:
+    v = stage_versions(spec)
     key = lambda name: dg.AssetKey([spec.id, name])  # noqa: E731
-    run_asset = dict(
-        partitions_def=runs,
-        backfill_policy=dg.BackfillPolicy.single_run(),
-        code_version=code_version,
-        group_name=group,
-    )
     about = (
         f"line {spec.line_id}, product {spec.product_id}, recipe {spec.recipe_id}; "
         f"{len(spec.nodes)} nodes, beat {spec.beat_ms} ms, H={spec.history_steps}, F={spec.horizon_steps}"
     )
+    common = dict(group_name=spec.id, kinds={"numpy"}, partitions_def=run_partitions(spec.id))
+    specs = [
+        dg.AssetSpec(
+            key("raw_node_series"), deps=[TSDB_POINTS], code_version=v.raw,
+            description=f"Every point of each spec node in the run, read page by page from the TSDB ({about}).",
+            **common,
+        ),
+        dg.AssetSpec(
+            key("cleaned_grid"), deps=[key("raw_node_series")], code_version=v.grid,
+            description="Points cleaned (non-finite, bad state, range, duplicates, Hampel) and aligned to the beat grid.",
+            **common,
+        ),
+        dg.AssetSpec(
+            key("run_windows"), deps=[key("cleaned_grid")], code_version=v.windows,
+            description="The run's grid in model units and its valid window starts (no gap in what a window uses).",
+            **common,
+        ),
+    ]
+    check_specs = [
+        dg.AssetCheckSpec("has_windows", asset=key("run_windows"), description="warns about runs with zero windows, with the reason"),
+        dg.AssetCheckSpec(
+            "missing_ratio_below_threshold", asset=key("run_windows"),
+            description=f"warns when a node misses more than {MISSING_WARN_RATIO:.0%} of a run's grid",
+        ),
+    ]
 
-    @dg.asset(
-        key=key("raw_node_series"),
-        deps=[TSDB_POINTS],
-        kinds={"numpy"},
+    @dg.multi_asset(
+        name=f"{spec.id}__run_stages",
+        specs=specs,
+        check_specs=check_specs,
+        can_subset=True,
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=config.backfill_chunk_runs()),
         pool="aml_tsdb",
-        description=f"Every point of each spec node in the run, read page by page from the TSDB ({about}).",
-        **run_asset,
     )
-    def raw_node_series(context: dg.AssetExecutionContext, tsdb: TsdbResource, store: StoreResource):
-        ds = store.dataset_store(spec.id)
-        single = len(context.partition_keys) == 1
-        with tsdb.open() as db:
-            catalog = check_nodes_known(spec, db.list_nodes())
-            in_scope = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
+    def run_stages(context: dg.AssetExecutionContext, tsdb: TsdbResource, store: StoreResource):
+        selected = [n for n in RUN_ASSETS if key(n) in context.selected_asset_keys]
+        with store.dataset_store(spec.id).in_use():
+            yield from RunStages(spec, context, tsdb, store, selected).execute()
 
-            def one(run_id: str) -> dict[str, Any]:
-                # A partition outside the scope (or unfinished) is looked up, to fail naming why.
-                run = in_scope.get(run_id) or db.get_run(run_id)
-                summary = fetch_run(db, spec, run, ds, catalog, page_limit=tsdb.page_limit)
-                # One log line per run, with every node's figures (a line per node is an event
-                # per node and run in the event log; the table below has them too).
-                per_node = ", ".join(
-                    f"{n} {summary.points[n]}/{summary.pages[n]}p" for n in spec.node_ids
-                )
-                return {
-                    "summary": f"{summary.total_points} points ({per_node})",
-                    "points": summary.total_points,
-                    "pages": sum(summary.pages.values()),
-                    "per_node": _table(
-                        [{"node": n, "points": summary.points[n], "pages": summary.pages[n]} for n in spec.node_ids]
-                    ),
-                    "path": dg.MetadataValue.path(str(ds.run_dir(run_id))),
-                    # Only a one-partition step can record a partition's data version.
-                    "data_version": summary.data_version if single else None,
-                }
+    return run_stages
 
-            yield from _each_run(context, one)
 
-    @dg.asset(
-        key=key("cleaned_grid"),
-        deps=[raw_node_series],
-        kinds={"numpy"},
-        description="Points cleaned (non-finite, bad state, range, duplicates, Hampel) and aligned to the beat grid.",
-        **run_asset,
-    )
-    def cleaned_grid(context: dg.AssetExecutionContext, store: StoreResource):
-        ds = store.dataset_store(spec.id)
-        def one(run_id: str) -> dict[str, Any]:
-            g = clean_run(spec, run_id, ds)
-            totals = g.cleaning_totals
-            return {
-                "summary": f"{g.rows} grid rows, {totals['kept']}/{totals['input']} points kept",
-                "grid_rows": g.rows,
-                "points_kept": totals["kept"],
-                "points_removed": totals["input"] - totals["kept"],
-                "cleaning": _table(
-                    [{"node": n, **{c: g.counts[n][c] for c in ("input", *CLEAN_CAUSES, "kept")},
-                      "missing_ratio": round(g.missing[n], 4)} for n in spec.node_ids]
-                ),
-                "max_missing_ratio": max(g.missing.values()),
-                "plot": dg.MetadataValue.md(run_plot_markdown(run_id, spec.node_ids, g.raw_arrays, g.grid_arrays)),
-            }
+class RunStages:
+    """One step of the run assets: the selected stages for every run partition of the step.
 
-        yield from _each_run(context, one)
+    Each run goes through its stages back to back (fetch, clean and align, windows) with a TSDB
+    handle opened per run, not per step. A run that fails does not lose the others: the stages that
+    succeeded are recorded as materialisations of their partitions before the step fails, naming
+    the failed runs.
+    """
 
-    def run_checks(done: dict[str, dict[str, Any]]) -> list[dg.AssetCheckResult]:
-        empty = {r: m["reason"] for r, m in done.items() if m["windows"] == 0}
-        high = {r: m["worst_missing"] for r, m in done.items() if m["worst_missing"][1] > MISSING_WARN_RATIO}
+    def __init__(self, spec: DatasetSpec, context: dg.AssetExecutionContext, tsdb: TsdbResource,
+                 store: StoreResource, selected: list[str]) -> None:
+        self.spec, self.context, self.tsdb, self.selected = spec, context, tsdb, selected
+        self.ds = store.dataset_store(spec.id)
+        self.key = lambda name: dg.AssetKey([spec.id, name])  # noqa: E731
+
+    def execute(self) -> Iterator[Any]:
+        spec, context = self.spec, self.context
+        run_ids = list(context.partition_keys)
+        fetching = "raw_node_series" in self.selected
+        if fetching:
+            with self.tsdb.open() as db:
+                catalog = check_nodes_known(spec, db.list_nodes())
+                in_scope = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
+                versions = tsdb_run_versions(db, run_ids)
+        done: dict[str, dict[str, dict[str, Any]]] = {}  # run -> asset -> metadata
+        versions_out: dict[str, dict[str, str]] = {}
+        failed: list[tuple[str, BaseException]] = []
+        for i, run_id in enumerate(run_ids, 1):
+            done[run_id], versions_out[run_id] = {}, {}
+            try:
+                if fetching:
+                    with self.tsdb.open() as db:
+                        # A partition outside the scope (or unfinished) is looked up, to fail naming why.
+                        run = in_scope.get(run_id) or db.get_run(run_id)
+                        raw = fetch_run(db, spec, run, self.ds, catalog, page_limit=self.tsdb.page_limit,
+                                        tsdb_version=versions.get(run_id))
+                    done[run_id]["raw_node_series"] = self._raw_metadata(run_id, raw)
+                    versions_out[run_id]["raw_node_series"] = raw.data_version
+                    progress.report("raw_node_series", i, len(run_ids), run_id)
+                if "cleaned_grid" in self.selected:
+                    grid = clean_run(spec, run_id, self.ds)
+                    done[run_id]["cleaned_grid"] = self._grid_metadata(run_id, grid)
+                    versions_out[run_id]["cleaned_grid"] = grid.data_version
+                    progress.report("cleaned_grid", i, len(run_ids), run_id)
+                if "run_windows" in self.selected:
+                    windows = window_run(spec, run_id, self.ds)
+                    done[run_id]["run_windows"] = {
+                        "windows": windows.windows,
+                        "grid_rows": windows.rows,
+                        "reason": windows.reason or "",
+                        "worst_missing_node": _worst(windows.missing),
+                    }
+                    versions_out[run_id]["run_windows"] = windows.data_version
+                    progress.report("run_windows", i, len(run_ids), run_id)
+                context.log.info(f"run {run_id} ({i}/{len(run_ids)}): {self._line(done[run_id])}")
+            except Exception as e:  # noqa: BLE001 - one run's failure must not lose the others
+                failed.append((run_id, e))
+                context.log.error(f"run {run_id} ({i}/{len(run_ids)}) failed: {_describe(e)}")
+        if failed:
+            for run_id, stages in done.items():
+                for name, meta in stages.items():
+                    yield dg.AssetMaterialization(asset_key=self.key(name), partition=run_id, metadata=meta)
+            run_id, err = failed[0]
+            raise dg.Failure(
+                description=f"{len(failed)} of {len(run_ids)} runs failed; first: run {run_id}: {_describe(err)}",
+                metadata={"failed_runs": ", ".join(r for r, _ in failed), "succeeded": len(run_ids) - len(failed)},
+            ) from err
+        single = len(run_ids) == 1
+        for name in self.selected:
+            for run_id in run_ids:
+                context.add_asset_metadata(done[run_id][name], asset_key=self.key(name), partition_key=run_id)
+            yield dg.MaterializeResult(
+                asset_key=self.key(name),
+                # A data version per partition is only expressible for a one-partition step; the
+                # partitions of a chunk get Dagster's logical version (code + upstream).
+                data_version=dg.DataVersion(versions_out[run_ids[0]][name]) if single else None,
+                check_results=self._checks(done) if name == "run_windows" else None,
+            )
+
+    def _raw_metadata(self, run_id: str, raw) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "points": raw.total_points,
+            "pages": sum(raw.pages.values()),
+            "per_node": table([{"node": n, "points": raw.points[n], "pages": raw.pages[n]} for n in spec.node_ids]),
+            "path": dg.MetadataValue.path(str(self.ds.run_dir(run_id))),
+        }
+
+    def _grid_metadata(self, run_id: str, grid) -> dict[str, Any]:
+        totals = grid.cleaning_totals
+        units = (self.ds.read_meta(run_id, "grid") or {}).get("units", {})
+        return {
+            "grid_rows": grid.rows,
+            "points_kept": totals["kept"],
+            "points_removed": totals["input"] - totals["kept"],
+            "cleaning": table(
+                [{"node": n, "unit": units.get(n, ""), **{c: grid.counts[n][c] for c in ("input", *CLEAN_CAUSES, "kept")},
+                  "missing_ratio": round(grid.missing[n], 4)} for n in self.spec.node_ids]
+            ),
+            "max_missing_ratio": max(grid.missing.values()),
+        }
+
+    def _line(self, stages: dict[str, dict[str, Any]]) -> str:
+        parts = []
+        if "raw_node_series" in stages:
+            parts.append(f"{stages['raw_node_series']['points']} points")
+        if "cleaned_grid" in stages:
+            g = stages["cleaned_grid"]
+            parts.append(f"{g['grid_rows']} grid rows, {g['points_removed']} points removed")
+        if "run_windows" in stages:
+            w = stages["run_windows"]
+            parts.append(f"{w['windows']} windows" + (f" ({w['reason']})" if w["reason"] else ""))
+        return "; ".join(parts)
+
+    def _checks(self, done: dict[str, dict[str, dict[str, Any]]]) -> list[dg.AssetCheckResult]:
+        windows = {r: d["run_windows"] for r, d in done.items()}
+        missing = {r: self.ds.read_meta(r, "windows")["missing"] for r in windows}
+        empty = {r: m["reason"] for r, m in windows.items() if m["windows"] == 0}
+        high = {r: max(m.items(), key=lambda kv: kv[1]) for r, m in missing.items()}
+        high = {r: nv for r, nv in high.items() if nv[1] > MISSING_WARN_RATIO}
         return [
             dg.AssetCheckResult(
+                asset_key=self.key("run_windows"),
                 check_name="has_windows",
                 passed=not empty,
                 severity=dg.AssetCheckSeverity.WARN,
@@ -207,6 +258,7 @@ def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
                 metadata={"runs_without_windows": len(empty)},
             ),
             dg.AssetCheckResult(
+                asset_key=self.key("run_windows"),
                 check_name="missing_ratio_below_threshold",
                 passed=not high,
                 severity=dg.AssetCheckSeverity.WARN,
@@ -216,57 +268,72 @@ def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             ),
         ]
 
-    @dg.asset(
-        key=key("run_windows"),
-        deps=[cleaned_grid],
-        kinds={"numpy"},
-        description="The run's grid in model units and its valid window starts (no gap in what a window uses).",
-        check_specs=[
-            dg.AssetCheckSpec("has_windows", asset=key("run_windows"), description="warns about runs with zero windows, with the reason"),
-            dg.AssetCheckSpec(
-                "missing_ratio_below_threshold", asset=key("run_windows"),
-                description=f"warns when a node misses more than {MISSING_WARN_RATIO:.0%} of a run's grid",
-            ),
-        ],
-        **run_asset,
-    )
-    def run_windows(context: dg.AssetExecutionContext, store: StoreResource):
-        ds = store.dataset_store(spec.id)
 
-        def one(run_id: str) -> dict[str, Any]:
-            w = window_run(spec, run_id, ds)
-            worst = max(w.missing.items(), key=lambda kv: kv[1])
-            return {
-                "summary": f"{w.windows} windows" + (f" ({w.reason})" if w.reason else ""),
-                "windows": w.windows,
-                "grid_rows": w.rows,
-                "reason": w.reason or "",
-                "worst_missing": worst,
-            }
+def _worst(missing: Mapping[str, float]) -> str:
+    node, ratio = max(missing.items(), key=lambda kv: kv[1])
+    return f"{node} ({ratio:.1%})"
 
-        def strip(done: dict[str, dict[str, Any]]) -> list[dg.AssetCheckResult]:
-            results = run_checks(done)
-            for m in done.values():
-                n, v = m.pop("worst_missing")
-                m["worst_missing_node"] = f"{n} ({v:.1%})"
-            return results
 
-        yield from _each_run(context, one, check_results=strip)
+def _describe(e: BaseException) -> str:
+    return e.one_line() if isinstance(e, AmlError) else f"{type(e).__name__}: {e}"
 
-    dataset_asset = dict(code_version=code_version, group_name=group)
+
+# ---- dataset stages ------------------------------------------------------------------------------
+
+
+def lineage_rows(spec: DatasetSpec, plan: DatasetPlan) -> list[dict[str, str]]:
+    """Per run of the plan (and runs excluded for lineage): its lineage status and why."""
+    if spec.extras is None:
+        return []
+    lin = plan.lineage
+    if lin is None:
+        return []
+    rows = [{"run": r, "lineage": "verified", "why": "context confirmed; recipe version and content hash match"}
+            for r in lin.verified]
+    rows += [{"run": r, "lineage": "unknown", "why": "run context not confirmed, so its recipe cannot be checked"}
+             for r in lin.unknown]
+    rows += [{"run": e["runId"], "lineage": "excluded", "why": e["reason"]} for e in lin.excluded]
+    return sorted(rows, key=lambda r: r["run"])
+
+
+def lineage_summary(spec: DatasetSpec, plan: DatasetPlan) -> str:
+    """Why lineageVerified is what it is, in one line."""
+    if spec.extras is None:
+        return "0: a v1 spec (no extras) does not assess lineage"
+    lin = plan.lineage
+    if lin is None or not (lin.verified or lin.unknown or lin.excluded):
+        return "0: no runs"
+    if lin.lineage_verified:
+        return f"1: all {len(lin.verified)} runs verified against recipe version {spec.extras.recipe_version}"
+    parts = []
+    if lin.unknown:
+        parts.append(f"{len(lin.unknown)} run(s) with unconfirmed context ({', '.join(lin.unknown[:5])}{' ...' if len(lin.unknown) > 5 else ''})")
+    if lin.excluded:
+        parts.append(f"{len(lin.excluded)} run(s) excluded for a recipe mismatch")
+    if not lin.verified:
+        parts.append("no verified run")
+    return "0: " + "; ".join(parts)
+
+
+def dataset_stage_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
+    v = stage_versions(spec)
+    runs_def = run_partitions(spec.id)
+    key = lambda name: dg.AssetKey([spec.id, name])  # noqa: E731
 
     @dg.asset(
         key=key("dataset_split"),
-        deps=[run_windows],
+        deps=[key("run_windows")],
         kinds={"json"},
+        code_version=v.split,
+        group_name=spec.id,
         description="Runs split by run (never by window) into train/val/test; lineage (v2); exclusions with reasons.",
-        **dataset_asset,
     )
     def dataset_split(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         ds = store.dataset_store(spec.id)
-        run_ids = context.instance.get_dynamic_partitions(runs.name)
-        plan = plan_dataset(spec, run_ids, ds)
-        path = save_plan(spec, plan, ds)
+        run_ids = context.instance.get_dynamic_partitions(runs_def.name)
+        with ds.in_use():
+            plan = plan_dataset(spec, run_ids, ds)
+            path = save_plan(spec, plan, ds)
         split = plan.split
         per_run = [(r, part, int(plan.runs[r]["windows"])) for part, r in plan.ordered_runs()]
         context.log.info(
@@ -278,10 +345,11 @@ def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
                 **{f"windows_{p}": split[p] for p in ("train", "val", "test")},
                 **{f"runs_{p}": len(split[f"{p}RunIds"]) for p in ("train", "val", "test")},
                 "runs_excluded": len(split["excluded"]),
-                "excluded": _table(split["excluded"]),
+                "excluded": table(split["excluded"]),
                 "windows_per_run": dg.MetadataValue.md(windows_per_run_markdown(per_run)),
-                "runs": _table([{"run": r, "split": p, "windows": w} for r, p, w in per_run]),
                 "lineage_verified": plan.lineage.lineage_verified if plan.lineage else 0,
+                "lineage": lineage_summary(spec, plan),
+                "lineage_per_run": table(lineage_rows(spec, plan)),
                 "path": dg.MetadataValue.path(str(path)),
             }
         )
@@ -290,95 +358,147 @@ def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         key=key("normalization_stats"),
         deps=[dataset_split],
         kinds={"json"},
-        description="mean/std per column of x, u and y over train windows only (float64; std 0 -> 1, flagged).",
-        **dataset_asset,
+        code_version=v.norm,
+        group_name=spec.id,
+        description="mean/std per column of x, u and y over train windows only, in model units (float64; std 0 -> 1, flagged).",
     )
     def normalization_stats(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         ds = store.dataset_store(spec.id)
-        plan = load_plan(spec, ds)
-        norm = fit_normalization(spec, plan, ds)
+        with ds.in_use():
+            plan = load_plan(spec, ds)
+            norm, reused = fit_or_reuse_normalization(spec, plan, ds)
         stats = norm.to_json(spec)
-        path = save_norm(spec, norm, ds)
+        units = model_units(spec, plan)
         rows = []
         for group, names in (("x", spec.node_ids), ("u", spec.control_ids), ("y", spec.target_ids)):
             for i, n in enumerate(names):
-                rows.append({"array": group, "node": n, "mean": stats[group]["mean"][i],
+                rows.append({"array": group, "node": n, "model_unit": units.get(n, ""), "mean": stats[group]["mean"][i],
                              "std": stats[group]["std"][i], "zero_std": str(n in stats[group]["zeroStd"])})
+        context.log.info("statistics unchanged since the last fit (same runs and data): reused" if reused
+                         else f"fitted on {len(plan.split['trainRunIds'])} train runs")
         return dg.MaterializeResult(
             metadata={
-                "stats": _table(rows),
+                "stats": table(rows),
+                "reused": reused,
                 "train_runs": len(plan.split["trainRunIds"]),
                 "zero_std_columns": sum(len(stats[g]["zeroStd"]) for g in "xuy"),
-                "path": dg.MetadataValue.path(str(path)),
+                "path": dg.MetadataValue.path(str(ds.dir / "norm.json")),
             }
         )
 
-    @dg.asset(
-        key=key("dataset_manifest"),
-        deps=[normalization_stats, dataset_split],
-        kinds={"json", "numpy"},
-        description="The published snapshot: arrays, manifest, report and hash. Becomes `current` only if the blocking checks pass.",
-        check_specs=[
-            dg.AssetCheckSpec(name, asset=key("dataset_manifest"), blocking=True, description=desc)
-            for name, desc in zip(
-                MANIFEST_CHECKS,
-                (
-                    "every hashed byte of the published snapshot matches its sha256",
-                    "no run appears in two splits; one block per run",
-                    "normalisation stats recomputed from the train windows match the manifest",
-                    "no NaN or inf in any array",
+    manifest_key = key("dataset_manifest")
+
+    @dg.multi_asset(
+        name=f"{spec.id}__dataset_manifest",
+        specs=[
+            dg.AssetSpec(
+                manifest_key,
+                deps=[normalization_stats, dataset_split],
+                kinds={"json", "numpy"},
+                code_version=v.manifest,
+                group_name=spec.id,
+                description=(
+                    "The published snapshot: arrays, manifest, report and hash. Becomes `current` only if the "
+                    "blocking checks pass; a rebuild with nothing new publishes nothing."
                 ),
-                strict=True,
             )
         ],
-        **dataset_asset,
+        check_specs=[
+            dg.AssetCheckSpec(name, asset=manifest_key, blocking=True, description=desc)
+            for name, desc in zip(MANIFEST_CHECKS, MANIFEST_CHECK_DESCRIPTIONS, strict=True)
+        ],
+        can_subset=True,
     )
-    def dataset_manifest(
-        context: dg.AssetExecutionContext, tsdb: TsdbResource, store: StoreResource
-    ) -> dg.MaterializeResult:
+    def dataset_manifest(context: dg.AssetExecutionContext, tsdb: TsdbResource, store: StoreResource):
+        selected_checks = {c.name for c in context.selected_asset_check_keys}
+        if manifest_key not in context.selected_asset_keys:
+            # Only the checks (the verify job): re-check the published snapshot from its bytes.
+            yield from verify_current(spec, store, selected_checks, context)
+            return
         ds = store.dataset_store(spec.id)
-        plan = load_plan(spec, ds)
-        norm = load_norm(spec, ds)
         with tsdb.open() as db:
             watermark = db.availability_watermark()
-        published = publish_dataset(
-            spec, plan, norm, ds, store.datasets_root, availability_watermark=watermark
-        )
+        with ds.in_use():
+            plan = load_plan(spec, ds)
+            norm = load_norm(spec, ds, plan)
+            published = publish_dataset(spec, plan, norm, ds, store.datasets_root, availability_watermark=watermark)
         summary = published.summary()
         m = published.manifest
+        units = model_units(spec, plan)
         lag_rows = [
             {"control": r["control"], "target": r["target"], "lag_steps": r["lagSteps"] if r["lagSteps"] is not None else -1,
              "lag_ms": r["lagMs"] if r["lagMs"] is not None else -1, "corr": r["corr"] if r["corr"] is not None else float("nan")}
-            for r in published.report["lagCrossCorrelation"]
+            for r in (published.report.get("lagCrossCorrelation") or [])
         ]
         norm_rows = [
-            {"array": g, "node": n, "mean": m["norm"][g]["mean"][i], "std": m["norm"][g]["std"][i]}
+            {"array": g, "node": n, "model_unit": units.get(n, ""), "mean": m["norm"][g]["mean"][i], "std": m["norm"][g]["std"][i]}
             for g, names in (("x", m["allNodes"]), ("u", m["controls"]), ("y", m["targets"]))
             for i, n in enumerate(names)
         ]
-        context.log.info(f"published {published.snapshot_dir} sha256 {published.sha256} current={published.current}")
-        return dg.MaterializeResult(
+        if published.published:
+            context.log.info(f"published {published.snapshot_dir} sha256 {published.sha256} current={published.current}"
+                             + (f"; shared with the previous snapshot: {', '.join(published.linked)}" if published.linked else ""))
+        else:
+            context.log.info(f"nothing new since snapshot {published.snapshot_dir} (same spec stages, runs and data): not published")
+        yield dg.MaterializeResult(
+            asset_key=manifest_key,
             metadata={
                 "snapshot_dir": dg.MetadataValue.path(str(published.snapshot_dir)),
                 "sha256": published.sha256,
+                "published": published.published,
                 "manifest_version": m["version"],
                 "current": published.current,
                 "lineage_verified": m.get("lineageVerified", 0),
+                "lineage": lineage_summary(spec, plan),
+                "lineage_per_run": table(lineage_rows(spec, plan)),
                 **{f"windows_{p}": summary["windows"][p] for p in ("train", "val", "test")},
                 **{f"runs_{p}": summary["runs"][p] for p in ("train", "val", "test", "excluded")},
-                "norm": _table(norm_rows),
-                "lag_cross_correlation": _table(lag_rows),
+                "norm": table(norm_rows),
+                "lag_cross_correlation": table(lag_rows),
+                "shared_with_previous": ", ".join(published.linked) or "-",
                 "summary": dg.MetadataValue.json(summary),
             },
             check_results=[
-                dg.AssetCheckResult(
-                    check_name=c.name, passed=c.passed, description=c.description, metadata=c.metadata
-                )
+                dg.AssetCheckResult(check_name=c.name, passed=c.passed, description=c.description, metadata=c.metadata)
                 for c in published.checks
+                if c.name in selected_checks
             ],
         )
 
-    return [raw_node_series, cleaned_grid, run_windows, dataset_split, normalization_stats, dataset_manifest]
+    return [dataset_split, normalization_stats, dataset_manifest]
 
 
-__all__ = ["ALGORITHM_VERSION", "DATASET_ASSETS", "RUN_ASSETS", "TSDB_POINTS", "dataset_assets"]
+def verify_current(
+    spec: DatasetSpec, store: StoreResource, checks: set[str], context: dg.AssetExecutionContext
+) -> Iterator[dg.AssetCheckResult]:
+    """The blocking checks on the spec's current snapshot, from its bytes and the catalog's hash."""
+    entry = Catalog(store.datasets_root).current(spec.id)
+    if entry is None:
+        for name in sorted(checks):
+            yield dg.AssetCheckResult(
+                asset_key=dg.AssetKey([spec.id, "dataset_manifest"]), check_name=name, passed=False,
+                description=f"NO_SNAPSHOT: spec {spec.id!r} has no current snapshot under {store.datasets_root}",
+            )
+        return
+    context.log.info(f"re-checking {entry.path} (sha256 {entry.sha256} in the catalog)")
+    for outcome in snapshot_checks(Path(entry.path), entry.sha256):
+        if outcome.name in checks:
+            yield dg.AssetCheckResult(
+                asset_key=dg.AssetKey([spec.id, "dataset_manifest"]), check_name=outcome.name,
+                passed=outcome.passed, description=f"{entry.path}: {outcome.description}", metadata=outcome.metadata,
+            )
+
+
+def model_units(spec: DatasetSpec, plan: DatasetPlan) -> dict[str, str]:
+    """The unit of each node in the arrays: a v2 variable's model unit, else the TSDB's unit."""
+    catalog: dict[str, str] = {}
+    for meta in plan.runs.values():
+        catalog = meta.get("units") or {}
+        break
+    out = dict(catalog)
+    if spec.extras is not None:
+        for var in spec.extras.variables:
+            out[var.node_id] = var.model_unit or var.unit or catalog.get(var.node_id, "")
+    return out
+
+__all__ = ["DATASET_ASSETS", "MANIFEST_CHECKS", "RUN_ASSETS", "TSDB_POINTS", "dataset_assets"]

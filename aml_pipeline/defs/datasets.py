@@ -11,7 +11,7 @@ import dagster as dg
 from aml_pipeline import config
 from aml_pipeline.defs.assets import dataset_assets
 from aml_pipeline.defs.baseline import baseline_assets
-from aml_pipeline.defs.schedules import rebuild_job, rebuild_schedule
+from aml_pipeline.defs.schedules import rebuild_job, rebuild_schedule, runs_job, verify_job, verify_schedule
 from aml_pipeline.defs.sensors import new_run_sensor
 from aml_pipeline.spec import DatasetSpec, discover_specs
 
@@ -20,13 +20,14 @@ log = dg.get_dagster_logger("aml_pipeline")
 
 def dataset_definitions(spec: DatasetSpec) -> dg.Definitions:
     """Everything one dataset spec contributes: assets and checks, the baseline model trained in
-    the shared environment, the new-run sensor, the rebuild job and its schedule."""
-    job = rebuild_job(spec)
+    the shared environment, the new-run sensor, the run, rebuild and verify jobs and the
+    schedules of the last two."""
+    rebuild, verify = rebuild_job(spec), verify_job(spec)
     return dg.Definitions(
         assets=[*dataset_assets(spec), *baseline_assets(spec)],
         sensors=[new_run_sensor(spec)],
-        jobs=[job],
-        schedules=[rebuild_schedule(spec, job)],
+        jobs=[runs_job(spec), rebuild, verify],
+        schedules=[rebuild_schedule(spec, rebuild), verify_schedule(spec, verify)],
     )
 
 

@@ -1,7 +1,10 @@
-"""Materialising one dataset's assets in this process (the CLI's ``build`` and ``demo``).
+"""Building one dataset through its Dagster jobs from the command line (``build`` and ``demo``).
 
-The same asset definitions the UI shows, executed with ``dg.materialize`` in one run: the run
-partitions as a single-run backfill (a partition range), then the dataset assets.
+The same definitions the UI shows, executed in this process under their named jobs:
+``<spec>__runs`` for the run stages, over contiguous ranges of at most
+``AML_BACKFILL_CHUNK_RUNS`` partitions (the backfill chunks), then ``<spec>__rebuild`` for the
+dataset. Incremental: only runs with a stale stage are materialised, from that stage on, and the
+rebuild publishes nothing when nothing changed (:mod:`aml_pipeline.pipeline.incremental`).
 """
 
 from __future__ import annotations
@@ -11,19 +14,21 @@ from typing import Any
 
 import dagster as dg
 
-from aml_pipeline.defs.assets import DATASET_ASSETS, RUN_ASSETS, dataset_assets
-from aml_pipeline.defs.partitions import run_partitions
+from aml_pipeline import config
+from aml_pipeline.defs.assets import RUN_ASSETS
+from aml_pipeline.defs.datasets import dataset_definitions
+from aml_pipeline.defs.partitions import plan_run_batches, range_tags, run_partitions
 from aml_pipeline.defs.resources import StoreResource, TsdbResource
+from aml_pipeline.defs.schedules import rebuild_job_name, runs_job_name
+from aml_pipeline.defs.shared_env import default_shared_env_resources
 from aml_pipeline.defs.sources import tsdb_points
 from aml_pipeline.errors import AmlError, BuildError
 from aml_pipeline.pipeline.build import run_scope
+from aml_pipeline.pipeline.incremental import stale_runs, tsdb_run_versions
 from aml_pipeline.pipeline.runs import check_nodes_known
 from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.tsdb import open_tsdb
 
-# Public run tags that make one run cover a range of partitions (a single-run backfill).
-RANGE_START_TAG = "dagster/asset_partition_range_start"
-RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 
 def sync_run_partitions(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids: list[str]) -> list[str]:
@@ -56,6 +61,28 @@ def user_error(exc: BaseException) -> AmlError | None:
     return None
 
 
+def _failure_description(exc: BaseException) -> str | None:
+    seen = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, dg.Failure) and e.description:
+            return e.description
+        stack.extend([getattr(e, "user_exception", None), e.__cause__, e.__context__])
+    return None
+
+
+def dataset_job_definitions(spec: DatasetSpec, resources: dict[str, Any]) -> dg.Definitions:
+    """The spec's definitions (as the code location has them) with these resources."""
+    return dg.Definitions.merge(
+        dataset_definitions(spec),
+        dg.Definitions(assets=[tsdb_points], resources={**default_shared_env_resources(), **resources}),
+    )
+
+
 def materialize_dataset(
     spec: DatasetSpec,
     *,
@@ -64,42 +91,46 @@ def materialize_dataset(
     datasets_dir: Path | None = None,
     instance: dg.DagsterInstance | None = None,
     console_log_level: str = "INFO",
+    full: bool = False,
 ) -> dict[str, Any]:
-    """Build and publish ``spec`` through its Dagster assets; return the build summary.
+    """Build and publish ``spec`` through its Dagster jobs; return the build summary.
 
-    Everything is recorded in ``instance`` (the run log, materialisations, checks); the console
-    shows Dagster's log at ``console_log_level`` (the CLI passes CRITICAL and draws progress bars).
+    Everything is recorded in ``instance`` (run logs, materialisations, checks); the console shows
+    Dagster's log at ``console_log_level`` (the CLI passes CRITICAL and draws progress bars).
+    ``full`` rematerialises every run partition. The summary adds ``materialized`` (run
+    partitions materialised by this build, per asset) and ``published``.
     """
     with open_tsdb(tsdb_url) as db:
-        check_nodes_known(spec, db.list_nodes())
+        catalog = check_nodes_known(spec, db.list_nodes())
         runs = db.list_runs(run_scope(spec), finished_only=True)
+        versions = tsdb_run_versions(db, [r.run_id for r in runs])
     if not runs:
         raise BuildError(f"spec {spec.id!r}: no finished runs in scope {run_scope(spec)}", code="NO_RUNS")
-    resources = {
-        "tsdb": TsdbResource(url=tsdb_url),
-        "store": StoreResource(home=str(home), datasets_dir=str(datasets_dir) if datasets_dir else None),
-    }
-    assets = [*dataset_assets(spec), tsdb_points]
+    store = StoreResource(home=str(home), datasets_dir=str(datasets_dir) if datasets_dir else None)
+    defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})
+    run_config = {"loggers": {"console": {"config": {"log_level": console_log_level}}}}
     own = instance is None
     instance = instance or dg.DagsterInstance.ephemeral()
     try:
         keys = sync_run_partitions(instance, spec, [r.run_id for r in runs])
-        # One run: the run assets over the range of all partitions (a single-run backfill, one
-        # step per asset looping the runs), then the dataset assets over them.
-        try:
-            result = dg.materialize(
-                assets,
-                instance=instance,
-                resources=resources,
-                selection=[dg.AssetKey([spec.id, n]) for n in (*RUN_ASSETS, *DATASET_ASSETS)],
-                tags={RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]},
-                run_config={"loggers": {"console": {"config": {"log_level": console_log_level}}}},
+        todo = (
+            dict.fromkeys((r.run_id for r in runs), "raw")
+            if full
+            else stale_runs(spec, store.dataset_store(spec.id), runs, tsdb_versions=versions, catalog=catalog)
+        )
+        materialized = dict.fromkeys(RUN_ASSETS, 0)
+        runs_job = defs.resolve_job_def(runs_job_name(spec.id))
+        for names, chunk in plan_run_batches(keys, todo, config.backfill_chunk_runs()):
+            _execute(
+                runs_job,
+                instance,
+                run_config,
+                asset_selection=[dg.AssetKey([spec.id, n]) for n in names],
+                tags=range_tags(chunk),
             )
-        except Exception as e:
-            err = user_error(e)
-            if err is not None:
-                raise err from e
-            raise
+            for n in names:
+                materialized[n] += len(chunk)
+        result = _execute(defs.resolve_job_def(rebuild_job_name(spec.id)), instance, run_config)
         for event in result.get_asset_materialization_events():
             mat = event.materialization
             if mat.asset_key == dg.AssetKey([spec.id, "dataset_manifest"]):
@@ -110,8 +141,22 @@ def materialize_dataset(
                         f"spec {spec.id!r}: snapshot {summary['snapshotDir']} failed blocking checks: {', '.join(failed)}",
                         code="CHECK_FAILED",
                     )
-                return summary
+                return {**summary, "materialized": materialized}
         raise BuildError(f"spec {spec.id!r}: dataset_manifest was not materialised")
     finally:
         if own:
             instance.dispose()
+
+
+def _execute(job: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, **kwargs: Any):
+    """Run ``job`` in this process; a user error becomes the AmlError it was (one line, no traceback)."""
+    try:
+        return job.execute_in_process(run_config=run_config, instance=instance, **kwargs)
+    except Exception as e:
+        err = user_error(e)
+        if err is not None:
+            description = _failure_description(e)
+            if description and description != err.one_line() and err.one_line() in description:
+                raise AmlError(description.replace(f"{err.code}: ", "", 1), code=err.code) from e
+            raise err from e
+        raise

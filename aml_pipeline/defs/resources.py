@@ -48,6 +48,10 @@ class StoreResource(dg.ConfigurableResource):
         return DatasetStore(config.store_dir(Path(self.home)), spec_id)
 
     @property
+    def home_path(self) -> Path:
+        return Path(self.home)
+
+    @property
     def datasets_root(self) -> Path:
         return Path(self.datasets_dir) if self.datasets_dir else config.datasets_dir(Path(self.home))
 

@@ -1,19 +1,58 @@
-"""Scheduled rebuild of a dataset from its current run partitions."""
+"""Jobs and schedules of a dataset: build the run stages, rebuild the dataset, re-verify it."""
 
 import dagster as dg
 
+from aml_pipeline.defs.partitions import RUN_ASSETS, run_partitions
 from aml_pipeline.spec import DatasetSpec
 
 DATASET_ASSET_NAMES = ("dataset_split", "normalization_stats", "dataset_manifest")
 # Hourly, a little after the hour: new runs added by the sensor since the last rebuild are in.
 DEFAULT_CRON = "15 * * * *"
+VERIFY_CRON = "30 4 * * *"
+
+
+def runs_job_name(spec_id: str) -> str:
+    return f"{spec_id}__runs"
+
+
+def rebuild_job_name(spec_id: str) -> str:
+    return f"{spec_id}__rebuild"
+
+
+def verify_job_name(spec_id: str) -> str:
+    return f"{spec_id}__verify"
+
+
+def runs_job(spec: DatasetSpec):
+    """The run stages over a range of run partitions (what the sensor and `aml-pipeline build` launch)."""
+    return dg.define_asset_job(
+        name=runs_job_name(spec.id),
+        selection=dg.AssetSelection.assets(*(dg.AssetKey([spec.id, n]) for n in RUN_ASSETS)),
+        partitions_def=run_partitions(spec.id),
+        description=f"Fetch, clean and window runs of {spec.id} (a run partition or a range of them).",
+    )
 
 
 def rebuild_job(spec: DatasetSpec):
     return dg.define_asset_job(
-        name=f"{spec.id}__rebuild",
+        name=rebuild_job_name(spec.id),
         selection=dg.AssetSelection.assets(*(dg.AssetKey([spec.id, n]) for n in DATASET_ASSET_NAMES)),
-        description=f"Split, normalise and publish {spec.id} from the run partitions materialised so far.",
+        description=(
+            f"Split, normalise and publish {spec.id} from the run partitions materialised so far; "
+            "publishes nothing when nothing changed."
+        ),
+    )
+
+
+def verify_job(spec: DatasetSpec):
+    return dg.define_asset_job(
+        name=verify_job_name(spec.id),
+        selection=dg.AssetSelection.checks_for_assets(dg.AssetKey([spec.id, "dataset_manifest"])),
+        description=(
+            f"Re-run the four blocking checks of {spec.id}'s dataset_manifest on its current snapshot "
+            "(hash against the catalog, splits, train-only statistics, no NaN): tampering after "
+            "publication shows as a failed check."
+        ),
     )
 
 
@@ -23,4 +62,14 @@ def rebuild_schedule(spec: DatasetSpec, job) -> dg.ScheduleDefinition:
         job=job,
         cron_schedule=spec.schedule or DEFAULT_CRON,
         description=f"Rebuilds {spec.id} ({spec.schedule or 'default: hourly at :15'}; set `schedule` in the spec).",
+    )
+
+
+def verify_schedule(spec: DatasetSpec, job) -> dg.ScheduleDefinition:
+    return dg.ScheduleDefinition(
+        name=f"{spec.id}__verify_schedule",
+        job=job,
+        cron_schedule=VERIFY_CRON,
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        description=f"Re-verifies {spec.id}'s current snapshot daily at 04:30 (off until turned on).",
     )

@@ -1,45 +1,116 @@
-"""New-run sensor: finished runs in a spec's scope become run partitions and are materialised."""
+"""New-run sensor: finished runs in a spec's scope become run partitions and are materialised.
+
+Every tick compares the runs in scope with the stored run stages (:mod:`aml_pipeline.pipeline.
+incremental`): new runs, runs with late points (their TSDB version changed) and runs whose spec
+stages changed are requested, from their first stale stage on, in contiguous partition ranges of
+at most ``AML_BACKFILL_CHUNK_RUNS`` runs per Dagster run (the range tags single-run backfills
+use), never one Dagster run per partition. A run whose build failed is requested again on a
+later tick, at most ``MAX_ATTEMPTS`` times, then reported in the tick's log and skip reason until
+its data or its spec changes.
+"""
+
+import json
 
 import dagster as dg
 
-from aml_pipeline.defs.partitions import run_partitions
-from aml_pipeline.defs.resources import TsdbResource
+from aml_pipeline import config
+from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, plan_run_batches, range_tags, run_partitions
+from aml_pipeline.defs.resources import StoreResource, TsdbResource
 from aml_pipeline.pipeline.build import run_scope
-from aml_pipeline.pipeline.runs import stage_fingerprint
+from aml_pipeline.pipeline.incremental import inputs_key, stale_runs, tsdb_run_versions
+from aml_pipeline.pipeline.runs import check_nodes_known
+from aml_pipeline.pipeline.versions import stage_versions
 from aml_pipeline.spec import DatasetSpec
 
-RUN_ASSET_NAMES = ("raw_node_series", "cleaned_grid", "run_windows")
+MAX_ATTEMPTS = 3
+SENSOR_TAG = "aml/sensor"
+_ACTIVE = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
 
 
 def new_run_sensor(spec: DatasetSpec) -> dg.SensorDefinition:
     runs_def = run_partitions(spec.id)
-    code_version = stage_fingerprint(spec)
+    name = f"{spec.id}__new_runs"
 
     @dg.sensor(
-        name=f"{spec.id}__new_runs",
+        name=name,
         description=(
             f"Adds finished runs of line {spec.line_id} / product {spec.product_id} / recipe "
-            f"{spec.recipe_id} as partitions of {spec.id} and materialises their run assets. "
+            f"{spec.recipe_id} as partitions of {spec.id} and materialises the run stages of new and "
+            "changed runs, in chunks of runs per Dagster run; retries a failed chunk a few times. "
             "Runs still in progress are added once they finish."
         ),
-        asset_selection=[dg.AssetKey([spec.id, n]) for n in RUN_ASSET_NAMES],
+        asset_selection=[dg.AssetKey([spec.id, n]) for n in ("raw_node_series", "cleaned_grid", "run_windows")],
         minimum_interval_seconds=60,
     )
-    def sensor(context: dg.SensorEvaluationContext, tsdb: TsdbResource):
+    def sensor(context: dg.SensorEvaluationContext, tsdb: TsdbResource, store: StoreResource):
         with tsdb.open() as db:
-            finished = [r.run_id for r in db.list_runs(run_scope(spec), finished_only=True)]
-        known = set(context.instance.get_dynamic_partitions(runs_def.name))
-        done = context.instance.get_materialized_partitions(dg.AssetKey([spec.id, "run_windows"]))
-        todo = [r for r in finished if r not in done]
-        if not todo:
-            return dg.SkipReason(f"all {len(finished)} finished runs in scope are materialised")
-        new = [r for r in todo if r not in known]
-        # Run keys make a repeated tick (e.g. after a crash between adding partitions and
-        # launching) harmless: Dagster never launches the same key twice for this sensor. The
-        # code version is part of the key, so a changed spec rebuilds runs once more.
+            catalog = check_nodes_known(spec, db.list_nodes())
+            runs = db.list_runs(run_scope(spec), finished_only=True)
+            versions = tsdb_run_versions(db, [r.run_id for r in runs])
+        known = context.instance.get_dynamic_partitions(runs_def.name)
+        known_set = set(known)
+        new = [r.run_id for r in runs if r.run_id not in known_set]
+        order = known + new  # partition order once the new ones are added
+        attempts: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
+
+        todo = stale_runs(spec, store.dataset_store(spec.id), runs, tsdb_versions=versions, catalog=catalog)
+        busy = _in_flight(context, name, order)
+        attempts = {r: n for r, n in attempts.items() if r in todo}  # built since: forget
+        given_up = sorted(r for r in todo if r not in busy and attempts.get(r, 0) >= MAX_ATTEMPTS)
+        wanted = {r: s for r, s in todo.items() if r not in busy and r not in given_up}
+        if given_up:
+            context.log.warning(
+                f"{len(given_up)} run(s) failed to build {MAX_ATTEMPTS} times and are not requested again "
+                f"until their data or the spec changes: {', '.join(given_up[:20])}"
+                + (" ..." if len(given_up) > 20 else "")
+            )
+        if not wanted:
+            reason = f"all {len(runs)} finished runs in scope are built"
+            if busy:
+                reason = f"{len(busy & set(todo))} run(s) are being built; the rest of {len(runs)} are built"
+            if given_up:
+                reason += f"; {len(given_up)} gave up after {MAX_ATTEMPTS} failed attempts: {', '.join(given_up[:5])}"
+            return dg.SkipReason(reason)
+
+        fingerprints = stage_versions(spec)
+        requests = []
+        for names, chunk in plan_run_batches(order, wanted, config.backfill_chunk_runs()):
+            attempt = 1 + max(attempts.get(r, 0) for r in chunk)
+            # Same inputs, same key: a repeated tick launches nothing twice; new data, new key.
+            digest = inputs_key(fingerprints.windows, names, [(r, versions.get(r)) for r in chunk])[:12]
+            requests.append(
+                dg.RunRequest(
+                    run_key=f"{chunk[0]}..{chunk[-1]}@{digest}#{attempt}",
+                    asset_selection=[dg.AssetKey([spec.id, n]) for n in names],
+                    tags={**range_tags(chunk), SENSOR_TAG: name},
+                )
+            )
+            for r in chunk:
+                attempts[r] = attempts.get(r, 0) + 1
+        context.log.info(f"requesting {len(wanted)} run(s) in {len(requests)} Dagster run(s)")
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(partition_key=r, run_key=f"{r}@{code_version}") for r in todo],
+            run_requests=requests,
             dynamic_partitions_requests=[runs_def.build_add_request(new)] if new else [],
+            cursor=json.dumps(attempts, sort_keys=True),
         )
 
     return sensor
+
+
+def _in_flight(context: dg.SensorEvaluationContext, sensor_name: str, order: list[str]) -> set[str]:
+    """Run partitions covered by this sensor's queued or running Dagster runs."""
+    position = {r: i for i, r in enumerate(order)}
+    busy: set[str] = set()
+    active = context.instance.get_runs(
+        filters=dg.RunsFilter(statuses=_ACTIVE, tags={SENSOR_TAG: sensor_name})
+    )
+    for run in active:
+        lo, hi = position.get(run.tags.get(RANGE_START_TAG)), position.get(run.tags.get(RANGE_END_TAG))
+        if lo is not None and hi is not None:
+            busy.update(order[lo : hi + 1])
+    return busy

@@ -1,7 +1,8 @@
 """Dataset-level stages: split runs, fit normalisation on train, write the snapshot.
 
-Runs are streamed from the store one at a time, so memory is bounded by the largest run, not
-by the dataset.
+Runs are streamed from the store one fixed grid block at a time
+(:mod:`aml_pipeline.pipeline.run_reader`), so memory is bounded by a block, not by a run or by the
+dataset.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,15 @@ from aml_pipeline.core.clean import CLEAN_CAUSES
 from aml_pipeline.core.hashing import BackgroundSnapshotHasher, SnapshotHasher
 from aml_pipeline.core.lineage import RunContext, RunLineage, classify_lineage
 from aml_pipeline.core.manifest import SPLITS, build_manifest, build_sidecar, to_json_bytes
-from aml_pipeline.core.normalize import NormStats, apply_norm, fit_window_stats
+from aml_pipeline.core.normalize import MomentAccumulator, NormStats, accumulate_window_stats, apply_norm
 from aml_pipeline.core.split import split_blocks, split_runs
 from aml_pipeline.core.stats import LagCorrelation, NodeSummary, add_lag_pairs
 from aml_pipeline.core.windows import window_block
 from aml_pipeline.errors import BuildError
-from aml_pipeline.pipeline.runs import stage_fingerprint
+from aml_pipeline.pipeline.incremental import inputs_key
+from aml_pipeline.pipeline.run_reader import RunWindows
 from aml_pipeline.pipeline.store import DatasetStore
+from aml_pipeline.pipeline.versions import stage_versions
 from aml_pipeline.spec import DatasetSpec
 
 SPLIT_FILE = "split.json"
@@ -45,6 +48,15 @@ class DatasetPlan:
         """(split, run id) in snapshot order: train, val, test; runs in split order."""
         return [(part, r) for part in SPLITS for r in self.split[f"{part}RunIds"]]
 
+    def key(self, spec: DatasetSpec) -> str:
+        """What the later stages are computed from: the split and each run's windows data version."""
+        return inputs_key(
+            stage_versions(spec).split,
+            self.split,
+            None if self.lineage is None else self.lineage.to_json(),
+            {r: m.get("dataVersion") for r, m in sorted(self.runs.items())},
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "split": self.split,
@@ -60,7 +72,7 @@ class DatasetPlan:
 
 def plan_dataset(spec: DatasetSpec, run_ids: Sequence[str], store: DatasetStore) -> DatasetPlan:
     """Split the given runs (the dataset's partitions) by run, never by window."""
-    fingerprint = stage_fingerprint(spec)
+    fingerprint = stage_versions(spec).windows
     metas: dict[str, dict[str, Any]] = {}
     excluded: list[dict[str, str]] = []
     for run_id in run_ids:
@@ -131,12 +143,12 @@ def plan_dataset(spec: DatasetSpec, run_ids: Sequence[str], store: DatasetStore)
     return DatasetPlan(split, lineage, {r: metas[r] for r, _ in candidates})
 
 
-def _checked(spec: DatasetSpec, store: DatasetStore, name: str, asset: str) -> dict[str, Any]:
+def _checked(spec: DatasetSpec, store: DatasetStore, name: str, asset: str, stage: str) -> dict[str, Any]:
     try:
         obj = store.read_json(name)
     except FileNotFoundError:
         raise BuildError(f"spec {spec.id!r}: {asset} has not been materialised yet") from None
-    if obj.get("fingerprint") != stage_fingerprint(spec):
+    if obj.get("fingerprint") != stage_versions(spec).of(stage):
         raise BuildError(
             f"spec {spec.id!r}: the stored {asset} was built for another version of the spec; "
             f"rematerialise {asset}"
@@ -145,25 +157,16 @@ def _checked(spec: DatasetSpec, store: DatasetStore, name: str, asset: str) -> d
 
 
 def save_plan(spec: DatasetSpec, plan: DatasetPlan, store: DatasetStore) -> Path:
-    return store.write_json(SPLIT_FILE, {"fingerprint": stage_fingerprint(spec), **plan.to_json()})
+    return store.write_json(SPLIT_FILE, {"fingerprint": stage_versions(spec).split, **plan.to_json()})
 
 
 def load_plan(spec: DatasetSpec, store: DatasetStore) -> DatasetPlan:
-    return DatasetPlan.from_json(_checked(spec, store, SPLIT_FILE, "dataset_split"))
+    return DatasetPlan.from_json(_checked(spec, store, SPLIT_FILE, "dataset_split", "split"))
 
 
-@dataclass
-class RunArrays:
-    run_id: str
-    grid: np.ndarray  # [T, nodes] model units
-    grid_ts: np.ndarray
-    starts: np.ndarray
-
-
-def iter_runs(store: DatasetStore, run_ids: Sequence[str]) -> Iterator[RunArrays]:
-    for run_id in run_ids:
-        a = store.read_arrays(run_id, "windows")
-        yield RunArrays(run_id, a["grid"], a["grid_ts"], a["starts"])
+def run_windows(store: DatasetStore, plan: DatasetPlan, run_id: str) -> RunWindows:
+    """The stored windows stage of a run of the plan."""
+    return RunWindows(store, run_id, plan.runs[run_id])
 
 
 @dataclass
@@ -215,30 +218,60 @@ class Normalization:
         return cls(stats("x", spec.node_ids), stats("u", spec.control_ids), stats("y", spec.target_ids))
 
 
-def save_norm(spec: DatasetSpec, norm: Normalization, store: DatasetStore) -> Path:
-    return store.write_json(NORM_FILE, {"fingerprint": stage_fingerprint(spec), **norm.to_json(spec)})
+def save_norm(spec: DatasetSpec, norm: Normalization, store: DatasetStore, plan: DatasetPlan) -> Path:
+    return store.write_json(
+        NORM_FILE, {"fingerprint": stage_versions(spec).norm, "inputs": plan.key(spec), **norm.to_json(spec)}
+    )
 
 
-def load_norm(spec: DatasetSpec, store: DatasetStore) -> Normalization:
-    return Normalization.from_json(_checked(spec, store, NORM_FILE, "normalization_stats"), spec)
+def fit_or_reuse_normalization(spec: DatasetSpec, plan: DatasetPlan, store: DatasetStore) -> tuple[Normalization, bool]:
+    """The stored statistics when they were fitted on exactly this plan (nothing is read again),
+    else freshly fitted and saved. Returns them and whether they were reused."""
+    try:
+        stored = store.read_json(NORM_FILE)
+    except FileNotFoundError:
+        stored = None
+    if stored and stored.get("fingerprint") == stage_versions(spec).norm and stored.get("inputs") == plan.key(spec):
+        return Normalization.from_json(stored, spec), True
+    norm = fit_normalization(spec, plan, store)
+    save_norm(spec, norm, store, plan)
+    return norm, False
+
+
+def load_norm(spec: DatasetSpec, store: DatasetStore, plan: DatasetPlan) -> Normalization:
+    """The stored statistics, which must have been fitted on ``plan``."""
+    obj = _checked(spec, store, NORM_FILE, "normalization_stats", "norm")
+    if obj.get("inputs") != plan.key(spec):
+        raise BuildError(
+            f"spec {spec.id!r}: the stored normalization_stats were fitted on another split or other "
+            "run data than the current dataset_split; rematerialise normalization_stats"
+        )
+    return Normalization.from_json(obj, spec)
 
 
 def fit_normalization(spec: DatasetSpec, plan: DatasetPlan, store: DatasetStore) -> Normalization:
-    """mean/std per column over train windows only (float64, streamed run by run)."""
+    """mean/std per column over train windows only (float64), streamed block by block.
+
+    Each fixed grid block of a run is one batch of the moment accumulators, with the starts of
+    every window that reads a row of it; runs are merged in split order.
+    """
     cols = Columns.of(spec)
-    acc = None
-    for run in iter_runs(store, plan.split["trainRunIds"]):
-        part = fit_window_stats(
-            run.grid, run.starts, spec.history_steps, spec.horizon_steps, cols.controls, cols.targets
-        )
-        if acc is None:
-            acc = part
-        else:
-            for a, p in zip(acc, part, strict=True):
-                a.merge(p)
-    if acc is None:
+    H, F = spec.history_steps, spec.horizon_steps
+    n = len(spec.node_ids)
+    total = tuple(MomentAccumulator(w) for w in (n, len(cols.controls), len(cols.targets)))
+    for run_id in plan.split["trainRunIds"]:
+        run = run_windows(store, plan, run_id)
+        acc = tuple(MomentAccumulator(a.n_cols) for a in total)
+        reader = run.starts()
+        for r0, r1 in run.blocks():
+            # Windows t read rows t-H..t+F-1: those touching rows r0..r1-1 start in r0-F+1..r1+H-1.
+            starts = reader.between(r0 - F + 1, r1 + H)
+            accumulate_window_stats(*acc, run.grid_rows(r0, r1), starts, H, F, cols.controls, cols.targets, first_row=r0)
+        for a, p in zip(total, acc, strict=True):
+            a.merge(p)
+    if total[0].count == 0:
         raise BuildError(f"spec {spec.id!r}: no train windows to fit normalisation on", code="NO_TRAIN_RUNS")
-    return Normalization(*(a.result() for a in acc))
+    return Normalization(*(a.result() for a in total))
 
 
 # ---- snapshot writing ------------------------------------------------------------------------
@@ -265,39 +298,44 @@ _BLOCK_BYTES = 16 << 20
 _FLUSH_BYTES = 64 << 20
 
 
-def _blocks_for(
-    kind: str, run: RunArrays, spec: DatasetSpec, cols: Columns, norm: Normalization
+def window_blocks(
+    kind: str, run: RunWindows, spec: DatasetSpec, cols: Columns, norm: Normalization
 ) -> Iterator[np.ndarray]:
-    """The run's windows of one array kind, in blocks of at most ``_BLOCK_BYTES``, in order.
+    """The run's windows of one array kind, in order, in blocks of at most ``_BLOCK_BYTES``.
 
-    x/u/y are normalised on the grid's columns once, then cut into windows (each grid row is
-    normalised once, not once per window that uses it).
+    This is how the snapshot's windows are made: per fixed grid block, x/u/y are normalised on the
+    block's rows once (each grid row is normalised once per block that reads it, not once per
+    window that uses it), then cut into windows.
     """
     H, F = spec.history_steps, spec.horizon_steps
-    starts = run.starts
-    if kind == "x":
-        values, lo, hi = apply_norm(run.grid, norm.x.mean, norm.x.std), -H, 0
-    elif kind == "u":
-        values, lo, hi = apply_norm(run.grid[:, cols.controls], norm.u.mean, norm.u.std), 0, F
-    elif kind == "y":
-        values, lo, hi = apply_norm(run.grid[:, cols.targets], norm.y.mean, norm.y.std), 0, F
-    elif kind == "timestamps":
-        values, lo, hi = run.grid_ts.astype(np.float64)[:, None], -H, F
-    elif kind == "mask":
-        values, lo, hi = None, -H, F
-    else:
-        raise ValueError(f"unknown array kind {kind!r}")
-    width = 1 if values is None else values.shape[1]
-    itemsize = 4 if values is None else values.dtype.itemsize
-    step = max(1, _BLOCK_BYTES // max(1, (hi - lo) * width * itemsize))
-    for i in range(0, starts.shape[0], step):
-        chunk = starts[i : i + step]
-        if values is None:
-            # Windows with a gap are dropped, so every kept step is an observed grid value.
-            yield np.ones((chunk.shape[0], H + F), dtype=np.float32)
+    beat = spec.beat_ms
+    for block in run.window_blocks(H, F):
+        rel = block.starts - block.first_row
+        if kind == "x":
+            values, lo, hi = apply_norm(block.rows, norm.x.mean, norm.x.std), -H, 0
+        elif kind == "u":
+            values, lo, hi = apply_norm(block.rows[:, cols.controls], norm.u.mean, norm.u.std), 0, F
+        elif kind == "y":
+            values, lo, hi = apply_norm(block.rows[:, cols.targets], norm.y.mean, norm.y.std), 0, F
+        elif kind == "timestamps":
+            first = run.first_ms + beat * block.first_row
+            ts = first + beat * np.arange(block.rows.shape[0], dtype=np.int64)
+            values, lo, hi = ts.astype(np.float64)[:, None], -H, F
+        elif kind == "mask":
+            values, lo, hi = None, -H, F
         else:
-            block = window_block(values, chunk, lo, hi)
-            yield block[:, :, 0] if kind == "timestamps" else block
+            raise ValueError(f"unknown array kind {kind!r}")
+        width = 1 if values is None else values.shape[1]
+        itemsize = 4 if values is None else values.dtype.itemsize
+        step = max(1, _BLOCK_BYTES // max(1, (hi - lo) * width * itemsize))
+        for i in range(0, rel.shape[0], step):
+            chunk = rel[i : i + step]
+            if values is None:
+                # Windows with a gap are dropped, so every kept step is an observed grid value.
+                yield np.ones((chunk.shape[0], H + F), dtype=np.float32)
+            else:
+                out = window_block(values, chunk, lo, hi)
+                yield out[:, :, 0] if kind == "timestamps" else out
 
 
 def _write_all(f: Any, data: memoryview) -> None:
@@ -371,6 +409,11 @@ def _write_file(path: Path, data: bytes, syncer: _Syncer, hasher: SnapshotHasher
         hasher.end()
 
 
+def array_name(kind: str) -> str:
+    """The snapshot file of an array kind (``x`` -> ``arrays/x.f32``)."""
+    return f"arrays/{kind}.{'f64' if kind == 'timestamps' else 'f32'}"
+
+
 def write_snapshot_files(
     spec: DatasetSpec,
     plan: DatasetPlan,
@@ -381,8 +424,13 @@ def write_snapshot_files(
     availability_watermark: int | None,
     captured_at: str,
     wait_durable: bool = True,
+    linked: Mapping[str, Path] | None = None,
 ) -> SnapshotFiles:
     """Write every artifact of the snapshot into ``staging`` (fsynced), hashing as it goes.
+
+    ``linked`` names array files (``arrays/x.f32``, ...) that an earlier snapshot already holds
+    with identical bytes: they are hard-linked from there instead of gathered and written again,
+    and hashed by reading them.
 
     One pass per array kind over the runs, in snapshot order; memory is bounded by one run's
     grid plus a few blocks. Hashing (the snapshot hash and the per-file digests) and fsync run
@@ -421,18 +469,27 @@ def write_snapshot_files(
         run_order = [r for _, r in plan.ordered_runs()]
         kinds = ["x", "u", "y"] + (["timestamps", "mask"] if extras is not None else [])
         report = _ReportBuilder(spec, cols)
+        linked = dict(linked or {})
+        if array_name("x") in linked:
+            for run_id in run_order:  # the report is otherwise built during the x pass
+                report.add_run(run_windows(store, plan, run_id), plan)
         for kind in kinds:
-            name = f"arrays/{kind}.{'f64' if kind == 'timestamps' else 'f32'}"
+            name = array_name(kind)
             dtype = "<f8" if kind == "timestamps" else "<f4"
+            if name in linked:
+                os.link(linked[name], staging / name)
+                hasher.add_file(name, staging / name)
+                continue
             expected_rows = 0
             hasher.begin(name)
             f = open(staging / name, "wb", buffering=0)
             try:
                 unsynced = 0
-                for run in iter_runs(store, run_order):
+                for run_id in run_order:
+                    run = run_windows(store, plan, run_id)
                     if kind == "x":
                         report.add_run(run, plan)
-                    for block in _blocks_for(kind, run, spec, cols, norm):
+                    for block in window_blocks(kind, run, spec, cols, norm):
                         data = memoryview(np.ascontiguousarray(block, dtype=dtype).reshape(-1).view(np.uint8))
                         if not data.nbytes:
                             continue
@@ -442,7 +499,7 @@ def write_snapshot_files(
                         if unsynced >= _FLUSH_BYTES:
                             syncer.flush(f)
                             unsynced = 0
-                    expected_rows += run.starts.shape[0]
+                    expected_rows += run.n_windows
             except BaseException:
                 f.close()
                 raise
@@ -485,16 +542,23 @@ class _ReportBuilder:
         self.counts = {n: dict.fromkeys(("input", *CLEAN_CAUSES, "kept"), 0) for n in spec.node_ids}
         self.columns = {n: j for j, n in enumerate(spec.node_ids)}
 
-    def add_run(self, run: RunArrays, plan: DatasetPlan) -> None:
-        for j, summary in enumerate(self.nodes):
-            summary.add(run.grid[:, j])
+    def add_run(self, run: RunWindows, plan: DatasetPlan) -> None:
         meta = plan.runs[run.run_id]
         for node, counts in meta["counts"].items():
             for cause, n in counts.items():
                 self.counts[node][cause] += int(n)
         # Lag estimates, like every fitted statistic, come from train runs only.
-        if run.run_id in plan.split["trainRunIds"]:
-            add_lag_pairs(self.lags, {n: run.grid[:, j] for n, j in self.columns.items()})
+        train = run.run_id in plan.split["trainRunIds"]
+        for r0, r1 in run.blocks():
+            rows = run.grid_rows(r0, r1)
+            for j, summary in enumerate(self.nodes):
+                summary.add(rows[:, j])
+            if train:
+                # The differences ending in this block, and the max_lag before them as partners.
+                c0 = max(0, r0 - 1 - self.max_lag)
+                segment = rows if c0 == r0 else run.grid_rows(c0, r1)
+                first = max(0, r0 - c0 - 1)
+                add_lag_pairs(self.lags, {n: segment[:, j] for n, j in self.columns.items()}, first)
 
     def result(self, plan: DatasetPlan) -> dict[str, Any]:
         totals = {k: sum(c[k] for c in self.counts.values()) for k in ("input", *CLEAN_CAUSES, "kept")}

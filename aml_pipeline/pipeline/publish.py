@@ -8,6 +8,7 @@ either no new directory or a complete one; the previous snapshots are never touc
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -118,6 +119,8 @@ class CatalogEntry:
     runs: dict[str, int]
     lineage_verified: int
     current: bool
+    build_key: str | None = None  # what it was built from (spec stages, runs and their data versions)
+    checks: dict[str, Any] | None = None  # the blocking checks' outcomes at publication
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,9 +147,17 @@ CREATE TABLE IF NOT EXISTS snapshots (
     runs_train INTEGER, runs_val INTEGER, runs_test INTEGER, runs_excluded INTEGER,
     lineage_verified INTEGER NOT NULL,
     current INTEGER NOT NULL DEFAULT 0,
+    build_key TEXT,
+    checks TEXT,
     PRIMARY KEY (spec_id, sha256)
 )
 """
+# Columns added after the first catalogs were written (added in place to an older catalog).
+_ADDED_COLUMNS = (("build_key", "TEXT"), ("checks", "TEXT"))
+_COLUMNS = (
+    "spec_id, sha256, path, manifest_version, created_at, windows_train, windows_val, windows_test, "
+    "runs_train, runs_val, runs_test, runs_excluded, lineage_verified, current, build_key, checks"
+)
 
 
 class Catalog:
@@ -160,9 +171,22 @@ class Catalog:
         self.root.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=30)
         conn.execute(_SCHEMA)
+        have = {r[1] for r in conn.execute("PRAGMA table_info(snapshots)")}
+        for name, kind in _ADDED_COLUMNS:
+            if name not in have:
+                conn.execute(f"ALTER TABLE snapshots ADD COLUMN {name} {kind}")
         return conn
 
-    def record(self, snapshot_dir: Path, manifest: dict[str, Any], sha256: str, *, current: bool) -> CatalogEntry:
+    def record(
+        self,
+        snapshot_dir: Path,
+        manifest: dict[str, Any],
+        sha256: str,
+        *,
+        current: bool,
+        build_key: str | None = None,
+        checks: dict[str, Any] | None = None,
+    ) -> CatalogEntry:
         split = manifest["split"]
         spec_id = manifest["spec"]["id"]
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -181,14 +205,16 @@ class Catalog:
             len(split["excluded"]),
             int(manifest.get("lineageVerified", 0)),
             int(current),
+            build_key,
+            None if checks is None else json.dumps(checks),
         )
         with closing(self._connect()) as conn, conn:
             if current:
                 conn.execute("UPDATE snapshots SET current = 0 WHERE spec_id = ?", (spec_id,))
             conn.execute(
-                "INSERT INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                f"INSERT INTO snapshots ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
                 "ON CONFLICT (spec_id, sha256) DO UPDATE SET path = excluded.path, "
-                "current = excluded.current",
+                "current = excluded.current, build_key = excluded.build_key, checks = excluded.checks",
                 row,
             )
         return self.get(spec_id, sha256)  # type: ignore[return-value]
@@ -196,7 +222,7 @@ class Catalog:
     def entries(self, spec_id: str | None = None) -> list[CatalogEntry]:
         if not self.path.exists():
             return []
-        sql = "SELECT * FROM snapshots"
+        sql = f"SELECT {_COLUMNS} FROM snapshots"
         args: tuple = ()
         if spec_id is not None:
             sql += " WHERE spec_id = ?"
@@ -208,16 +234,34 @@ class Catalog:
     def get(self, spec_id: str, sha256: str) -> CatalogEntry | None:
         with closing(self._connect()) as conn:
             r = conn.execute(
-                "SELECT * FROM snapshots WHERE spec_id = ? AND sha256 = ?", (spec_id, sha256)
+                f"SELECT {_COLUMNS} FROM snapshots WHERE spec_id = ? AND sha256 = ?", (spec_id, sha256)
             ).fetchone()
         return None if r is None else _entry(r)
+
+    def delete(self, spec_id: str, sha256: str) -> None:
+        with closing(self._connect()) as conn, conn:
+            conn.execute("DELETE FROM snapshots WHERE spec_id = ? AND sha256 = ? AND current = 0", (spec_id, sha256))
+
+    def current(self, spec_id: str) -> CatalogEntry | None:
+        """The entry ``current`` points at, if its directory is still there."""
+        if not self.path.exists():
+            return None
+        with closing(self._connect()) as conn:
+            r = conn.execute(
+                f"SELECT {_COLUMNS} FROM snapshots WHERE spec_id = ? AND current = 1", (spec_id,)
+            ).fetchone()
+        if r is None:
+            return None
+        entry = _entry(r)
+        link = current_snapshot(self.root, spec_id)
+        return entry if link is not None and link == Path(entry.path).resolve() and link.is_dir() else None
 
     def find_by_path(self, snapshot_dir: Path) -> CatalogEntry | None:
         if not self.path.exists():
             return None
         with closing(self._connect()) as conn:
             r = conn.execute(
-                "SELECT * FROM snapshots WHERE path = ?", (str(Path(snapshot_dir).resolve()),)
+                f"SELECT {_COLUMNS} FROM snapshots WHERE path = ?", (str(Path(snapshot_dir).resolve()),)
             ).fetchone()
         return None if r is None else _entry(r)
 
@@ -233,4 +277,6 @@ def _entry(r: tuple) -> CatalogEntry:
         runs={"train": r[8], "val": r[9], "test": r[10], "excluded": r[11]},
         lineage_verified=r[12],
         current=bool(r[13]),
+        build_key=r[14],
+        checks=None if r[15] is None else json.loads(r[15]),
     )

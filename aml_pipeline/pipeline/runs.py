@@ -1,45 +1,32 @@
-"""Per-run stages of a dataset build: fetch -> clean and align -> windows.
+"""Per-run stages of a dataset build: fetch -> clean and align -> windows, streamed in chunks.
 
-Each stage reads its input from the store (or the TSDB), calls the numeric core and writes its
-result back to the store, returning a small summary. Memory is bounded by one run. The Dagster
-assets ``raw_node_series``, ``cleaned_grid`` and ``run_windows`` are thin wrappers around these.
+Each stage reads its input from the store (or the TSDB) piece by piece, calls the numeric core and
+appends its result to the store, returning a small summary. Memory is bounded by the chunk sizes
+(:mod:`aml_pipeline.pipeline.chunks`), not by a run's length: a month at 1 kHz builds like an hour.
+The Dagster run assets are thin wrappers around these.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from aml_pipeline.core.clean import CLEAN_CAUSES, clean_series
-from aml_pipeline.core.grid import align, grid_times, missing_ratio
-from aml_pipeline.core.units import to_model_units
-from aml_pipeline.core.windows import explain_no_windows, window_starts
+from aml_pipeline.core.clean import CLEAN_CAUSES, SeriesCleaner
+from aml_pipeline.core.grid import GridAligner, grid_span
+from aml_pipeline.core.windows import StartFinder, explain_no_windows
 from aml_pipeline.errors import BuildError, UnknownNodeError
+from aml_pipeline.pipeline.chunks import clean_chunk_points, grid_block_rows
 from aml_pipeline.pipeline.store import DatasetStore
+from aml_pipeline.pipeline.versions import chain_version, stage_versions
 from aml_pipeline.spec import DatasetSpec
-from aml_pipeline.tsdb.port import Node, Run, TsdbPort, fetch_node_series
+from aml_pipeline.tsdb.port import Node, Run, TsdbPort, iter_node_pages
 
-# Bump when a numeric rule changes: it is part of every asset's code_version and of the
-# fingerprint stored with each stage, so old intermediate results are never mixed in.
-ALGORITHM_VERSION = "1"
-
-
-def stage_fingerprint(spec: DatasetSpec) -> str:
-    # Specs are frozen models, so the fingerprint of one object never changes; every stage of
-    # every run asks for it (a JSON dump and a sha256 each time otherwise).
-    hit = _FINGERPRINTS.get(id(spec))
-    if hit is None or hit[0] is not spec:
-        if len(_FINGERPRINTS) >= 64:
-            _FINGERPRINTS.clear()
-        hit = _FINGERPRINTS[id(spec)] = (spec, f"{spec.fingerprint()}-a{ALGORITHM_VERSION}")
-    return hit[1]
-
-
-_FINGERPRINTS: dict[int, tuple[DatasetSpec, str]] = {}
+RAW_COLUMNS = (("ts", "<i8"), ("value", "<f8"), ("state", "<i4"), ("seq", "<i8"))
 
 
 def run_bounds(spec: DatasetSpec, run: Run) -> tuple[int, int]:
@@ -62,32 +49,23 @@ def check_nodes_known(spec: DatasetSpec, catalog: list[Node]) -> dict[str, Node]
     return by_id
 
 
+def catalog_ranges(spec: DatasetSpec, catalog: dict[str, Node]) -> dict[str, list[float | None]]:
+    return {n: [catalog[n].range_lo, catalog[n].range_hi] for n in spec.node_ids}
+
+
+# ---- raw ---------------------------------------------------------------------------------------
+
+
 @dataclass
 class RawSummary:
     run_id: str
     points: dict[str, int]
     pages: dict[str, int]
-    # The arrays just written (valid while the caller keeps the summary; not re-read from disk).
-    arrays: dict[str, np.ndarray] | None = dataclasses.field(default=None, repr=False, compare=False)
+    data_version: str
 
     @property
     def total_points(self) -> int:
         return sum(self.points.values())
-
-    @property
-    def data_version(self) -> str:
-        """A hash of the fetched points (offsets, ts, value, state): the run's data version."""
-        if self.arrays is None:
-            raise ValueError("this summary does not hold the run's arrays")
-        return raw_data_version(self.arrays)
-
-
-def raw_data_version(arrays: dict[str, np.ndarray]) -> str:
-    """sha256 (24 hex digits) over the raw stage's offsets, ts, value and state bytes."""
-    h = hashlib.sha256()
-    for k in ("offsets", "ts", "value", "state"):
-        h.update(np.ascontiguousarray(arrays[k]).data)
-    return h.hexdigest()[:24]
 
 
 def fetch_run(
@@ -98,46 +76,58 @@ def fetch_run(
     catalog: dict[str, Node],
     *,
     page_limit: int,
-    max_points: int | None = None,
+    tsdb_version: str | None = None,
 ) -> RawSummary:
-    """Read every spec node of one run from the TSDB, page by page, into the store."""
+    """Read every spec node of one run from the TSDB, page by page, appending to the store.
+
+    ``tsdb_version`` is the run's version in the TSDB when the fetch began (recorded so a later
+    build can tell whether the run changed); the stage's data version hashes what was actually
+    fetched, with the run record and the catalog ranges the later stages use.
+    """
     lo, hi = run_bounds(spec, run)
-    prefetch = getattr(tsdb, "prefetch", None)  # optional: one query for the run's nodes
-    if callable(prefetch):
-        prefetch(run.run_id, spec.node_ids, lo, hi)
-    series = [
-        fetch_node_series(tsdb, node_id, run.run_id, lo, hi, page_limit=page_limit, max_points=max_points)
-        for node_id in spec.node_ids
-    ]
-    offsets = np.zeros(len(series) + 1, dtype=np.int64)
-    np.cumsum([len(s) for s in series], out=offsets[1:])
-    arrays = {
-        "ts": np.concatenate([s.ts for s in series]),
-        "value": np.concatenate([s.value for s in series]),
-        "state": np.concatenate([s.state for s in series]),
-        "seq": np.concatenate([s.seq for s in series]),
-        "offsets": offsets,
-    }
-    summary = RawSummary(
-        run.run_id,
-        points={s.node_id: len(s) for s in series},
-        pages={s.node_id: s.pages for s in series},
-        arrays=arrays,
-    )
-    meta = {
-        "fingerprint": stage_fingerprint(spec),
-        "run": dataclasses.asdict(run),
-        "fromMs": lo,
-        "toMs": hi,
-        "nodes": spec.node_ids,
-        "catalogRange": {
-            n: [catalog[n].range_lo, catalog[n].range_hi] for n in spec.node_ids
-        },
-        "points": summary.points,
-        "pages": summary.pages,
-    }
-    store.write_stage(run.run_id, "raw", arrays, meta)
-    return summary
+    content = hashlib.sha256()
+    points: dict[str, int] = {}
+    pages: dict[str, int] = {}
+    offsets = [0]
+    with store.stage_writer(run.run_id, "raw") as writer:
+        columns = {name: writer.array(name, dtype) for name, dtype in RAW_COLUMNS}
+        for node_id in spec.node_ids:
+            n = queries = 0
+            for page, queries in iter_node_pages(tsdb, node_id, run.run_id, lo, hi, page_limit=page_limit):
+                if not len(page):
+                    continue
+                for name, _ in RAW_COLUMNS:
+                    data = getattr(page, name)
+                    columns[name].append(data)
+                    content.update(np.ascontiguousarray(data).data)
+                n += len(page)
+            points[node_id], pages[node_id] = n, queries
+            offsets.append(offsets[-1] + n)
+        run_record = dataclasses.asdict(run)
+        ranges = catalog_ranges(spec, catalog)
+        content.update(json.dumps([run_record, ranges, offsets], sort_keys=True).encode())
+        fingerprint = stage_versions(spec).raw
+        data_version = chain_version(fingerprint, content.hexdigest())
+        writer.commit(
+            {
+                "fingerprint": fingerprint,
+                "dataVersion": data_version,
+                "tsdbVersion": tsdb_version,
+                "run": run_record,
+                "fromMs": lo,
+                "toMs": hi,
+                "nodes": spec.node_ids,
+                "offsets": offsets,
+                "catalogRange": ranges,
+                "units": {n: catalog[n].unit for n in spec.node_ids},
+                "points": points,
+                "pages": pages,
+            }
+        )
+    return RawSummary(run.run_id, points, pages, data_version)
+
+
+# ---- grid --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -146,10 +136,7 @@ class GridSummary:
     rows: int
     counts: dict[str, dict[str, int]]  # node -> cause -> count
     missing: dict[str, float]  # node -> missing ratio on the grid
-    # The raw stage's arrays and the grid stage's arrays just written, e.g. for the run's plot
-    # (valid while the caller keeps the summary; not re-read from disk).
-    raw_arrays: dict[str, np.ndarray] | None = dataclasses.field(default=None, repr=False, compare=False)
-    grid_arrays: dict[str, np.ndarray] | None = dataclasses.field(default=None, repr=False, compare=False)
+    data_version: str
 
     @property
     def cleaning_totals(self) -> dict[str, int]:
@@ -160,67 +147,88 @@ def _require(store: DatasetStore, spec: DatasetSpec, run_id: str, stage: str) ->
     meta = store.read_meta(run_id, stage)
     if meta is None:
         raise BuildError(f"run {run_id!r}: {stage} stage has not been materialised for spec {spec.id!r}")
-    if meta.get("fingerprint") != stage_fingerprint(spec):
+    wanted = stage_versions(spec).of(stage)
+    if meta.get("fingerprint") != wanted:
         raise BuildError(
             f"run {run_id!r}: the stored {stage} stage was built for another version of spec "
-            f"{spec.id!r} (fingerprint {meta.get('fingerprint')}, now {stage_fingerprint(spec)}); "
-            "rematerialise the run"
+            f"{spec.id!r} (fingerprint {meta.get('fingerprint')}, now {wanted}); rematerialise the run"
         )
     return meta
 
 
-def clean_run(spec: DatasetSpec, run_id: str, store: DatasetStore) -> GridSummary:
-    """Clean each node's raw points and align them to the run's beat grid."""
+def clean_run(spec: DatasetSpec, run_id: str, store: DatasetStore, *, chunk_points: int | None = None) -> GridSummary:
+    """Clean each node's raw points and align them to the run's beat grid, chunk by chunk.
+
+    The grid is stored node-major (``grid.values.npy`` is ``[nodes, rows]``), so each node's
+    column is written front to back as its chunks are cleaned.
+    """
     meta = _require(store, spec, run_id, "raw")
-    raw = store.read_arrays(run_id, "raw")
-    grid_ts = grid_times(meta["fromMs"], meta["toMs"], spec.beat_ms)
-    values = np.full((grid_ts.shape[0], len(spec.nodes)), np.nan, dtype=np.float64)
-    counts: dict[str, dict[str, int]] = {}
-    outliers_ts, outliers_value, outlier_offsets = [], [], [0]
-    off = raw["offsets"]
+    chunk = clean_chunk_points() if chunk_points is None else int(chunk_points)
+    first, rows = grid_span(meta["fromMs"], meta["toMs"], spec.beat_ms)
+    block_rows = grid_block_rows(len(spec.nodes))
+    offsets = meta["offsets"]
     cleaning = spec.cleaning
-    for j, node in enumerate(spec.nodes):
-        sl = slice(int(off[j]), int(off[j + 1]))
-        catalog_lo, catalog_hi = meta["catalogRange"][node.node_id]
-        lo, hi = node.range if node.range is not None else (catalog_lo, catalog_hi)
-        cleaned = clean_series(
-            raw["ts"][sl],
-            raw["value"][sl],
-            raw["state"][sl],
-            good_states=cleaning.good_states,
-            range_lo=lo,
-            range_hi=hi,
-            hampel_k=cleaning.hampel_k if node.hampel_k is None else node.hampel_k,
-            hampel_sigma=cleaning.hampel_sigma,
-            hampel_min_dev=cleaning.hampel_min_dev if node.hampel_min_dev is None else node.hampel_min_dev,
+    counts: dict[str, dict[str, int]] = {}
+    missing: dict[str, float] = {}
+    with store.stage_writer(run_id, "grid") as writer:
+        values = writer.array("values", "<f8", (rows,))
+        for j, node in enumerate(spec.nodes):
+            catalog_lo, catalog_hi = meta["catalogRange"][node.node_id]
+            lo, hi = node.range if node.range is not None else (catalog_lo, catalog_hi)
+            cleaner = SeriesCleaner(
+                good_states=cleaning.good_states,
+                range_lo=lo,
+                range_hi=hi,
+                hampel_k=cleaning.hampel_k if node.hampel_k is None else node.hampel_k,
+                hampel_sigma=cleaning.hampel_sigma,
+                hampel_min_dev=cleaning.hampel_min_dev if node.hampel_min_dev is None else node.hampel_min_dev,
+            )
+            aligner = GridAligner(
+                first,
+                spec.beat_ms,
+                rows,
+                interp=node.interp,
+                max_interp_ms=spec.max_interp_ms if node.max_interp_ms is None else node.max_interp_ms,
+                block_rows=block_rows,
+            )
+            nan_rows = 0
+
+            def emit(blocks) -> None:
+                nonlocal nan_rows
+                for _, block in blocks:
+                    values.append(block)
+                    nan_rows += int(np.count_nonzero(np.isnan(block)))
+
+            for a in range(offsets[j], offsets[j + 1], chunk):
+                b = min(a + chunk, offsets[j + 1])
+                ts = store.read_flat(run_id, "raw", "ts", a, b)
+                kept = cleaner.feed(ts, store.read_flat(run_id, "raw", "value", a, b), store.read_flat(run_id, "raw", "state", a, b))
+                emit(aligner.feed(kept.ts, kept.value))
+            kept = cleaner.finish()
+            emit(aligner.feed(kept.ts, kept.value))
+            emit(aligner.finish())
+            counts[node.node_id] = dict(cleaner.counts)
+            # An empty grid has nothing usable (1.0), like core.grid.missing_ratio.
+            missing[node.node_id] = nan_rows / rows if rows else 1.0
+        fingerprint = stage_versions(spec).grid
+        data_version = chain_version(fingerprint, meta["dataVersion"])
+        writer.commit(
+            {
+                "fingerprint": fingerprint,
+                "dataVersion": data_version,
+                "inputVersion": meta["dataVersion"],
+                "run": meta["run"],
+                "units": meta["units"],
+                "rows": rows,
+                "firstMs": first,
+                "counts": counts,
+                "missing": missing,
+            }
         )
-        max_interp = spec.max_interp_ms if node.max_interp_ms is None else node.max_interp_ms
-        values[:, j] = align(cleaned.ts, cleaned.value, grid_ts, interp=node.interp, max_interp_ms=max_interp)
-        counts[node.node_id] = {k: int(v) for k, v in cleaned.counts.items()}
-        outliers_ts.append(cleaned.outlier_ts)
-        outliers_value.append(cleaned.outlier_value)
-        outlier_offsets.append(outlier_offsets[-1] + len(cleaned.outlier_ts))
-    missing = {n: float(missing_ratio(values[:, j])) for j, n in enumerate(spec.node_ids)}
-    grid_arrays = {
-        "grid_ts": grid_ts,
-        "values": values,
-        "outlier_ts": np.concatenate(outliers_ts).astype(np.int64, copy=False),
-        "outlier_value": np.concatenate(outliers_value).astype(np.float64, copy=False),
-        "outlier_offsets": np.asarray(outlier_offsets, dtype=np.int64),
-    }
-    store.write_stage(
-        run_id,
-        "grid",
-        grid_arrays,
-        {
-            "fingerprint": stage_fingerprint(spec),
-            "run": meta["run"],
-            "rows": int(grid_ts.shape[0]),
-            "counts": counts,
-            "missing": missing,
-        },
-    )
-    return GridSummary(run_id, int(grid_ts.shape[0]), counts, missing, raw, grid_arrays)
+    return GridSummary(run_id, rows, counts, missing, data_version)
+
+
+# ---- windows -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -230,36 +238,74 @@ class WindowsSummary:
     rows: int
     reason: str | None  # why there are no windows, when there are none
     missing: dict[str, float]
+    data_version: str
+
+
+def unit_columns(spec: DatasetSpec) -> list[tuple[int, float, float]]:
+    """``(column, scale, offset)`` of every node with a v2 unit transform."""
+    transforms = spec.unit_transforms()
+    return [(j, t.scale, t.offset) for j, n in enumerate(spec.node_ids) if (t := transforms.get(n))]
 
 
 def window_run(spec: DatasetSpec, run_id: str, store: DatasetStore) -> WindowsSummary:
-    """Convert the grid to model units and find the run's valid window starts."""
+    """Convert the grid to model units and find the run's valid window starts, block by block.
+
+    Writes ``windows.model.npy`` (``[rows, nodes]``, model units, row-major: what the snapshot
+    writer reads in row blocks) and ``windows.starts.npy``.
+    """
     meta = _require(store, spec, run_id, "grid")
-    grid = store.read_arrays(run_id, "grid")
-    transforms = spec.unit_transforms()
-    # Without a unit contract the grid is already in model units (and was just read: ours).
-    model = to_model_units(grid["values"], spec.node_ids, transforms) if transforms else grid["values"]
+    rows, n_nodes = int(meta["rows"]), len(spec.nodes)
     cols = {n: j for j, n in enumerate(spec.node_ids)}
-    ctrl = [cols[n] for n in spec.control_ids]
-    tgt = [cols[n] for n in spec.target_ids]
-    starts = window_starts(model, spec.history_steps, spec.horizon_steps, spec.stride, ctrl, tgt)
-    reason = None
-    if starts.size == 0:
-        reason = explain_no_windows(
-            model, spec.history_steps, spec.horizon_steps, ctrl, tgt, spec.node_ids
-        )
-    store.write_stage(
-        run_id,
-        "windows",
-        {"grid": model, "grid_ts": grid["grid_ts"], "starts": starts.astype(np.int64, copy=False)},
-        {
-            "fingerprint": stage_fingerprint(spec),
-            "run": meta["run"],
-            "rows": meta["rows"],
-            "windows": int(starts.size),
-            "reason": reason,
-            "missing": meta["missing"],
-            "counts": meta["counts"],
-        },
+    finder = StartFinder(
+        rows, n_nodes, spec.history_steps, spec.horizon_steps, spec.stride,
+        [cols[n] for n in spec.control_ids], [cols[n] for n in spec.target_ids],
     )
-    return WindowsSummary(run_id, int(starts.size), meta["rows"], reason, meta["missing"])
+    units = unit_columns(spec)
+    block_rows = grid_block_rows(n_nodes)
+    nonfinite = np.zeros(n_nodes, dtype=np.int64)
+    windows = 0
+    with store.stage_writer(run_id, "windows") as writer:
+        model = writer.array("model", "<f8", (n_nodes,))
+        starts = writer.array("starts", "<i8")
+        for r0 in range(0, rows, block_rows):
+            r1 = min(rows, r0 + block_rows)
+            block = read_grid_rows(store, run_id, n_nodes, rows, r0, r1)
+            for j, scale, offset in units:
+                block[:, j] = block[:, j] * scale + offset
+            model.append(block)
+            nonfinite += np.count_nonzero(~np.isfinite(block), axis=0)
+            found = finder.feed(block)
+            starts.append(found)
+            windows += found.size
+        found = finder.finish()
+        starts.append(found)
+        windows += found.size
+        reason = None
+        if windows == 0:
+            reason = explain_no_windows(rows, spec.history_steps, spec.horizon_steps, nonfinite, spec.node_ids)
+        fingerprint = stage_versions(spec).windows
+        data_version = chain_version(fingerprint, meta["dataVersion"])
+        writer.commit(
+            {
+                "fingerprint": fingerprint,
+                "dataVersion": data_version,
+                "inputVersion": meta["dataVersion"],
+                "run": meta["run"],
+                "units": meta["units"],
+                "rows": rows,
+                "firstMs": meta["firstMs"],
+                "windows": windows,
+                "reason": reason,
+                "missing": meta["missing"],
+                "counts": meta["counts"],
+            }
+        )
+    return WindowsSummary(run_id, windows, rows, reason, meta["missing"], data_version)
+
+
+def read_grid_rows(store: DatasetStore, run_id: str, n_nodes: int, rows: int, r0: int, r1: int) -> np.ndarray:
+    """Rows ``r0..r1-1`` of the cleaned grid as ``[rows, nodes]`` (it is stored node-major)."""
+    block = np.empty((r1 - r0, n_nodes), dtype=np.float64)
+    for j in range(n_nodes):
+        block[:, j] = store.read_flat(run_id, "grid", "values", j * rows + r0, j * rows + r1)
+    return block

@@ -1,15 +1,15 @@
-"""The artifact store: per-run intermediate results of one dataset, as numpy files.
+"""The artifact store: per-run intermediate results of one dataset, as ``.npy`` files.
 
-Layout: ``<root>/<spec id>/runs/<run id>/<stage>.arr`` plus ``<stage>.json`` (the stage's
-summary). The JSON is written last and names the spec fingerprint it was made for, so a reader
-never mixes a half-written stage or a stage built for another version of the spec. Every write
-is a rename of a finished temporary file.
+Layout: ``<root>/<spec id>/runs/<run id>/<stage>.<array>.npy`` plus ``<stage>.json`` (the stage's
+summary), and dataset-level JSON files in ``<root>/<spec id>/``. Arrays are standard NumPy
+``.npy`` files (``np.load(path, mmap_mode="r")`` opens any of them), written by appending, so a
+stage never holds a whole run in memory, and read back in slices of the first axis.
 
-``.arr`` is a minimal container for named numeric arrays: a magic line, a JSON header (name,
-dtype, shape, offset of each array) and the arrays' bytes, each 64-byte aligned. Reading is
-one ``readinto`` per array, with no checksum pass (``.npz``, a zip file, computes a CRC32 over
-every byte on write and on read, which cost more than the I/O itself here). Stages written as
-``.npz`` by earlier versions are still read.
+A stage is committed in this order: its summary is removed (from then on the stage reads as
+absent), its arrays are written to temporary files and renamed into place, then the summary is
+written (atomically) last. The summary names the stage version it was built for, so a reader never
+mixes a half-written stage, or a stage built for another version of the spec, into a dataset.
+Running out of space is reported as ``DISK_FULL`` naming the path; nothing partial stays.
 """
 
 from __future__ import annotations
@@ -18,12 +18,17 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.lib import format as npy
 
+from aml_pipeline.errors import BuildError, disk_full
+from aml_pipeline.fsutil import dir_lock
 from aml_pipeline.ids import check_external_id, check_spec_id
 
 STAGES = ("raw", "grid", "windows")
@@ -40,46 +45,56 @@ class DatasetStore:
     def run_dir(self, run_id: str) -> Path:
         return self.dir / "runs" / check_external_id(run_id, what="run id")
 
-    def _stage_paths(self, run_id: str, stage: str) -> tuple[Path, Path]:
-        if stage not in STAGES:
-            raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
-        d = self.run_dir(run_id)
-        return d / f"{stage}.arr", d / f"{stage}.json"
+    def meta_path(self, run_id: str, stage: str) -> Path:
+        _check_stage(stage)
+        return self.run_dir(run_id) / f"{stage}.json"
 
-    def write_stage(
-        self, run_id: str, stage: str, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]
-    ) -> None:
-        arr, js = self._stage_paths(run_id, stage)
-        arr.parent.mkdir(parents=True, exist_ok=True)
-        # Drop the summary first: from here until the new one lands the stage reads as absent.
-        js.unlink(missing_ok=True)
-        arr.with_suffix(".npz").unlink(missing_ok=True)  # an earlier version's copy
-        _atomic_write(arr, lambda f: write_arrays(f, arrays))
-        # Compact: with ``indent`` json uses its pure-Python encoder, several ms per stage.
-        _atomic_write(js, lambda f: f.write(json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()))
+    def array_path(self, run_id: str, stage: str, name: str) -> Path:
+        _check_stage(stage)
+        return self.run_dir(run_id) / f"{stage}.{name}.npy"
+
+    @contextmanager
+    def in_use(self, wait_s: float = 300.0) -> Iterator[None]:
+        """Hold the spec's intermediates shared while building (``gc`` takes them exclusively)."""
+        with dir_lock(self.dir, shared=True, wait_s=wait_s) as locked:
+            if not locked:
+                raise BuildError(
+                    f"{self.dir}: gc is cleaning this dataset's intermediates; waited {wait_s:g} s", code="STORE_BUSY"
+                )
+            yield
 
     def read_meta(self, run_id: str, stage: str) -> dict[str, Any] | None:
-        _, js = self._stage_paths(run_id, stage)
         try:
-            return json.loads(js.read_bytes())
+            return json.loads(self.meta_path(run_id, stage).read_bytes())
         except FileNotFoundError:
             return None
 
-    def read_arrays(self, run_id: str, stage: str) -> dict[str, np.ndarray]:
-        arr, _ = self._stage_paths(run_id, stage)
+    @contextmanager
+    def stage_writer(self, run_id: str, stage: str) -> Iterator[StageWriter]:
+        """Write a stage: arrays through the writer, then :meth:`StageWriter.commit` the summary."""
+        writer = StageWriter(self, run_id, stage)
         try:
-            return read_arrays(arr)
-        except FileNotFoundError:
-            npz = arr.with_suffix(".npz")
-            if not npz.exists():
-                raise
-        with np.load(npz, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+            yield writer
+            if not writer.committed:
+                raise RuntimeError(f"run {run_id!r}: {stage} stage was written but not committed")
+        finally:
+            writer.discard()
+
+    def read_flat(self, run_id: str, stage: str, name: str, start: int, stop: int) -> np.ndarray:
+        """Elements ``start..stop-1`` of an array, in C order (a flat copy, no memory map)."""
+        return read_npy_flat(self.array_path(run_id, stage, name), start, stop)
+
+    def read_rows(self, run_id: str, stage: str, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start..stop-1`` (first axis) of an array."""
+        return read_npy_rows(self.array_path(run_id, stage, name), start, stop)
+
+    def array_shape(self, run_id: str, stage: str, name: str) -> tuple[int, ...]:
+        return npy_header(self.array_path(run_id, stage, name))[0]
 
     def write_json(self, name: str, obj: Any) -> Path:
         path = self.dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1, allow_nan=False).encode()))
+        atomic_write_bytes(path, json.dumps(obj, indent=1, allow_nan=False).encode())
         return path
 
     def read_json(self, name: str) -> Any:
@@ -87,6 +102,7 @@ class DatasetStore:
 
     def stage_runs(self, stage: str) -> list[str]:
         """Runs that have a finished ``stage``."""
+        _check_stage(stage)
         runs = self.dir / "runs"
         if not runs.is_dir():
             return []
@@ -96,71 +112,159 @@ class DatasetStore:
         shutil.rmtree(self.run_dir(run_id), ignore_errors=True)
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+class StageWriter:
+    """Arrays of one stage of one run, appended to temporary files until :meth:`commit`."""
+
+    def __init__(self, store: DatasetStore, run_id: str, stage: str) -> None:
+        self.store, self.run_id, self.stage = store, run_id, stage
+        self.dir = store.run_dir(run_id)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # From here until commit the stage reads as absent.
+        store.meta_path(run_id, stage).unlink(missing_ok=True)
+        self._arrays: dict[str, NpyAppender] = {}
+        self.committed = False
+
+    def array(self, name: str, dtype: Any, tail_shape: tuple[int, ...] = ()) -> NpyAppender:
+        """An array of ``dtype`` whose first axis grows as data is appended (C order)."""
+        if name in self._arrays:
+            raise ValueError(f"array {name!r} of the {self.stage} stage is already open")
+        tmp = self.dir / f".{self.stage}.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        appender = NpyAppender(tmp, dtype, tail_shape)
+        self._arrays[name] = appender
+        return appender
+
+    def commit(self, meta: Mapping[str, Any]) -> None:
+        """Finish every array, rename them into place, then write the summary (last)."""
+        for name, appender in self._arrays.items():
+            appender.close()
+            target = self.store.array_path(self.run_id, self.stage, name)
+            _os_call(os.replace, appender.path, target, path=target)
+        # Compact: with ``indent`` json uses its pure-Python encoder, several ms per stage.
+        data = json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()
+        atomic_write_bytes(self.store.meta_path(self.run_id, self.stage), data)
+        self.committed = True
+        self._arrays.clear()
+
+    def discard(self) -> None:
+        for appender in self._arrays.values():
+            appender.abort()
+        self._arrays.clear()
+
+
+class NpyAppender:
+    """A ``.npy`` file written by appending along the first axis.
+
+    The header is written first for an empty array and rewritten in place with the final shape on
+    :meth:`close`; NumPy pads every header so that the first axis can grow to 21 digits without
+    changing its length (``numpy.lib.format.GROWTH_AXIS_MAX_DIGITS``), which is what makes this
+    legal ``.npy``.
+    """
+
+    def __init__(self, path: Path, dtype: Any, tail_shape: tuple[int, ...] = ()) -> None:
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self.tail = tuple(int(d) for d in tail_shape)
+        self._per_row = int(np.prod(self.tail, dtype=np.int64)) if self.tail else 1
+        self.elements = 0
+        self._f = _os_call(open, self.path, "wb", buffering=0, path=self.path)
+        self._header_len = self._write_header(0)
+        self.closed = False
+
+    def _write_header(self, rows: int) -> int:
+        header = {"descr": npy.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (rows, *self.tail)}
+        self._f.seek(0)
+        start = self._f.tell()
+        _os_call(npy.write_array_header_1_0, self._f, header, path=self.path)
+        return self._f.tell() - start
+
+    def append(self, data: np.ndarray) -> None:
+        a = np.ascontiguousarray(data, dtype=self.dtype)
+        if a.size:
+            view = memoryview(a.reshape(-1)).cast("B")
+            while view:
+                n = _os_call(self._f.write, view, path=self.path)
+                view = view[n:]
+            self.elements += a.size
+
+    def close(self) -> tuple[int, ...]:
+        if self.elements % self._per_row:
+            raise ValueError(
+                f"{self.path}: {self.elements} values do not fill whole rows of shape {self.tail}"
+            )
+        rows = self.elements // self._per_row
+        end = self._f.tell()
+        if self._write_header(rows) != self._header_len:
+            raise AssertionError(f"{self.path}: the .npy header changed length")
+        self._f.seek(end)
+        self._f.close()
+        self.closed = True
+        return (rows, *self.tail)
+
+    def abort(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        self.path.unlink(missing_ok=True)
+
+
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and data offset of a C-ordered ``.npy`` file."""
+    with open(path, "rb") as f:
+        version = npy.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = npy.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"{path}: .npy format version {version} is not supported")
+        if fortran:
+            raise ValueError(f"{path}: Fortran-ordered arrays are not written by this store")
+        return tuple(shape), dtype, f.tell()
+
+
+def read_npy_flat(path: Path, start: int, stop: int) -> np.ndarray:
+    """Elements ``start..stop-1`` (C order) of a ``.npy`` file, read without a memory map (the
+    pages of a map would count against the process's memory for as long as it exists)."""
+    shape, dtype, offset = npy_header(path)
+    total = int(np.prod(shape, dtype=np.int64))
+    if not 0 <= start <= stop <= total:
+        raise ValueError(f"{path}: elements {start}..{stop} outside an array of {total}")
+    out = np.fromfile(path, dtype=dtype, count=stop - start, offset=offset + start * dtype.itemsize)
+    if out.size != stop - start:
+        raise ValueError(f"{path}: truncated (wanted {stop - start} values at {start}, got {out.size})")
+    return out
+
+
+def read_npy_rows(path: Path, start: int, stop: int) -> np.ndarray:
+    """Rows ``start..stop-1`` (first axis) of a ``.npy`` file, without a memory map."""
+    shape, _, _ = npy_header(path)
+    per_row = int(np.prod(shape[1:], dtype=np.int64))
+    stop = min(stop, shape[0]) if shape else stop
+    return read_npy_flat(path, start * per_row, stop * per_row).reshape(-1, *shape[1:])
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and one rename."""
+    fd, tmp = _os_call(tempfile.mkstemp, prefix=f".{path.name}.", suffix=".tmp", dir=path.parent, path=path)
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
+            _os_call(f.write, data, path=path)
+        _os_call(os.replace, tmp, path, path=path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-_MAGIC = b"AML-ARRAYS 1\n"
-_ALIGN = 64
+def _os_call(fn, *args, path: Path, **kwargs):
+    """``fn(*args, **kwargs)``, with running out of space reported as DISK_FULL naming ``path``."""
+    try:
+        return fn(*args, **kwargs)
+    except OSError as e:
+        full = disk_full(e, path.parent if path.name.startswith(".") else path)
+        if full is not None:
+            raise full from None
+        raise
 
 
-def write_arrays(f: Any, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write named numeric arrays to the binary file ``f`` (see the module docstring)."""
-    items = []
-    for name, a in arrays.items():
-        a = np.asarray(a)
-        if a.dtype.kind not in "biuf" or a.dtype.hasobject:
-            raise ValueError(f"array {name!r}: dtype {a.dtype} is not a plain numeric type")
-        items.append((str(name), np.ascontiguousarray(a)))
-    entries, offset = [], 0
-    for name, a in items:
-        entries.append([name, a.dtype.str, list(a.shape), offset, a.nbytes])
-        offset += -(-a.nbytes // _ALIGN) * _ALIGN
-    header = json.dumps({"arrays": entries}).encode()
-    start = -(-(len(_MAGIC) + 8 + len(header)) // _ALIGN) * _ALIGN
-    f.write(_MAGIC + len(header).to_bytes(8, "little") + header)
-    f.write(b"\0" * (start - len(_MAGIC) - 8 - len(header)))
-    pos = 0
-    for (_, a), (_, _, _, off, nbytes) in zip(items, entries, strict=True):
-        if off > pos:
-            f.write(b"\0" * (off - pos))
-        if nbytes:
-            f.write(memoryview(a.reshape(-1)).cast("B"))
-        pos = off + nbytes
-
-
-def read_arrays(path: Path) -> dict[str, np.ndarray]:
-    """Read a file written by :func:`write_arrays`; a truncated or foreign file is an error."""
-    with open(path, "rb", buffering=0) as f:
-        head = f.read(len(_MAGIC) + 8)
-        if len(head) < len(_MAGIC) + 8 or not head.startswith(_MAGIC):
-            raise ValueError(f"{path}: not an array file of this store")
-        size = int.from_bytes(head[len(_MAGIC):], "little")
-        header = json.loads(f.read(size))
-        start = -(-(len(_MAGIC) + 8 + size) // _ALIGN) * _ALIGN
-        out: dict[str, np.ndarray] = {}
-        for name, dtype, shape, off, nbytes in header["arrays"]:
-            dt = np.dtype(dtype)
-            if dt.kind not in "biuf":
-                raise ValueError(f"{path}: array {name!r} has dtype {dt}, not a plain numeric type")
-            a = np.empty(shape, dtype=dt)
-            if a.nbytes != nbytes:
-                raise ValueError(f"{path}: array {name!r} is {nbytes} bytes for shape {shape} of {dt}")
-            if nbytes:
-                f.seek(start + off)
-                view = memoryview(a.reshape(-1)).cast("B")
-                got = 0
-                while got < nbytes:
-                    n = f.readinto(view[got:])
-                    if not n:
-                        raise ValueError(f"{path}: truncated (array {name!r})")
-                    got += n
-            out[name] = a
-    return out
+def _check_stage(stage: str) -> None:
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")

@@ -7,7 +7,7 @@ sharing a timestamp across a page boundary are neither lost nor repeated.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -173,18 +173,51 @@ def fetch_node_series(
     page_limit: int = DEFAULT_PAGE_LIMIT,
     max_points: int | None = None,
 ) -> NodeSeries:
-    """Read every point of a node in a run, page by page.
+    """Read every point of a node in a run, page by page, into memory (:func:`iter_node_pages`
+    checks every page). ``max_points`` bounds memory; exceeding it is an error, never a silent cut.
+    """
+    chunks: list[Page] = []
+    total = 0
+    queries = 0
+    for page, queries in iter_node_pages(tsdb, node_id, run_id, from_ms, to_ms, page_limit=page_limit):
+        if len(page):
+            chunks.append(page)
+            total += len(page)
+            if max_points is not None and total > max_points:
+                raise TruncationError(
+                    f"node {node_id!r} in run {run_id!r} has more than {max_points} points in "
+                    f"[{from_ms}, {to_ms}]; raise the limit or narrow the window (points are never "
+                    "dropped silently)"
+                )
+    if chunks:
+        ts = np.concatenate([c.ts for c in chunks]).astype(np.int64, copy=False)
+        value = np.concatenate([c.value for c in chunks]).astype(np.float64, copy=False)
+        state = np.concatenate([c.state for c in chunks]).astype(np.int32, copy=False)
+        seq = np.concatenate([c.seq for c in chunks]).astype(np.int64, copy=False)
+    else:
+        ts, value = np.empty(0, np.int64), np.empty(0, np.float64)
+        state, seq = np.empty(0, np.int32), np.empty(0, np.int64)
+    return NodeSeries(node_id, run_id, ts, value, state, seq, pages=queries)
+
+
+def iter_node_pages(
+    tsdb: TsdbPort,
+    node_id: str,
+    run_id: str,
+    from_ms: int,
+    to_ms: int,
+    *,
+    page_limit: int = DEFAULT_PAGE_LIMIT,
+) -> Iterator[tuple[Page, int]]:
+    """Every page of a node in a run, with the number of queries so far; memory is one page.
 
     Guards against the ways a backend can lose or repeat points: a cursor that does not advance,
     a page whose rows do not follow the cursor, a page longer than asked for, a page that says
-    "not done" without a cursor. ``max_points`` bounds memory; exceeding it is an error, never a
-    silent cut.
+    "not done" without a cursor.
     """
     if page_limit < 1:
         raise ValueError(f"page_limit must be >= 1, got {page_limit}")
-    chunks: list[Page] = []
     cursor: Cursor | None = None
-    total = 0
     queries = 0
     where = f"node {node_id!r} in run {run_id!r}"
     while True:
@@ -205,15 +238,9 @@ def fetch_node_series(
             ordered = (np.diff(keys_ts) > 0) | ((np.diff(keys_ts) == 0) & (np.diff(keys_seq) > 0))
             if not bool(np.all(ordered)):
                 raise PaginationError(f"{tsdb.url}: page for {where} is not ordered by (ts, seq)")
-            chunks.append(page)
-            total += n
-            if max_points is not None and total > max_points:
-                raise TruncationError(
-                    f"{where} has more than {max_points} points in [{from_ms}, {to_ms}]; "
-                    "raise the limit or narrow the window (points are never dropped silently)"
-                )
+        yield page, queries
         if page.done:
-            break
+            return
         if page.next_cursor is None:
             raise PaginationError(f"{tsdb.url}: page for {where} is not done but has no cursor")
         if cursor is not None and not page.next_cursor > cursor:
@@ -224,12 +251,3 @@ def fetch_node_series(
         if n == 0:
             raise PaginationError(f"{tsdb.url}: empty page for {where} that is not done")
         cursor = page.next_cursor
-    if chunks:
-        ts = np.concatenate([c.ts for c in chunks]).astype(np.int64, copy=False)
-        value = np.concatenate([c.value for c in chunks]).astype(np.float64, copy=False)
-        state = np.concatenate([c.state for c in chunks]).astype(np.int32, copy=False)
-        seq = np.concatenate([c.seq for c in chunks]).astype(np.int64, copy=False)
-    else:
-        ts, value = np.empty(0, np.int64), np.empty(0, np.float64)
-        state, seq = np.empty(0, np.int32), np.empty(0, np.int64)
-    return NodeSeries(node_id, run_id, ts, value, state, seq, pages=queries)

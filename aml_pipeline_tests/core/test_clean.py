@@ -162,3 +162,98 @@ def test_mismatched_lengths_and_float_timestamps_are_rejected() -> None:
         clean_series(np.arange(3), np.zeros(2), np.zeros(3, np.int32), **DEFAULTS)
     with pytest.raises(ValueError, match="integer"):
         clean_series(np.arange(3.0), np.zeros(3), np.zeros(3, np.int32), **DEFAULTS)
+
+
+# ---- streaming: the same result wherever a series is cut ----------------------------------------
+
+from aml_pipeline.core.clean import SeriesCleaner  # noqa: E402
+
+
+def _stream(ts, value, state, cuts, **kw) -> CleanedSeries:
+    """clean_series by SeriesCleaner, fed the pieces between ``cuts``."""
+    cleaner = SeriesCleaner(**kw)
+    parts = []
+    bounds = [0, *sorted(cuts), len(ts)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        parts.append(cleaner.feed(ts[a:b], value[a:b], state[a:b]))
+    parts.append(cleaner.finish())
+    return CleanedSeries(
+        np.concatenate([p.ts for p in parts]),
+        np.concatenate([p.value for p in parts]),
+        cleaner.counts,
+        np.concatenate([p.outlier_ts for p in parts]),
+        np.concatenate([p.outlier_value for p in parts]),
+    )
+
+
+def _assert_same(a: CleanedSeries, b: CleanedSeries) -> None:
+    assert a.counts == b.counts
+    assert np.array_equal(a.ts, b.ts) and a.value.tobytes() == b.value.tobytes()
+    assert np.array_equal(a.outlier_ts, b.outlier_ts) and a.outlier_value.tobytes() == b.outlier_value.tobytes()
+
+
+def _adversarial_series(seed: int = 3, n: int = 400):
+    rng = np.random.default_rng(seed)
+    ts = np.cumsum(rng.choice([0, 1000, 1000, 1000, 7000], size=n)).astype(np.int64)  # duplicates and gaps
+    value = 20 + np.cumsum(rng.normal(0, 0.1, n))
+    value[rng.choice(n, 12, replace=False)] += rng.choice([-25.0, 25.0], 12)  # spikes for Hampel
+    value[rng.choice(n, 6, replace=False)] = np.nan
+    value[rng.choice(n, 4, replace=False)] = 1e6  # out of range
+    state = np.where(rng.random(n) < 0.05, 3, 0).astype(np.int32)
+    return ts, value, state
+
+
+CLEAN_KW = dict(good_states=[0], range_lo=-100.0, range_hi=100.0, hampel_k=5, hampel_sigma=3.0, hampel_min_dev=0.0)
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 20])
+def test_streaming_equals_whole_for_every_single_cut(k) -> None:
+    ts, value, state = _adversarial_series()
+    kw = {**CLEAN_KW, "hampel_k": k}
+    whole = clean_series(ts, value, state, **kw)
+    assert whole.counts["duplicate_ts"] and whole.counts["bad_state"] and whole.counts["out_of_range"]
+    if k:
+        assert whole.counts["hampel_outlier"]
+    for cut in range(0, len(ts) + 1):
+        _assert_same(_stream(ts, value, state, [cut], **kw), whole)
+
+
+def test_streaming_equals_whole_in_chunks_of_one_point_and_random_chunks() -> None:
+    ts, value, state = _adversarial_series(seed=9, n=300)
+    whole = clean_series(ts, value, state, **CLEAN_KW)
+    _assert_same(_stream(ts, value, state, list(range(1, len(ts))), **CLEAN_KW), whole)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        cuts = sorted(set(rng.integers(0, len(ts), rng.integers(1, 30)).tolist()))
+        _assert_same(_stream(ts, value, state, cuts, **CLEAN_KW), whole)
+
+
+def test_cut_inside_a_duplicate_group_keeps_the_newest() -> None:
+    ts = np.array([0, 1000, 1000, 1000, 2000], np.int64)
+    value = np.array([1.0, 10.0, 11.0, 12.0, 2.0])
+    state = np.zeros(5, np.int32)
+    for cut in (1, 2, 3, 4):
+        c = _stream(ts, value, state, [cut], **{**CLEAN_KW, "hampel_k": 0})
+        assert c.value.tolist() == [1.0, 12.0, 2.0] and c.counts["duplicate_ts"] == 2
+
+
+def test_cut_at_an_outlier_and_at_a_bad_state() -> None:
+    ts = np.arange(0, 30_000, 1000, dtype=np.int64)
+    value = np.full(30, 5.0) + np.linspace(0, 0.1, 30)
+    value[14] = 50.0  # spike
+    state = np.zeros(30, np.int32)
+    state[15] = 7  # bad state right after it
+    whole = clean_series(ts, value, state, **{**CLEAN_KW, "hampel_k": 3})
+    assert whole.outlier_ts.tolist() == [14_000] and whole.counts["bad_state"] == 1
+    for cut in (13, 14, 15, 16):
+        _assert_same(_stream(ts, value, state, [cut], **{**CLEAN_KW, "hampel_k": 3}), whole)
+
+
+def test_chunks_out_of_order_are_refused() -> None:
+    cleaner = SeriesCleaner(**CLEAN_KW)
+    cleaner.feed(np.array([5000], np.int64), np.array([1.0]), np.array([0], np.int32))
+    with pytest.raises(ValueError, match="across chunks"):
+        cleaner.feed(np.array([4000], np.int64), np.array([1.0]), np.array([0], np.int32))
+    cleaner.finish()
+    with pytest.raises(ValueError, match="already finished"):
+        cleaner.finish()

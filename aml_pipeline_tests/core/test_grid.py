@@ -157,3 +157,49 @@ def test_missing_ratio() -> None:
     assert missing_ratio(np.array([1.0, 2.0])) == 0.0
     assert missing_ratio(np.full(3, np.nan)) == 1.0
     assert missing_ratio(np.empty(0)) == 1.0  # an empty grid observed nothing
+
+
+# ---- streaming alignment ---------------------------------------------------------------------------
+
+from aml_pipeline.core.grid import GridAligner, grid_span  # noqa: E402
+
+
+def _stream_align(ts, value, first, beat, rows, cuts, *, interp, max_interp_ms, block_rows=7):
+    aligner = GridAligner(first, beat, rows, interp=interp, max_interp_ms=max_interp_ms, block_rows=block_rows)
+    out = []
+    bounds = [0, *sorted(cuts), len(ts)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        out.extend(aligner.feed(ts[a:b], value[a:b]))
+    out.extend(aligner.finish())
+    rows_seen = [r0 for r0, _ in out]
+    assert rows_seen == sorted(rows_seen)
+    values = np.concatenate([v for _, v in out]) if out else np.empty(0)
+    assert values.size == rows and all(v.size <= block_rows for _, v in out)
+    return values
+
+
+@pytest.mark.parametrize("interp", ["linear", "hold"])
+def test_streaming_alignment_equals_whole_for_every_cut(interp) -> None:
+    rng = np.random.default_rng(5)
+    # Jittered points with gaps shorter and longer than max_interp, a hit on a grid time, a tail.
+    ts = np.unique(np.cumsum(rng.choice([300, 900, 1000, 1000, 4000, 12_000], 120)).astype(np.int64)) + 2_500
+    value = rng.normal(0, 1, ts.size)
+    first, rows = grid_span(0, int(ts[-1]) + 20_000, 1000)
+    whole = align(ts, value, grid_times(0, int(ts[-1]) + 20_000, 1000), interp=interp, max_interp_ms=5000)
+    assert np.isnan(whole).any() and np.isfinite(whole).any()
+    for cut in range(0, ts.size + 1):
+        got = _stream_align(ts, value, first, 1000, rows, [cut], interp=interp, max_interp_ms=5000)
+        assert got.tobytes() == whole.tobytes()
+    got = _stream_align(ts, value, first, 1000, rows, list(range(1, ts.size)), interp=interp, max_interp_ms=5000)
+    assert got.tobytes() == whole.tobytes()
+
+
+def test_streaming_alignment_of_a_series_without_points_is_all_missing() -> None:
+    got = _stream_align(np.empty(0, np.int64), np.empty(0), 0, 1000, 10, [], interp="hold", max_interp_ms=5000)
+    assert np.isnan(got).all()
+
+
+def test_hold_fills_after_the_last_point_only_within_max_interp() -> None:
+    ts, value = np.array([0, 1000], np.int64), np.array([1.0, 2.0])
+    got = _stream_align(ts, value, 0, 1000, 6, [1], interp="hold", max_interp_ms=2000)
+    assert got.tolist()[:4] == [1.0, 2.0, 2.0, 2.0] and np.isnan(got[4:]).all()

@@ -240,3 +240,13 @@ def test_apply_norm_handles_zero_columns_and_validates() -> None:
         apply_norm(np.zeros((2, 3)), np.zeros(2), np.ones(2))
     with pytest.raises(ValueError, match="non-zero"):
         apply_norm(np.zeros((2, 2)), np.zeros(2), np.array([1.0, 0.0]))
+
+
+def test_block_row_weights_add_up_to_the_whole_run() -> None:
+    from aml_pipeline.core.normalize import block_row_weights
+
+    starts = np.array([3, 4, 9, 15, 16, 17], np.int64)
+    whole = window_row_weights(starts, 20, -3, 2)
+    for size in (1, 4, 7, 20):
+        parts = [block_row_weights(starts, r0, min(size, 20 - r0), -3, 2) for r0 in range(0, 20, size)]
+        assert np.concatenate(parts).tolist() == whole.tolist()

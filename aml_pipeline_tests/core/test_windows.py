@@ -16,6 +16,10 @@ from aml_pipeline_tests.reference import windows_reference
 CTRL, TGT = [1], [2]
 
 
+def _explain(g: np.ndarray, names: list[str]) -> str:
+    return explain_no_windows(g.shape[0], 3, 2, np.count_nonzero(np.isnan(g), axis=0), names)
+
+
 def _grid(T: int, nodes: int = 3) -> np.ndarray:
     return np.arange(T * nodes, dtype=np.float64).reshape(T, nodes)
 
@@ -35,7 +39,7 @@ def test_run_exactly_h_plus_f_has_one_window_shorter_has_none() -> None:
     assert window_starts(_grid(5), 3, 2, 1, CTRL, TGT).tolist() == [3]
     assert window_starts(_grid(4), 3, 2, 1, CTRL, TGT).size == 0
     assert window_starts(_grid(0), 3, 2, 1, CTRL, TGT).size == 0
-    reason = explain_no_windows(_grid(4), 3, 2, CTRL, TGT, ["TI101", "FIC200", "TI300"])
+    reason = _explain(_grid(4), ["TI101", "FIC200", "TI300"])
     assert reason == "run has 4 grid rows, fewer than historySteps + horizonSteps = 5"
 
 
@@ -66,7 +70,7 @@ def test_node_with_no_data_leaves_no_window_and_is_named() -> None:
     g[:, 0] = np.nan
     g[:6, 2] = np.nan
     assert window_starts(g, 3, 2, 1, CTRL, TGT).size == 0
-    reason = explain_no_windows(g, 3, 2, CTRL, TGT, ["TI101", "FIC200", "TI300"])
+    reason = _explain(g, ["TI101", "FIC200", "TI300"])
     assert reason == "no window without missing values; most missing: TI101 (100% missing), TI300 (12%)"
 
 
@@ -75,7 +79,7 @@ def test_explain_rounds_small_and_near_total_ratios_honestly() -> None:
     g[::2, 0] = np.nan  # every window reads a gap
     g[:999, 1] = np.nan
     g[3, 2] = np.nan
-    reason = explain_no_windows(g, 3, 2, CTRL, TGT, ["A", "B", "C"])
+    reason = _explain(g, ["A", "B", "C"])
     assert reason == "no window without missing values; most missing: B (>99% missing), A (50%), C (<1%)"
 
 
@@ -162,7 +166,7 @@ def test_gather_rejects_starts_outside_the_grid_and_bad_grids() -> None:
     with pytest.raises(ValueError, match="2-D"):
         window_starts(np.zeros(10), 3, 2, 1, CTRL, TGT)
     with pytest.raises(ValueError, match="node ids"):
-        explain_no_windows(_grid(10), 3, 2, CTRL, TGT, ["a"])
+        _explain(_grid(10), ["a"])
 
 
 def test_window_block_cuts_rows_around_each_start() -> None:
@@ -188,3 +192,21 @@ def test_window_block_validates() -> None:
         window_block(values, np.array([9]), 0, 2)
     with pytest.raises(ValueError, match="2-D"):
         window_block(np.zeros(10), np.array([3]), 0, 1)
+
+
+from aml_pipeline.core.windows import StartFinder  # noqa: E402
+
+
+@pytest.mark.parametrize("stride", [1, 2, 5])
+def test_start_finder_equals_window_starts_for_any_blocks(stride) -> None:
+    rng = np.random.default_rng(1)
+    g = rng.normal(size=(200, 3))
+    g[rng.choice(200, 15), rng.choice(3, 15)] = np.nan
+    whole = window_starts(g, 7, 4, stride, CTRL, TGT)
+    assert 0 < whole.size < len(range(7, 197, stride))
+    for block in (1, 2, 3, 10, 11, 64, 200):
+        finder = StartFinder(200, 3, 7, 4, stride, CTRL, TGT)
+        parts = [finder.feed(g[i : i + block]) for i in range(0, 200, block)] + [finder.finish()]
+        assert np.concatenate(parts).tolist() == whole.tolist()
+    with pytest.raises(ValueError, match="fed"):
+        StartFinder(200, 3, 7, 4, stride, CTRL, TGT).finish()

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import dagster as dg
 
-from aml_pipeline.defs.assets import DATASET_ASSETS, MANIFEST_CHECKS, RUN_ASSETS, dataset_assets
+from aml_pipeline.defs.assets import DATASET_ASSETS, MANIFEST_CHECKS, dataset_assets
 from aml_pipeline.definitions import defs as load_definitions
 from aml_pipeline.defs.datasets import dataset_definitions
-from aml_pipeline.defs.inprocess import RANGE_END_TAG, RANGE_START_TAG, materialize_dataset, sync_run_partitions
-from aml_pipeline.defs.partitions import run_partitions
+from aml_pipeline.defs.inprocess import materialize_dataset, sync_run_partitions
+from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, RUN_ASSETS, run_partitions
 from aml_pipeline.defs.sensors import new_run_sensor
 from aml_pipeline.defs.shared_env import default_shared_env_resources
 from aml_pipeline.defs.sources import tsdb_points
@@ -53,9 +54,8 @@ def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dags
     assert sorted(r.data["node"] for r in table.records) == sorted(dagster_spec.node_ids)
     assert raw.tags.get("dagster/data_version")  # hash of the fetched points
     grid = latest(instance, dg.AssetKey([dagster_spec.id, "cleaned_grid"]), runs[0])
-    assert "data:image/png;base64," in grid.metadata["plot"].value
     causes = {c.name for c in grid.metadata["cleaning"].value.schema.columns}
-    assert {"non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier", "missing_ratio"} <= causes
+    assert {"unit", "non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier", "missing_ratio"} <= causes
     windows = latest(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), runs[0])
     assert windows.metadata["windows"].value > 0
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
@@ -69,9 +69,11 @@ def test_single_run_backfill_keeps_per_run_metadata(dagster_spec, dagster_plant,
         dagster_spec, instance, resources, RUN_ASSETS, tags={RANGE_START_TAG: keys_[0], RANGE_END_TAG: keys_[-1]}
     )
     assert result.success
-    # One run for all partitions, and each partition carries its own run's figures.
-    points = {r: latest(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), r).metadata["points"].value for r in runs}
+    # One run for all partitions, and each partition carries its own run's figures only.
+    raws = {r: latest(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), r) for r in runs}
+    points = {r: m.metadata["points"].value for r, m in raws.items()}
     assert len(set(points.values())) > 1
+    assert all("runs" not in m.metadata for m in raws.values())
     assert instance.get_materialized_partitions(dg.AssetKey([dagster_spec.id, "run_windows"])) == set(runs)
 
 
@@ -128,47 +130,100 @@ def test_manifest_checks_block_publication_as_current(dagster_spec, dagster_plan
     assert len(runs) >= 3
 
 
-def test_code_version_follows_the_spec(dagster_spec):
-    a = {x.key: x for x in dataset_assets(dagster_spec)}
-    changed = parse_spec({**dagster_spec.to_json_dict(), "stride": 2})
-    b = {x.key: x for x in dataset_assets(changed)}
-    for key in a:
-        assert a[key].code_versions_by_key[key] != b[key].code_versions_by_key[key]
-    same = {x.key: x for x in dataset_assets(parse_spec(dagster_spec.to_json_dict()))}
-    assert all(a[k].code_versions_by_key[k] == same[k].code_versions_by_key[k] for k in a)
+def _code_versions(spec) -> dict[str, str]:
+    out = {}
+    for a in dataset_assets(spec):
+        for k, v in a.code_versions_by_key.items():
+            out[k.path[-1]] = v
+    return out
 
 
-def test_sensor_adds_finished_runs_and_requests_each_once(dagster_spec, dagster_plant, instance, resources):
+def test_code_versions_are_scoped_to_each_stage(dagster_spec):
+    base = _code_versions(dagster_spec)
+    assert set(base) == {*RUN_ASSETS, *DATASET_ASSETS} and len(set(base.values())) == 6
+    assert _code_versions(parse_spec(dagster_spec.to_json_dict())) == base
+
+    def changed(**fields) -> set[str]:
+        other = _code_versions(parse_spec({**dagster_spec.to_json_dict(), **fields}))
+        return {k for k in base if other[k] != base[k]}
+
+    j = dagster_spec.to_json_dict()
+    stages_after = lambda first: set([*RUN_ASSETS, *DATASET_ASSETS][[*RUN_ASSETS, *DATASET_ASSETS].index(first):])  # noqa: E731
+    assert changed(note="edited") == {"dataset_manifest"}
+    assert changed(split={**j["split"], "seed": 7}) == stages_after("dataset_split")
+    assert changed(stride=2) == stages_after("run_windows")
+    assert changed(cleaning={**j["cleaning"], "hampelSigma": 4.0}) == stages_after("cleaned_grid")
+    nodes = [dict(n) for n in j["nodes"]]
+    nodes[0]["hampelK"] = 2
+    assert changed(nodes=nodes) == stages_after("cleaned_grid")
+    assert changed(toMs=10**15) == stages_after("raw_node_series")
+
+
+def _tick(sensor, instance, resources, cursor=None):
+    return sensor(dg.build_sensor_context(instance=instance, resources=resources, cursor=cursor))
+
+
+def test_sensor_adds_finished_runs_and_requests_them_in_ranges(dagster_spec, dagster_plant, instance, resources, monkeypatch):
+    monkeypatch.setenv("AML_BACKFILL_CHUNK_RUNS", "2")
     sensor = new_run_sensor(dagster_spec)
     assert sensor.name == f"{dagster_spec.id}__new_runs"
     finished = finished_runs(dagster_plant)
     unfinished = [r.run_id for r in dagster_plant.runs if r.ended_at is None]
-    assert unfinished, "the plant should have a run in progress"
+    assert unfinished and len(finished) >= 4, "the plant should have runs in progress and several finished"
 
-    ctx = dg.build_sensor_context(instance=instance, resources=resources)
-    result = sensor(ctx)
+    result = _tick(sensor, instance, resources)
     assert isinstance(result, dg.SensorResult)
     [add] = result.dynamic_partitions_requests
     assert add.partitions_def_name == run_partitions(dagster_spec.id).name
     assert sorted(add.partition_keys) == sorted(finished)
-    assert sorted(r.partition_key for r in result.run_requests) == sorted(finished)
-    assert not set(unfinished) & {r.partition_key for r in result.run_requests}
+    # Contiguous ranges of at most 2 runs (AML_BACKFILL_CHUNK_RUNS), each a Dagster run over the
+    # three run stages; no run in progress; every finished run exactly once.
+    ranges = [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in result.run_requests]
+    covered = []
+    for lo, hi in ranges:
+        i, j = finished.index(lo), finished.index(hi)
+        assert 0 <= j - i <= 1
+        covered += finished[i : j + 1]
+    assert covered == finished and len(result.run_requests) == -(-len(finished) // 2)
+    assert all(set(r.asset_selection) == set(keys(dagster_spec, RUN_ASSETS)) for r in result.run_requests)
 
-    # A repeated tick (e.g. after a crash before the runs launched) asks again with the same
-    # run keys, which Dagster launches only once; partitions are not added twice.
+    # A repeated tick (e.g. after a crash before the runs launched) asks again with the same run
+    # keys, which Dagster launches only once; partitions are not added twice.
     instance.add_dynamic_partitions(add.partitions_def_name, list(add.partition_keys))
-    again = sensor(dg.build_sensor_context(instance=instance, resources=resources))
+    again = _tick(sensor, instance, resources)
     assert {r.run_key for r in again.run_requests} == {r.run_key for r in result.run_requests}
     assert again.dynamic_partitions_requests == []
 
-    # Once runs are materialised, only the rest are requested; with none left the tick skips.
-    materialize(dagster_spec, instance, resources, RUN_ASSETS,
-                tags={RANGE_START_TAG: finished[0], RANGE_END_TAG: finished[1]})
-    rest = sensor(dg.build_sensor_context(instance=instance, resources=resources))
-    assert sorted(r.partition_key for r in rest.run_requests) == sorted(finished[2:])
-    materialize(dagster_spec, instance, resources, RUN_ASSETS,
-                tags={RANGE_START_TAG: finished[2], RANGE_END_TAG: finished[-1]})
-    assert isinstance(sensor(dg.build_sensor_context(instance=instance, resources=resources)), dg.SkipReason)
+    # Once runs are built, only the rest are requested; with none left the tick skips.
+    materialize(dagster_spec, instance, resources, RUN_ASSETS, tags={RANGE_START_TAG: finished[0], RANGE_END_TAG: finished[1]})
+    rest = _tick(sensor, instance, resources)
+    assert sorted(r for q in rest.run_requests for r in finished[finished.index(q.tags[RANGE_START_TAG]) : finished.index(q.tags[RANGE_END_TAG]) + 1]) == sorted(finished[2:])
+    materialize(dagster_spec, instance, resources, RUN_ASSETS, tags={RANGE_START_TAG: finished[2], RANGE_END_TAG: finished[-1]})
+    assert isinstance(_tick(sensor, instance, resources), dg.SkipReason)
+
+    # A spec edit that changes the cleaning re-requests every run, from the cleaning stage on.
+    j = dagster_spec.to_json_dict()
+    edited = parse_spec({**j, "cleaning": {**j["cleaning"], "hampelSigma": 4.0}})
+    redo = _tick(new_run_sensor(edited), instance, resources)
+    assert all(set(r.asset_selection) == set(keys(edited, ["cleaned_grid", "run_windows"])) for r in redo.run_requests)
+
+
+def test_sensor_retries_a_failed_build_a_bounded_number_of_times(dagster_spec, dagster_plant, instance, resources):
+    sensor = new_run_sensor(dagster_spec)
+    first = _tick(sensor, instance, resources)
+    instance.add_dynamic_partitions(run_partitions(dagster_spec.id).name, list(first.dynamic_partitions_requests[0].partition_keys))
+    cursor, keys_seen = first.cursor, {r.run_key for r in first.run_requests}
+    # Nothing got built (as if every launched run failed): each tick retries with a new run key ...
+    for attempt in range(2, 4):
+        retry = _tick(sensor, instance, resources, cursor)
+        assert retry.run_requests and all(r.run_key.endswith(f"#{attempt}") for r in retry.run_requests)
+        assert not keys_seen & {r.run_key for r in retry.run_requests}
+        keys_seen |= {r.run_key for r in retry.run_requests}
+        cursor = retry.cursor
+    # ... until MAX_ATTEMPTS, then the runs are reported, not requested again.
+    skip = _tick(sensor, instance, resources, cursor)
+    assert isinstance(skip, dg.SkipReason) and "gave up after 3 failed attempts" in skip.skip_message
+    assert finished_runs(dagster_plant)[0] in skip.skip_message
 
 
 def test_schedule_rebuilds_the_dataset_assets(dagster_spec, resources):
@@ -179,7 +234,9 @@ def test_schedule_rebuilds_the_dataset_assets(dagster_spec, resources):
     job = defs.resolve_job_def(f"{dagster_spec.id}__rebuild")
     assert set(job.asset_layer.executable_asset_keys) == set(keys(dagster_spec, DATASET_ASSETS))
     custom = dataset_definitions(parse_spec({**dagster_spec.to_json_dict(), "schedule": "0 3 * * *"}))
-    assert [s.cron_schedule for s in custom.schedules] == ["0 3 * * *"]
+    assert {s.name: s.cron_schedule for s in custom.schedules}[f"{dagster_spec.id}__rebuild_schedule"] == "0 3 * * *"
+    verify = {s.name: s for s in defs.schedules}[f"{dagster_spec.id}__verify_schedule"]
+    assert verify.default_status == dg.DefaultScheduleStatus.STOPPED
 
 
 def test_a_broken_spec_does_not_take_the_others_down(dagster_spec, tmp_path, monkeypatch, caplog):
@@ -194,3 +251,31 @@ def test_a_broken_spec_does_not_take_the_others_down(dagster_spec, tmp_path, mon
     assert f"{dagster_spec.id}/dataset_manifest" in asset_keys
     assert not any(k.startswith("broken/") for k in asset_keys)
     assert "broken.yaml" in caplog.text and "historySteps" in caplog.text
+
+
+def test_verify_job_rechecks_the_published_snapshot(dagster_spec, instance, resources):
+    summary = materialize_dataset(
+        dagster_spec, tsdb_url=resources["tsdb"].url, home=Path(resources["store"].home), instance=instance
+    )
+    all_resources = {**resources, **default_shared_env_resources()}
+    defs = dg.Definitions.merge(dataset_definitions(dagster_spec), dg.Definitions(resources=all_resources))
+    verify = defs.resolve_job_def(f"{dagster_spec.id}__verify")
+    manifest_key = dg.AssetKey([dagster_spec.id, "dataset_manifest"])
+    materialisations = len(instance.fetch_materializations(manifest_key, limit=100).records)
+
+    ok = verify.execute_in_process(instance=instance)
+    assert {e.check_name: e.passed for e in ok.get_asset_check_evaluations()} == dict.fromkeys(MANIFEST_CHECKS, True)
+    # Only the checks ran: the snapshot was not rebuilt.
+    assert len(instance.fetch_materializations(manifest_key, limit=100).records) == materialisations
+
+    # Tampering after publication shows as a failed blocking check naming the file.
+    x = Path(summary["snapshotDir"]) / "arrays" / "x.f32"
+    os.chmod(x, 0o644)
+    data = bytearray(x.read_bytes())
+    data[100] ^= 1
+    x.write_bytes(bytes(data))
+    bad = verify.execute_in_process(instance=instance, raise_on_error=False)
+    checks = {e.check_name: e for e in bad.get_asset_check_evaluations()}
+    assert not checks["hash_verifies"].passed and "arrays/x.f32" in checks["hash_verifies"].description
+    record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(manifest_key, "hash_verifies"))
+    assert record is not None and record.evaluation is not None and not record.evaluation.passed
