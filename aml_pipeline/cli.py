@@ -22,7 +22,7 @@ from aml_pipeline.progress import progress_bars
 def _progress(total: int, desc: str, unit: str = "it"):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False, disable=None)
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:

@@ -40,7 +40,10 @@ def progress_bars(stream=None) -> Iterator[None]:
     def on_progress(stage: str, done: int, total: int, item: str) -> None:
         bar = bars.get(stage)
         if bar is None:
-            bar = bars[stage] = tqdm(total=total, desc=stage, unit="run", file=stream or sys.stderr, leave=True)
+            bar = bars[stage] = tqdm(
+                total=total, desc=stage, unit="run", file=stream or sys.stderr, leave=True,
+                disable=None,  # no bars when stderr is not a terminal (scripts, CI, logs)
+            )
         bar.total = total
         bar.update(done - bar.n)
         if item:

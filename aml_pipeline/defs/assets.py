@@ -10,6 +10,7 @@ through an IO manager), so downstream steps stream runs from disk.
 """
 
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,7 @@ def run_stage_assets(spec: DatasetSpec) -> dg.AssetsDefinition:
     )
     def run_stages(context: dg.AssetExecutionContext, tsdb: TsdbResource, store: StoreResource):
         selected = [n for n in RUN_ASSETS if key(n) in context.selected_asset_keys]
-        with store.dataset_store(spec.id).in_use():
+        with failing_as_one_line(), store.dataset_store(spec.id).in_use():
             yield from RunStages(spec, context, tsdb, store, selected).execute()
 
     return run_stages
@@ -269,6 +270,15 @@ class RunStages:
         ]
 
 
+@contextmanager
+def failing_as_one_line() -> Iterator[None]:
+    """A user error (bad input, a full disk) fails the step with its one line as the description."""
+    try:
+        yield
+    except AmlError as e:
+        raise dg.Failure(description=e.one_line(), metadata={"code": e.code}) from e
+
+
 def _worst(missing: Mapping[str, float]) -> str:
     node, ratio = max(missing.items(), key=lambda kv: kv[1])
     return f"{node} ({ratio:.1%})"
@@ -331,7 +341,7 @@ def dataset_stage_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     def dataset_split(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         ds = store.dataset_store(spec.id)
         run_ids = context.instance.get_dynamic_partitions(runs_def.name)
-        with ds.in_use():
+        with failing_as_one_line(), ds.in_use():
             plan = plan_dataset(spec, run_ids, ds)
             path = save_plan(spec, plan, ds)
         split = plan.split
@@ -364,7 +374,7 @@ def dataset_stage_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     )
     def normalization_stats(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         ds = store.dataset_store(spec.id)
-        with ds.in_use():
+        with failing_as_one_line(), ds.in_use():
             plan = load_plan(spec, ds)
             norm, reused = fit_or_reuse_normalization(spec, plan, ds)
         stats = norm.to_json(spec)
@@ -418,7 +428,7 @@ def dataset_stage_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         ds = store.dataset_store(spec.id)
         with tsdb.open() as db:
             watermark = db.availability_watermark()
-        with ds.in_use():
+        with failing_as_one_line(), ds.in_use():
             plan = load_plan(spec, ds)
             norm = load_norm(spec, ds, plan)
             published = publish_dataset(spec, plan, norm, ds, store.datasets_root, availability_watermark=watermark)

@@ -1,0 +1,90 @@
+"""A full disk is an ordinary error: one line, nothing partial, the previous snapshot intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from aml_pipeline.core.hashing import verify_snapshot
+from aml_pipeline.defs.inprocess import materialize_dataset
+from aml_pipeline.errors import DiskFullError
+from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline.pipeline.publish import Catalog, current_snapshot
+from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline_tests.small_fs import small_filesystem
+
+
+def _visible(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+
+@pytest.fixture
+def snapshot_kb(make_spec, plant_url, tmp_path) -> int:
+    with open_tsdb(plant_url) as db:
+        p = build_dataset(make_spec(extras=True), db, store_root=tmp_path / "probe-store", datasets_root=tmp_path / "probe")
+    return sum(f.stat().st_size for f in p.snapshot_dir.rglob("*") if f.is_file()) // 1024
+
+
+def test_a_full_snapshot_root_fails_in_one_line_and_keeps_the_previous_snapshot(make_spec, plant_url, tmp_path, snapshot_kb):
+    spec = make_spec(extras=True)
+    with small_filesystem(tmp_path / "small", int(snapshot_kb * 1.6)) as root:
+        with open_tsdb(plant_url) as db:
+            first = build_dataset(spec, db, store_root=tmp_path / "store", datasets_root=root)
+            before = _visible(root / spec.id)
+            # A split edit rewrites every array: there is room for one snapshot, not two.
+            edited = make_spec(extras=True, split={"method": "hashed", "train": 0.6, "val": 0.2, "test": 0.2, "seed": 1})
+            with pytest.raises(DiskFullError) as err:
+                build_dataset(edited, db, store_root=tmp_path / "store", datasets_root=root)
+        line = err.value.one_line()
+        assert line.startswith("DISK_FULL: ") and str(root / spec.id) in line and "MB" in line and "\n" not in line
+        assert _visible(root / spec.id) == before  # no staging directory left behind
+        assert current_snapshot(root, spec.id) == first.snapshot_dir and verify_snapshot(first.snapshot_dir).ok
+        assert [e.sha256 for e in Catalog(root).entries(spec.id)] == [first.sha256]
+
+
+def test_a_full_disk_in_the_cli_and_in_dagster(make_spec, plant, plant_url, tmp_path, snapshot_kb):
+    spec = make_spec(extras=True)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec.to_json_dict()))
+    with small_filesystem(tmp_path / "small", max(64, snapshot_kb // 3)) as root:
+        cli = subprocess.run(
+            [sys.executable, "-m", "aml_pipeline.cli", "build", str(spec_file), "--tsdb", plant_url,
+             "--out", str(root), "--home", str(tmp_path / "home"), "--ephemeral"],
+            capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
+        )
+        assert cli.returncode == 2
+        assert cli.stderr.strip().startswith("DISK_FULL: ") and len(cli.stderr.strip().splitlines()) == 1, cli.stderr
+        assert "Traceback" not in cli.stderr and str(root) in cli.stderr
+        assert not [n for n in _visible(root / spec.id) if not n.startswith(".lock")]
+
+        # In Dagster the step fails with that line as its failure description.
+        with dg.DagsterInstance.ephemeral() as instance:
+            with pytest.raises(DiskFullError):
+                materialize_dataset(spec, tsdb_url=plant_url, home=tmp_path / "home", datasets_dir=root, instance=instance)
+            failures = [
+                r.event_log_entry.dagster_event.step_failure_data
+                for r in instance.get_event_records(dg.EventRecordsFilter(dg.DagsterEventType.STEP_FAILURE))
+            ]
+            assert failures and failures[-1].user_failure_data.description.startswith("DISK_FULL: ")
+            assert "\n" not in failures[-1].user_failure_data.description
+
+
+def test_a_full_artifact_store_fails_in_one_line(make_spec, plant_url, tmp_path):
+    spec = make_spec()
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec.to_json_dict()))
+    with small_filesystem(tmp_path / "home", 256) as home:
+        cli = subprocess.run(
+            [sys.executable, "-m", "aml_pipeline.cli", "build", str(spec_file), "--tsdb", plant_url,
+             "--out", str(tmp_path / "datasets"), "--home", str(home), "--ephemeral"],
+            capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
+        )
+    assert cli.returncode == 2, cli.stderr
+    assert cli.stderr.strip().startswith("DISK_FULL: ") and str(home) in cli.stderr
+    assert "Traceback" not in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
