@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         e.add_argument("--json", action="store_true", help="print JSON")
     env_status, env_rebuild = env_sub.choices["status"], env_sub.choices["rebuild"]
     env_status.set_defaults(func=cmd_env_status)
-    env_rebuild.add_argument("--wait-s", type=float, default=0.0, help="wait this long for the lease (default 0: refuse at once)")
+    env_rebuild.add_argument("--wait-s", type=float, default=0.0, help="wait this long for the lease, refusing new readers meanwhile (default 0: refuse at once)")
     env_rebuild.add_argument("--requirements", help="pinned requirements (default: requirements/shared-env.txt)")
     env_rebuild.add_argument(
         "--installer", choices=("auto", "uv", "pip", "copy"), default="auto",

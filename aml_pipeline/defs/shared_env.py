@@ -7,7 +7,9 @@
 * asset ``shared_env`` and job ``rebuild_shared_env``: take the EXCLUSIVE lease and rebuild the
   environment (built next to the current one, swapped in with an atomic rename; see
   :mod:`aml_pipeline.envs.venv`). Reports interpreter, Python version and the installed
-  packages. Fails with ``ENV_BUSY`` (naming the holders) while readers hold leases. Runs in pool
+  packages. Fails with ``ENV_BUSY`` (naming the holders) while readers hold leases; with
+  ``rebuild_wait_s`` it waits that long, and meanwhile no new read lease is granted, so readers
+  coming and going cannot starve it. Runs in pool
   ``aml_shared_env`` (``dagster.yaml``: one step at a time), so two rebuilds queue in Dagster
   instead of racing for the lock.
 * resource ``pipes_subprocess_client``: how consumers (``baseline_model``) run code in it.
@@ -64,9 +66,14 @@ class SharedEnvResource(dg.ConfigurableResource):
     check_imports: list[str] = Field(
         default=list(DEFAULT_CHECK_IMPORTS), description="Modules that must import in a new build before it is swapped in."
     )
-    rebuild_wait_s: float = Field(default=0.0, description="How long a rebuild waits for the exclusive lease (0: ENV_BUSY at once).")
+    rebuild_wait_s: float = Field(
+        default=0.0,
+        description="How long a rebuild waits for the exclusive lease (0: ENV_BUSY at once); while it waits, "
+        "no new read lease is granted, so readers already holding finish and it gets the lock.",
+    )
     read_wait_s: float = Field(
-        default=0.0, description="How long a consumer waits for a read lease while a rebuild holds the lock (0: ENV_BUSY at once)."
+        default=0.0,
+        description="How long a consumer waits for a read lease while a rebuild holds or waits for the lock (0: ENV_BUSY at once).",
     )
 
     def settings(self) -> EnvSettings:
@@ -101,6 +108,7 @@ def busy_failure(e: EnvBusy, what: str) -> dg.Failure:
         metadata["readers"] = status.readers
         metadata["holders"] = ", ".join(status.holders) or "-"
         metadata["exclusive"] = status.exclusive.describe() if status.exclusive else "-"
+        metadata["waiting_rebuild"] = status.waiting.describe() if status.waiting else "-"
     return dg.Failure(description=f"{what}: {e.one_line()}", metadata=metadata)
 
 

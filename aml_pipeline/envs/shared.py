@@ -2,11 +2,13 @@
 the ``rebuild_shared_env`` job and ``aml-pipeline env status|rebuild``.
 
 * :func:`rebuild_shared_env` - take the exclusive lease (``ENV_BUSY`` at once, or after
-  ``wait_s``, while readers hold leases) and build + swap in a fresh environment;
+  ``wait_s``, while readers hold leases) and build + swap in a fresh environment; while it
+  waits, new read leases are refused, so a stream of readers cannot starve it;
 * :func:`use_shared_env` - hold a read lease and get the current environment's interpreter
-  (``ENV_BUSY`` while a rebuild holds the exclusive lock; ``ENV_MISSING`` if nothing is built);
-* :func:`shared_env_status` / :func:`format_status` - who holds the lease, and what the
-  environment is.
+  (``ENV_BUSY`` while a rebuild holds or waits for the exclusive lock; ``ENV_MISSING`` if
+  nothing is built);
+* :func:`shared_env_status` / :func:`format_status` - who holds the lease, which rebuild waits
+  for it, and what the environment is.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def rebuild_shared_env(
     """Rebuild the shared environment while holding its exclusive lease.
 
     Raises :class:`aml_pipeline.lease.EnvBusy` (``ENV_BUSY``, naming the holders) if the lease
-    cannot be taken within ``wait_s`` seconds (0: refuse at once).
+    cannot be taken within ``wait_s`` seconds (0: refuse at once). While it waits, new read
+    leases are refused (readers already holding finish), so it gets the lock once they are done.
     """
     check_layout(settings)
     lease = settings.open_lease()
@@ -78,7 +81,7 @@ def use_shared_env(settings: EnvSettings, *, holder: str, wait_s: float = 0.0) -
 
 
 def shared_env_status(settings: EnvSettings, *, probe: bool = True) -> dict[str, Any]:
-    """Lease status (readers, holders, exclusive owner) and the environment (if it exists)."""
+    """Lease status (readers, holders, exclusive owner, waiting rebuild) and the environment."""
     lease = settings.open_lease()
     status = lease.status()
     return {
@@ -95,11 +98,14 @@ def format_status(status: dict[str, Any]) -> str:
 
     def who(h: dict[str, Any]) -> str:
         bits = [f"pid {h['pid']}" if h.get("pid") is not None else "", f"host {h['host']}" if h.get("host") else "",
-                f"since {h.get('since_iso') or iso_utc(h.get('since'))}" if h.get("since") is not None else ""]
+                f"since {h.get('since_iso') or iso_utc(h.get('since'))}" if h.get("since") is not None else "",
+                f"until {h.get('deadline_iso') or iso_utc(h.get('deadline'))}" if h.get("deadline") is not None else ""]
         return f"{h['holder']} ({', '.join(b for b in bits if b)})"
 
     lines = [f"lease      {lease['location']} [{lease['name']}] ({lease['backend']})"]
     lines.append(f"exclusive  {who(lease['exclusive']) if lease['exclusive'] else 'none'}")
+    waiting = lease.get("waiting")
+    lines.append(f"waiting    {who(waiting) + ': no new read lease meanwhile' if waiting else 'none'}")
     lines.append(f"readers    {lease['readers']}")
     for r in lease["reader_leases"]:
         lines.append(f"  - {who(r)}")

@@ -7,14 +7,15 @@
 
 Either way a killed holder's lease disappears with its process (kernel / server side), no
 request ever blocks forever, and a refused one raises :class:`EnvBusy` (``ENV_BUSY``) naming
-who holds the environment::
+who holds the environment. An exclusive request with ``wait_s > 0`` refuses new read leases
+while it waits, so that readers coming and going cannot starve it::
 
     lease = open_lease(config.env_location())
     with lease.read("train_a"):
         ...                                  # run code in the environment
     with lease.exclusive("rebuild_shared_env", wait_s=30):
         ...                                  # rebuild it
-    lease.status().to_dict()
+    lease.status().to_dict()                 # readers, exclusive owner, waiting rebuild
 """
 
 from __future__ import annotations

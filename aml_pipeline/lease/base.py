@@ -7,6 +7,14 @@ until a deadline, so no call can block forever. The lock itself is always someth
 or the database server drops when its holder dies (``flock`` on an open file, a PostgreSQL
 session-level advisory lock), never the existence of a file, so a killed holder leaves nothing
 that needs manual cleanup.
+
+Locks do not queue, so a stream of overlapping readers would starve a rebuild forever. A second
+lock, the *gate*, prevents that: an exclusive request that waits (``wait_s > 0``) holds the gate
+exclusively for as long as it waits, and every other request passes through the gate (holds it
+shared only while it tries the main lock). While a rebuild waits, new read leases are refused
+with ``ENV_BUSY`` naming it and its deadline; readers already holding keep their lease and the
+rebuild gets the lock as soon as they are done. The gate is dropped when the rebuild gets the
+lock, gives up at its deadline or dies, the last by the kernel or server like any other lock.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -41,6 +49,10 @@ _MAX_NAMES_IN_MESSAGE = 10
 
 _FIRST_DELAY_S = 0.01
 _MAX_DELAY_S = 0.2
+# A request passing through the gate holds it for one lock attempt (microseconds): a waiting
+# exclusive request that finds the gate taken retries this often at once before backing off.
+_GATE_TRIES = 5
+_GATE_PAUSE_S = 0.001
 
 
 class EnvBusy(AmlError):
@@ -99,6 +111,7 @@ class HolderInfo:
     host: str | None = None
     since: float | None = None  # epoch seconds
     backend_pid: int | None = None  # PostgreSQL backend serving the lease session, if any
+    deadline: float | None = None  # epoch seconds: when a waiting exclusive request gives up
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +122,8 @@ class HolderInfo:
             "since": self.since,
             "since_iso": iso_utc(self.since),
             "backend_pid": self.backend_pid,
+            "deadline": self.deadline,
+            "deadline_iso": iso_utc(self.deadline),
         }
 
     def describe(self) -> str:
@@ -119,18 +134,24 @@ class HolderInfo:
             where.append(f"on host {self.host}")
         if self.since is not None:
             where.append(f"since {iso_utc(self.since)}")
+        if self.deadline is not None:
+            where.append(f"until {iso_utc(self.deadline)}")
         return f"{self.holder} ({' '.join(where)})" if where else self.holder
 
 
 @dataclass(frozen=True)
 class LeaseStatus:
-    """Who holds the environment right now. Dead holders are never listed."""
+    """Who holds the environment right now, and which rebuild waits for it. Dead processes are
+    never listed."""
 
     location: str  # the directory, or the database URL without its password
     name: str
     backend: str  # "file" | "postgres"
     reader_leases: tuple[HolderInfo, ...] = ()
     exclusive: HolderInfo | None = None
+    # The exclusive request waiting for the lock (it holds the gate): no new read lease until it
+    # has the lock, gives up at ``waiting.deadline`` or dies.
+    waiting: HolderInfo | None = None
 
     @property
     def readers(self) -> int:
@@ -143,22 +164,28 @@ class LeaseStatus:
 
     @property
     def idle(self) -> bool:
-        return self.exclusive is None and not self.reader_leases
+        return self.exclusive is None and not self.reader_leases and self.waiting is None
 
     def describe(self) -> str:
-        """One phrase naming who holds the environment (used in ENV_BUSY messages)."""
+        """One phrase naming who holds or waits for the environment (used in ENV_BUSY messages)."""
+        parts = []
         if self.exclusive is not None:
-            return f"exclusive lock held by {self.exclusive.describe()}"
+            parts.append(f"exclusive lock held by {self.exclusive.describe()}")
+        if self.waiting is not None:
+            parts.append(
+                f"a rebuild is waiting for the exclusive lock: {self.waiting.describe()}; no new "
+                "read lease until it has the lock or gives up"
+            )
         n = self.readers
-        if n == 0:
+        if n:
+            names = self.holders
+            shown = ", ".join(names[:_MAX_NAMES_IN_MESSAGE])
+            if n > _MAX_NAMES_IN_MESSAGE:
+                shown += f", and {n - _MAX_NAMES_IN_MESSAGE} more"
+            parts.append(f"1 reader holds a lease: {shown}" if n == 1 else f"{n} readers hold leases: {shown}")
+        if not parts:
             return "no holder is registered (a holder may have just acquired or released)"
-        names = self.holders
-        shown = ", ".join(names[:_MAX_NAMES_IN_MESSAGE])
-        if n > _MAX_NAMES_IN_MESSAGE:
-            shown += f", and {n - _MAX_NAMES_IN_MESSAGE} more"
-        if n == 1:
-            return f"1 reader holds a lease: {shown}"
-        return f"{n} readers hold leases: {shown}"
+        return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -169,12 +196,14 @@ class LeaseStatus:
             "holders": self.holders,
             "reader_leases": [r.to_dict() for r in self.reader_leases],
             "exclusive": self.exclusive.to_dict() if self.exclusive else None,
+            "waiting": self.waiting.to_dict() if self.waiting else None,
         }
 
 
-# Live handles of this process, so a forked child can let go of its inherited copies (a child
-# that outlived a killed parent would otherwise keep the parent's lock alive).
-_LIVE_HANDLES: weakref.WeakSet[LeaseHandle] = weakref.WeakSet()
+# Live handles and requests in progress of this process, so a forked child can let go of its
+# inherited copies (a child that outlived a killed parent would otherwise keep the parent's lock,
+# or a waiting rebuild's gate, alive).
+_LIVE_HANDLES: weakref.WeakSet[LeaseHandle | _Attempt] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -247,7 +276,21 @@ class LeaseHandle(ABC):
 
 
 class _Attempt(ABC):
-    """One request in progress: tried repeatedly until it succeeds or the deadline passes."""
+    """One request in progress: tried repeatedly until it succeeds or the deadline passes.
+
+    An exclusive request with a wait (``waits``) takes the gate before the lock and keeps it
+    while it waits; every other request only passes through the gate (see the module docstring).
+    """
+
+    def __init__(self, mode: str, holder: str, wait: float) -> None:
+        self.mode = mode
+        self.holder = holder
+        self.waits = mode == "exclusive" and wait > 0
+        self.since = time.time()
+        self.deadline = self.since + wait
+        # Why the last try failed: "gate" (a rebuild is waiting) or "lock" (held).
+        self.refused_by: str | None = None
+        _LIVE_HANDLES.add(self)
 
     @abstractmethod
     def try_acquire(self) -> LeaseHandle | None: ...
@@ -256,7 +299,26 @@ class _Attempt(ABC):
     def busy_status(self) -> LeaseStatus: ...
 
     @abstractmethod
-    def abandon(self) -> None: ...
+    def withdraw(self) -> None:
+        """Stop waiting: drop the gate (if held) so that readers are admitted again."""
+
+    @abstractmethod
+    def abandon(self) -> None:
+        """Withdraw and close what the request opened (a no-op for what a handle now owns)."""
+
+    @abstractmethod
+    def _drop_inherited(self) -> None:
+        """In a forked child: close this process's copies without touching the parent's."""
+
+
+def retry_briefly(try_once: Callable[[], bool]) -> bool:
+    """``try_once()`` a few times a millisecond apart: for a gate held only by passers-by."""
+    for i in range(_GATE_TRIES):
+        if try_once():
+            return True
+        if i + 1 < _GATE_TRIES:
+            time.sleep(_GATE_PAUSE_S)
+    return False
 
 
 def check_holder(holder: str) -> str:
@@ -323,14 +385,16 @@ class EnvLease(ABC):
         """Take a lease and return its handle (release it yourself), or raise :class:`EnvBusy`.
 
         With ``wait_s == 0`` a refused request raises at once; with ``wait_s > 0`` it is retried
-        with short sleeps until ``wait_s`` seconds have passed.
+        with short sleeps until ``wait_s`` seconds have passed. An exclusive request with
+        ``wait_s > 0`` also stops new read leases from being granted while it waits, so that
+        readers coming and going cannot starve it.
         """
         if mode not in MODES:
             raise LeaseError(f"lease mode {mode!r} must be one of {MODES}")
         holder = check_holder(holder)
         wait = _check_wait(wait_s)
         deadline = time.monotonic() + wait
-        attempt = self._begin(mode, holder)
+        attempt = self._begin(mode, holder, wait)
         try:
             delay = _FIRST_DELAY_S
             while True:
@@ -342,6 +406,8 @@ class EnvLease(ABC):
                     break
                 time.sleep(min(remaining, delay * random.uniform(0.5, 1.0)))
                 delay = min(delay * 1.6, _MAX_DELAY_S)
+            # Readers are admitted again from here on; the status names others, not this request.
+            attempt.withdraw()
             status = attempt.busy_status()
         finally:
             # On success the handle owns what the attempt opened; abandon() is then a no-op.
@@ -354,7 +420,7 @@ class EnvLease(ABC):
     # -- backend hooks ------------------------------------------------------------------------
 
     @abstractmethod
-    def _begin(self, mode: str, holder: str) -> _Attempt: ...
+    def _begin(self, mode: str, holder: str, wait: float) -> _Attempt: ...
 
     def _busy(self, mode: str, holder: str, wait: float, status: LeaseStatus) -> EnvBusy:
         what = "the read lease" if mode == "read" else "the exclusive lock"
@@ -362,7 +428,7 @@ class EnvLease(ABC):
         if wait > 0:
             msg += f" (waited {wait:g}s)"
         me, here = os.getpid(), {hostname(), short_host(hostname())}
-        held = list(status.reader_leases) + ([status.exclusive] if status.exclusive else [])
+        held = list(status.reader_leases) + [h for h in (status.exclusive, status.waiting) if h]
         if any(h.pid == me and h.host in here for h in held):
             msg += f"; note: this process (pid {me}) is one of these holders"
         return EnvBusy(msg, mode=mode, holder=holder, location=self.location, status=status)

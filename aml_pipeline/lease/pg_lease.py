@@ -8,11 +8,18 @@ vanished *host*, once TCP keepalive gives up: the lease session sets
 ``tcp_keepalives_idle/interval/count`` = 10/5/3 s, and turns ``idle_session_timeout`` off so an
 idle holder is not disconnected behind its back).
 
+The gate (see :mod:`aml_pipeline.lease.base`) is a second advisory key, that of ``NAME:pending``
+(no lease name contains ``:``). A waiting rebuild holds it with ``pg_try_advisory_lock`` in its
+request session; every other request runs one statement that takes it shared, tries the lock
+and lets go of it again (``CASE`` evaluates its branches in order and only as needed).
+
 Holders are told apart by ``application_name`` = ``aml-lease:<r|x>:<pid>@<host>:<holder>``
-(PostgreSQL keeps 63 ASCII bytes of it, so long holder names are shortened with ``...``).
-``status`` reads them from ``pg_locks`` joined with ``pg_stat_activity``: only sessions that
-hold the lock right now, so a dead holder never shows. Its ``since`` is the session's
-``state_change`` (when the acquiring query finished; the lease session runs nothing after it).
+(PostgreSQL keeps 63 ASCII bytes of it, so long holder names are shortened with ``...``); a
+waiting rebuild's mode field carries its wait in seconds (``x30``). ``status`` reads them from
+``pg_locks`` joined with ``pg_stat_activity``: only sessions that hold a lock right now, so a
+dead holder never shows. A holder's ``since`` is the session's ``state_change`` (when the
+acquiring query finished; the lease session runs nothing after it); a waiting rebuild's is the
+session's ``backend_start`` and its deadline that plus its wait.
 
 The URL's password (if any) is used to connect and never shown: messages and ``location`` carry
 the URL without it. Passwords may also come from ``PGPASSWORD`` / ``~/.pgpass`` as libpq reads
@@ -38,6 +45,7 @@ from aml_pipeline.lease.base import (
     LeaseStatus,
     _Attempt,
     hostname,
+    retry_briefly,
     short_host,
 )
 
@@ -45,10 +53,24 @@ APP_PREFIX = "aml-lease:"
 _APP_MAX_BYTES = 63  # NAMEDATALEN - 1
 _MODE_LETTER = {"read": "r", "exclusive": "x"}
 
-_SQL_TRY = {
-    "read": "SELECT pg_try_advisory_lock_shared(%s::bigint)",
-    "exclusive": "SELECT pg_try_advisory_lock(%s::bigint)",
+_SQL_TRY_LOCK = {"read": "pg_try_advisory_lock_shared", "exclusive": "pg_try_advisory_lock"}
+# Through the gate: 'gate' (a rebuild waits), 'granted' or 'busy'; the gate is not kept.
+_SQL_PASS = {
+    mode: f"""
+SELECT CASE
+  WHEN NOT pg_try_advisory_lock_shared(%(gate)s::bigint) THEN 'gate'
+  WHEN {function}(%(key)s::bigint)
+    THEN CASE WHEN pg_advisory_unlock_shared(%(gate)s::bigint) THEN 'granted' ELSE 'granted' END
+  ELSE CASE WHEN pg_advisory_unlock_shared(%(gate)s::bigint) THEN 'busy' ELSE 'busy' END
+END"""
+    for mode, function in _SQL_TRY_LOCK.items()
 }
+_SQL_TAKE_GATE = "SELECT pg_try_advisory_lock(%(gate)s::bigint)"
+# Holding the gate: NULL while the lock is refused; once granted, the gate goes in the same step.
+_SQL_TRY_HOLDING_GATE = """
+SELECT CASE WHEN pg_try_advisory_lock(%(key)s::bigint)
+            THEN pg_advisory_unlock(%(gate)s::bigint) END"""
+_SQL_DROP_GATE = "SELECT pg_advisory_unlock(%(gate)s::bigint)"
 _SQL_UNLOCK = {
     "read": "SELECT pg_advisory_unlock_shared(%s::bigint)",
     "exclusive": "SELECT pg_advisory_unlock(%s::bigint)",
@@ -60,22 +82,26 @@ _SQL_SESSION_SETUP = (
 )
 _SQL_NO_IDLE_TIMEOUT = "SELECT set_config('idle_session_timeout', '0', false)"  # PostgreSQL >= 14
 # A bigint advisory key shows in pg_locks as classid = high 32 bits, objid = low 32 bits,
-# objsubid = 1, in the database of the session that took it.
+# objsubid = 1, in the database of the session that took it. The gate is listed only when held
+# exclusively (by a waiting rebuild); requests passing through hold it shared for an instant.
 _SQL_HOLDERS = """
-SELECT l.mode,
+SELECT l.classid::int8 = %(gate_hi)s AND l.objid::int8 = %(gate_lo)s AS is_gate,
+       l.mode,
        a.pid,
        a.application_name,
        extract(epoch FROM coalesce(a.state_change, a.backend_start))::float8,
+       extract(epoch FROM a.backend_start)::float8,
        host(a.client_addr)
   FROM pg_locks l
   JOIN pg_stat_activity a ON a.pid = l.pid
  WHERE l.locktype = 'advisory'
    AND l.granted
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND l.classid::int8 = %s
-   AND l.objid::int8 = %s
    AND l.objsubid = 1
- ORDER BY 4, a.pid
+   AND ((l.classid::int8 = %(key_hi)s AND l.objid::int8 = %(key_lo)s)
+        OR (l.classid::int8 = %(gate_hi)s AND l.objid::int8 = %(gate_lo)s
+            AND l.mode = 'ExclusiveLock'))
+ ORDER BY 5, a.pid
 """
 
 
@@ -103,8 +129,11 @@ def _ascii(text: str) -> str:
     return "".join(c if 32 <= ord(c) < 127 else "?" for c in text)
 
 
-def application_name(mode: str, holder: str, pid: int, host: str) -> str:
-    head = f"{APP_PREFIX}{_MODE_LETTER[mode]}:{pid}@{short_host(host)}:"
+def application_name(
+    mode: str, holder: str, pid: int, host: str, wait: float | None = None
+) -> str:
+    """``aml-lease:<r|x>[wait]:<pid>@<host>:<holder>``, at most 63 ASCII bytes."""
+    head = f"{APP_PREFIX}{_MODE_LETTER[mode]}{f'{wait:g}' if wait else ''}:{pid}@{short_host(host)}:"
     name = _ascii(holder)
     room = _APP_MAX_BYTES - len(head)
     if len(name) > room:
@@ -126,6 +155,17 @@ def parse_application_name(app: str | None) -> tuple[str, int | None, str | None
     except ValueError:
         pid = None
     return holder, pid, host or None
+
+
+def application_wait(app: str | None) -> float | None:
+    """The wait in seconds a waiting rebuild put in its application_name (None if absent)."""
+    if not app or not app.startswith(APP_PREFIX):
+        return None
+    mode = app[len(APP_PREFIX) :].split(":", 1)[0]
+    try:
+        return float(mode[1:]) if len(mode) > 1 else None
+    except ValueError:
+        return None
 
 
 class _PgHandle(LeaseHandle):
@@ -171,19 +211,23 @@ class _PgHandle(LeaseHandle):
             conn.close()
 
     def _drop_inherited(self) -> None:
-        # A forked child shares the parent's socket. Point the child's descriptor at /dev/null:
-        # the child then neither keeps the session alive after the parent dies nor ends it
-        # (libpq's goodbye message goes nowhere).
         self._released = True
-        try:
-            sock = self._conn.pgconn.socket
-        except Exception:
-            return
-        devnull = os.open(os.devnull, os.O_RDWR)
-        try:
-            os.dup2(devnull, sock, inheritable=False)
-        finally:
-            os.close(devnull)
+        _detach_socket(self._conn)
+
+
+def _detach_socket(conn: psycopg.Connection) -> None:
+    """In a forked child, which shares the parent's socket: point the child's descriptor at
+    /dev/null. The child then neither keeps the session alive after the parent dies nor ends it
+    (libpq's goodbye message goes nowhere)."""
+    try:
+        sock = conn.pgconn.socket
+    except Exception:
+        return
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(devnull, sock, inheritable=False)
+    finally:
+        os.close(devnull)
 
 
 def _key_parts(key: int) -> tuple[int, int]:
@@ -193,11 +237,12 @@ def _key_parts(key: int) -> tuple[int, int]:
 
 
 class _PgAttempt(_Attempt):
-    def __init__(self, lease: PgLease, mode: str, holder: str) -> None:
+    def __init__(self, lease: PgLease, mode: str, holder: str, wait: float) -> None:
+        super().__init__(mode, holder, wait)
         self.lease = lease
-        self.mode = mode
-        self.holder = holder
-        app = application_name(mode, holder, os.getpid(), hostname())
+        self.keys = {"key": lease.key, "gate": lease.gate_key}
+        self.gate_held = False
+        app = application_name(mode, holder, os.getpid(), hostname(), wait if self.waits else None)
         self.conn: psycopg.Connection | None = lease._connect(app)
         try:
             self.conn.execute(_SQL_SESSION_SETUP)
@@ -207,15 +252,35 @@ class _PgAttempt(_Attempt):
             self.abandon()
             raise lease._error("cannot set up the lease session", exc) from exc
 
-    def try_acquire(self) -> LeaseHandle | None:
+    def _query(self, sql: str) -> object:
         assert self.conn is not None
         try:
-            row = self.conn.execute(_SQL_TRY[self.mode], (self.lease.key,)).fetchone()
+            row = self.conn.execute(sql, self.keys).fetchone()
         except psycopg.Error as exc:
             raise self.lease._error("advisory lock request failed", exc) from exc
-        if not (row and row[0]):
+        return row[0] if row else None
+
+    def try_acquire(self) -> LeaseHandle | None:
+        if not self.waits:
+            outcome = self._query(_SQL_PASS[self.mode])
+            if outcome != "granted":
+                self.refused_by = "gate" if outcome == "gate" else "lock"
+                return None
+            return self._grant()
+        if not self.gate_held:
+            if not retry_briefly(lambda: bool(self._query(_SQL_TAKE_GATE))):
+                self.refused_by = "gate"  # another rebuild waits
+                return None
+            self.gate_held = True
+        if self._query(_SQL_TRY_HOLDING_GATE) is None:
+            self.refused_by = "lock"
             return None
+        self.gate_held = False  # dropped by the same statement
+        return self._grant()
+
+    def _grant(self) -> LeaseHandle:
         conn, self.conn = self.conn, None
+        assert conn is not None
         try:
             return _PgHandle(self.lease, self.mode, self.holder, conn)
         except BaseException:
@@ -226,10 +291,27 @@ class _PgAttempt(_Attempt):
         assert self.conn is not None
         return self.lease._status_on(self.conn)
 
+    def withdraw(self) -> None:
+        if self.gate_held and self.conn is not None:
+            self.gate_held = False
+            try:
+                # Explicitly, as in _PgHandle._release: closing alone drops it a moment later.
+                self.conn.execute(_SQL_DROP_GATE, self.keys)
+            except psycopg.Error:
+                pass  # the session is broken or gone: so is its gate
+
     def abandon(self) -> None:
+        try:
+            self.withdraw()
+        finally:
+            conn, self.conn = self.conn, None
+            if conn is not None:
+                conn.close()
+
+    def _drop_inherited(self) -> None:
         conn, self.conn = self.conn, None
         if conn is not None:
-            conn.close()
+            _detach_socket(conn)
 
 
 class PgLease(EnvLease):
@@ -243,6 +325,7 @@ class PgLease(EnvLease):
         super().__init__(location=redact_url(url), name=name)
         self._url = url
         self.key = advisory_key(self.name)
+        self.gate_key = advisory_key(f"{self.name}:pending")
         self.connect_timeout_s = int(connect_timeout_s)
         try:
             self._params = conninfo_to_dict(url)
@@ -250,8 +333,8 @@ class PgLease(EnvLease):
             raise LeaseError(f"invalid lease database URL {self.location}: {exc}") from None
         self._secret = str(self._params.get("password") or "")
 
-    def _begin(self, mode: str, holder: str) -> _Attempt:
-        return _PgAttempt(self, mode, holder)
+    def _begin(self, mode: str, holder: str, wait: float) -> _Attempt:
+        return _PgAttempt(self, mode, holder, wait)
 
     def _error(self, what: str, exc: BaseException) -> LeaseError:
         text = " ".join(str(exc).split()) or type(exc).__name__
@@ -284,18 +367,28 @@ class PgLease(EnvLease):
             conn.close()
 
     def _status_on(self, conn: psycopg.Connection) -> LeaseStatus:
+        (key_hi, key_lo), (gate_hi, gate_lo) = _key_parts(self.key), _key_parts(self.gate_key)
+        params = {"key_hi": key_hi, "key_lo": key_lo, "gate_hi": gate_hi, "gate_lo": gate_lo}
         try:
-            rows = conn.execute(_SQL_HOLDERS, _key_parts(self.key)).fetchall()
+            rows = conn.execute(_SQL_HOLDERS, params).fetchall()
         except psycopg.Error as exc:
             raise self._error("cannot read lease holders", exc) from exc
         readers: list[HolderInfo] = []
         exclusive: list[HolderInfo] = []
-        for lock_mode, backend_pid, app, since, client_addr in rows:
+        waiting: list[HolderInfo] = []
+        for is_gate, lock_mode, backend_pid, app, since, started, client_addr in rows:
             parsed = parse_application_name(app)
             if parsed is None:
                 holder, pid, host = f"<session of backend pid {backend_pid}>", None, client_addr
             else:
                 holder, pid, host = parsed
+            if is_gate:
+                wait = application_wait(app)
+                deadline = started + wait if started is not None and wait is not None else None
+                waiting.append(
+                    HolderInfo(holder, "exclusive", pid, host, started, backend_pid, deadline)
+                )
+                continue
             mode = "exclusive" if lock_mode == "ExclusiveLock" else "read"
             info = HolderInfo(holder, mode, pid, host, since, backend_pid=backend_pid)
             (exclusive if mode == "exclusive" else readers).append(info)
@@ -305,4 +398,5 @@ class PgLease(EnvLease):
             backend=self.backend,
             reader_leases=tuple(readers),
             exclusive=exclusive[0] if exclusive else None,
+            waiting=min(waiting, key=lambda w: w.since or 0.0) if waiting else None,
         )

@@ -2,6 +2,8 @@
 
 import os
 import platform
+import threading
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -13,11 +15,13 @@ from aml_pipeline.defs.shared_env import (
     SHARED_ENV_KEY,
     SHARED_ENV_POOL,
     SharedEnvResource,
+    busy_failure,
     default_shared_env_resources,
     rebuild_shared_env_job,
     shared_env_asset,
 )
-from aml_pipeline.envs import current_env
+from aml_pipeline.envs import current_env, use_shared_env
+from aml_pipeline.lease import EnvBusy
 from aml_pipeline_tests.envs.support import (
     REPO_ROOT,
     LeaseHolder,
@@ -28,11 +32,11 @@ from aml_pipeline_tests.envs.support import (
 )
 
 
-def _run_rebuild(settings, instance) -> dg.ExecuteInProcessResult:
+def _run_rebuild(settings, instance, **resource_kw) -> dg.ExecuteInProcessResult:
     defs = dg.Definitions(
         assets=[shared_env_asset],
         jobs=[rebuild_shared_env_job],
-        resources={"shared_env": shared_env_resource(settings)},
+        resources={"shared_env": shared_env_resource(settings, **resource_kw)},
     )
     return defs.resolve_job_def(REBUILD_JOB).execute_in_process(instance=instance, raise_on_error=False)
 
@@ -87,6 +91,46 @@ def test_rebuild_job_fails_with_env_busy_naming_the_readers(tmp_path, instance):
         assert reader.proc.poll() is None  # the reader was not disturbed
     assert os.readlink(settings.venv_path) == before  # nothing was rebuilt
     assert _run_rebuild(settings, instance).success  # and it works once they are gone
+
+
+def test_rebuild_job_with_a_wait_is_not_starved_by_readers(tmp_path, instance):
+    # While the job waits for the exclusive lease, a new reader is refused naming it; once the
+    # reader that held the lease is done, the job gets it and rebuilds.
+    settings = env_settings(tmp_path)
+    reader = LeaseHolder(settings, "evaluation job 42")
+    seen: dict = {}
+
+    def while_the_job_waits() -> None:
+        try:
+            lease = settings.open_lease()
+            deadline = time.monotonic() + 120
+            while (status := lease.status()).waiting is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            seen["status"] = status
+            try:
+                with use_shared_env(settings, holder="late evaluation"):
+                    seen["admitted"] = True
+            except EnvBusy as e:
+                seen["refused"] = e
+        finally:
+            reader.release()
+
+    helper = threading.Thread(target=while_the_job_waits)
+    helper.start()
+    try:
+        result = _run_rebuild(settings, instance, rebuild_wait_s=120)
+    finally:
+        helper.join(timeout=300)
+        reader.close()
+    assert result.success, step_failures(result)
+    waiting = seen["status"].waiting
+    assert waiting is not None and waiting.holder.startswith("rebuild_shared_env (run ")
+    assert seen["status"].holders == ["evaluation job 42"] and "admitted" not in seen
+    refused = seen["refused"]
+    assert f"a rebuild is waiting for the exclusive lock: {waiting.holder}" in refused.message
+    meta = busy_failure(refused, "cannot train").metadata
+    assert meta["waiting_rebuild"].value == waiting.describe() and meta["holders"].value == "evaluation job 42"
+    assert current_env(settings.venv_path).exists
 
 
 def test_rebuild_runs_in_a_pool_limited_to_one(tmp_path):

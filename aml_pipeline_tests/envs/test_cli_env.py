@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import time
 
-from aml_pipeline.envs import EnvSettings
-from aml_pipeline_tests.envs.support import LeaseHolder, run_cli
+import pytest
+
+from aml_pipeline.envs import EnvSettings, use_shared_env
+from aml_pipeline.lease import EnvBusy
+from aml_pipeline_tests.envs.support import CLI, REPO_ROOT, LeaseHolder, run_cli
 
 
 def _settings(home) -> EnvSettings:
@@ -91,3 +95,51 @@ def test_env_location_and_paths_from_flags_and_environment(tmp_path):
     assert flagged["lease"]["location"] == str(tmp_path / "l2") and flagged["env"]["path"] == str(tmp_path / "v")
     bad = run_cli("env", "rebuild", "--location", str(tmp_path / "v" / "lease"), "--venv", str(tmp_path / "v"), env=os_env)
     assert bad.returncode == 2 and bad.stderr.startswith("ENV_CONFIG_INVALID: ")
+
+
+def test_env_status_shows_a_waiting_rebuild_that_then_gets_the_lease(tmp_path):
+    home = tmp_path / "home"
+    os_env = _defaults_under(home)
+    settings = _settings(home)
+    reader = LeaseHolder(settings, "nightly training")
+    try:
+        rebuild = subprocess.Popen(
+            [*CLI, "env", "rebuild", "--installer", "copy", "--wait-s", "120", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os_env, cwd=REPO_ROOT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                status = json.loads(run_cli("env", "status", "--json", env=os_env).stdout)
+                if status["lease"]["waiting"] is not None:
+                    break
+                assert rebuild.poll() is None and time.monotonic() < deadline, status
+                time.sleep(0.1)
+            waiting = status["lease"]["waiting"]
+            assert waiting["holder"] == "aml-pipeline env rebuild" and waiting["pid"] == rebuild.pid
+            assert waiting["deadline"] - waiting["since"] == pytest.approx(120, abs=1e-3)
+            assert status["lease"]["holders"] == ["nightly training"] and not status["idle"]
+
+            text = run_cli("env", "status", env=os_env).stdout
+            assert (f"waiting    aml-pipeline env rebuild (pid {rebuild.pid}, host {socket.gethostname()}, "
+                    f"since {waiting['since_iso']}, until {waiting['deadline_iso']}): no new read lease meanwhile") in text
+            assert "readers    1" in text and "nightly training (pid" in text
+            # A new reader is refused naming the waiting rebuild and its deadline.
+            with pytest.raises(EnvBusy) as info:
+                with use_shared_env(settings, holder="evaluation"):
+                    pass
+            assert "a rebuild is waiting for the exclusive lock: aml-pipeline env rebuild" in info.value.message
+            assert f"until {waiting['deadline_iso']}" in info.value.message
+
+            reader.release()  # the reader is done: the rebuild gets the lease and builds
+            out, err = rebuild.communicate(timeout=300)
+            assert rebuild.returncode == 0, err
+            assert json.loads(out)["venv_path"] == str(home / "shared-env" / "venv")
+        finally:
+            if rebuild.poll() is None:
+                rebuild.kill()
+                rebuild.communicate()
+    finally:
+        reader.close()
+    after = json.loads(run_cli("env", "status", "--json", env=os_env).stdout)
+    assert after["idle"] and after["lease"]["waiting"] is None and after["env"]["exists"]

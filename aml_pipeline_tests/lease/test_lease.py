@@ -11,11 +11,7 @@ import gc
 import json
 import os
 import random
-import select
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,150 +20,14 @@ from pathlib import Path
 import pytest
 
 from aml_pipeline.errors import AmlError, InvalidIdError
-from aml_pipeline.lease import EnvBusy, LeaseError, LeaseStatus, open_lease
-from aml_pipeline.lease.base import short_host
+from aml_pipeline.lease import EnvBusy, LeaseError, open_lease
 from aml_pipeline.lease.pg_lease import (
     advisory_key,
     application_name,
     parse_application_name,
     redact_url,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-HOST = socket.gethostname()
-
-# How long a killed holder's lock may linger. flock: none (the kernel drops it before the
-# holder can be reaped). PostgreSQL: the server ends the session when it sees the socket close,
-# a few milliseconds after the client died; the tests wait up to GRACE and demand < AT_ONCE.
-RELEASE_GRACE = {"file": 0.0, "postgres": 3.0}
-AT_ONCE = {"file": 0.5, "postgres": 1.0}
-
-# A holder process: takes one lease, reports on stdout, then waits for "release" on stdin (or
-# its SIGKILL). With "fork", it first forks a grandchild that just sleeps: the grandchild must
-# not keep the lease alive once its parent is dead. (Between fork() and the child's at-fork
-# handler there is an instant when the child still has the descriptors; the grandchild reports
-# only after that, so the test does not kill its parent inside that instant.)
-CHILD = r"""
-import json, os, sys, time
-from aml_pipeline.lease import EnvBusy, open_lease
-a = json.loads(sys.argv[1])
-lease = open_lease(a["location"], name=a["name"])
-def say(*words):
-    sys.stdout.write(" ".join(str(w) for w in words) + "\n"); sys.stdout.flush()
-try:
-    handle = lease.acquire(a["mode"], a["holder"], wait_s=a["wait_s"])
-except EnvBusy as exc:
-    say("BUSY", exc.one_line()); sys.exit(0)
-say("ACQUIRED", os.getpid(), handle.since)
-if a.get("fork"):
-    if os.fork() == 0:
-        # os.fork() returns here after the at-fork handlers ran: the report comes after them.
-        say("GRANDCHILD", os.getpid())
-        time.sleep(120); os._exit(0)
-if sys.stdin.readline().strip() == "release":
-    handle.release()
-    say("RELEASED")
-"""
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
-class Holder:
-    """A holder process with one lease; ``line()`` reads its reports with a timeout."""
-
-    def __init__(self, where, mode: str, holder: str, *, wait_s: float = 0, fork: bool = False):
-        args = {"location": where.location, "name": where.name, "mode": mode,
-                "holder": holder, "wait_s": wait_s, "fork": fork}
-        self.holder = holder
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, json.dumps(args)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(), cwd=REPO_ROOT,
-        )
-        self.pid = self.proc.pid
-        self._buf = b""
-
-    def line(self, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"holder {self.holder} said nothing for {timeout}s")
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    raise AssertionError(f"holder {self.holder} exited: {self.proc.wait()}")
-                self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return line.decode()
-
-    def acquired(self) -> float:
-        words = self.line().split(" ", 2)
-        assert words[0] == "ACQUIRED", f"{self.holder}: {' '.join(words)}"
-        assert int(words[1]) == self.pid
-        return float(words[2])
-
-    def release(self) -> None:
-        self.proc.stdin.write(b"release\n")
-        self.proc.stdin.flush()
-        assert self.line() == "RELEASED"
-        assert self.proc.wait(timeout=30) == 0
-
-    def kill(self) -> None:
-        os.kill(self.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
-        for f in (self.proc.stdin, self.proc.stdout):
-            f.close()
-
-
-class Where:
-    def __init__(self, backend: str, location: str, name: str):
-        self.backend, self.location, self.name = backend, location, name
-        self.grace = RELEASE_GRACE[backend]
-        self.at_once = AT_ONCE[backend]
-        # The PostgreSQL backend keeps a short host label (application_name has 63 bytes).
-        self.host = HOST if backend == "file" else short_host(HOST)
-
-    def lease(self):
-        return open_lease(self.location, name=self.name)
-
-
-@pytest.fixture(params=["file", "postgres"])
-def where(request, tmp_path):
-    if request.param == "file":
-        return Where("file", str(tmp_path / "env-lease"), "aml-shared-env")
-    url = request.getfixturevalue("postgres_url")
-    return Where("postgres", url, f"test-{uuid.uuid4().hex[:12]}")  # a key per test
-
-
-@pytest.fixture
-def holders():
-    started: list[Holder] = []
-    yield started
-    for h in started:
-        h.close()
-
-
-def spawn(holders, where, mode, holder, **kw) -> Holder:
-    h = Holder(where, mode, holder, **kw)
-    holders.append(h)
-    return h
-
-
-def _live_pids(status: LeaseStatus) -> set[int]:
-    pids = {r.pid for r in status.reader_leases}
-    if status.exclusive is not None:
-        pids.add(status.exclusive.pid)
-    return pids
+from aml_pipeline_tests.lease.support import HOST, live_pids, spawn
 
 
 def test_many_readers_and_exclusive_refused_naming_them(where, holders):
@@ -297,9 +157,9 @@ def _assert_gone(where, lease, dead_pid: int) -> None:
     t0 = time.monotonic()
     with lease.exclusive("rebuild_shared_env", wait_s=where.grace):
         took = time.monotonic() - t0
-        assert dead_pid not in _live_pids(lease.status())
+        assert dead_pid not in live_pids(lease.status())
     assert took < where.at_once, took
-    assert dead_pid not in _live_pids(lease.status())
+    assert dead_pid not in live_pids(lease.status())
 
 
 @pytest.mark.parametrize("mode", ["read", "exclusive"])
@@ -310,7 +170,7 @@ def test_sigkilled_holder_leaves_no_lock(where, holders, mode):
         h = spawn(holders, where, mode, f"doomed_{round_}")
         if round_ % 2 == 0:
             h.acquired()  # killed while holding, at a random moment of its hold
-            assert h.pid in _live_pids(lease.status())
+            assert h.pid in live_pids(lease.status())
             time.sleep(rng.uniform(0, 0.05))
         else:
             time.sleep(rng.uniform(0, 0.3))  # killed at any moment: starting, acquiring, holding
