@@ -58,6 +58,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             instance=_instance(args),
             console_log_level=args.log_level,
             full=args.full,
+            workers=args.workers,
         )
     _print_summary(summary, as_json=args.json)
     return 0
@@ -237,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print only the JSON summary")
     b.add_argument("--ephemeral", action="store_true", help="do not record in $DAGSTER_HOME's instance")
     b.add_argument("--full", action="store_true", help="rebuild every run partition, not only missing or stale ones")
+    b.add_argument("--workers", type=int, default=1, help="processes for the run stages (through Dagster's multiprocess executor)")
     b.add_argument("--log-level", default="CRITICAL", help="Dagster console log level (the run log is kept in full)")
     b.set_defaults(func=cmd_build)
 

@@ -34,7 +34,10 @@ def grid_span(start_ms: int, end_ms: int, beat_ms: int) -> tuple[int, int]:
 
 def align_linear(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_interp_ms: int) -> np.ndarray:
     """Exact hit, else linear interpolation between the neighbouring points if their gap <= max_interp_ms."""
-    ts, value, grid, max_gap = _check("align_linear", ts, value, grid, max_interp_ms)
+    return _linear(*_check("align_linear", ts, value, grid, max_interp_ms))
+
+
+def _linear(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_gap: int) -> np.ndarray:
     out = np.full(grid.size, np.nan)
     n = ts.size
     if n == 0 or grid.size == 0:
@@ -61,7 +64,10 @@ def align_linear(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_interp
 
 def align_hold(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_interp_ms: int) -> np.ndarray:
     """Last point at or before the grid time, if it is at most ``max_interp_ms`` old."""
-    ts, value, grid, max_age = _check("align_hold", ts, value, grid, max_interp_ms)
+    return _hold(*_check("align_hold", ts, value, grid, max_interp_ms))
+
+
+def _hold(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_age: int) -> np.ndarray:
     out = np.full(grid.size, np.nan)
     if ts.size == 0 or grid.size == 0:
         return out
@@ -132,11 +138,15 @@ class GridAligner:
         yield from self._emit(self.n_rows, self._prev_ts, self._prev_value)
 
     def _emit(self, stop: int, seg_ts: np.ndarray, seg_value: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        kernel = _linear if self.interp == "linear" else _hold
         while self.next_row < stop:
             a = self.next_row
             b = min(stop, a + self.block_rows)
             grid = self.first + self.beat * np.arange(a, b, dtype=np.int64)
-            yield a, align(seg_ts, seg_value, grid, interp=self.interp, max_interp_ms=self.max_interp)
+            # Only the points around the block's times can be its neighbours (checked once in feed).
+            lo = max(0, int(np.searchsorted(seg_ts, grid[0], side="left")) - 1)
+            hi = int(np.searchsorted(seg_ts, grid[-1], side="right")) + 1
+            yield a, kernel(seg_ts[lo:hi], seg_value[lo:hi], grid, self.max_interp)
             self.next_row = b
 
 

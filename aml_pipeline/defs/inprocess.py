@@ -9,6 +9,9 @@ rebuild publishes nothing when nothing changed (:mod:`aml_pipeline.pipeline.incr
 
 from __future__ import annotations
 
+import json
+import tempfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,7 @@ from aml_pipeline.errors import AmlError, BuildError
 from aml_pipeline.pipeline.build import run_scope
 from aml_pipeline.pipeline.incremental import stale_runs, tsdb_run_versions
 from aml_pipeline.pipeline.runs import check_nodes_known
-from aml_pipeline.spec import DatasetSpec
+from aml_pipeline.spec import DatasetSpec, parse_spec
 from aml_pipeline.tsdb import open_tsdb
 
 
@@ -92,6 +95,7 @@ def materialize_dataset(
     instance: dg.DagsterInstance | None = None,
     console_log_level: str = "INFO",
     full: bool = False,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Build and publish ``spec`` through its Dagster jobs; return the build summary.
 
@@ -99,7 +103,15 @@ def materialize_dataset(
     Dagster's log at ``console_log_level`` (the CLI passes CRITICAL and draws progress bars).
     ``full`` rematerialises every run partition. The summary adds ``materialized`` (run
     partitions materialised by this build, per asset) and ``published``.
+
+    ``workers`` > 1 spreads the run stages over that many processes through Dagster's execution:
+    the runs needing work are cut into at least ``workers`` chunks, each a Dagster run of the
+    ``<spec>__runs`` job executed by the multiprocess executor (its step in a process Dagster
+    forks), ``workers`` of them at a time; a persistent instance is needed for that (a temporary
+    one when ``instance`` is not given). The output is byte-identical to ``workers=1``.
     """
+    if workers < 1:
+        raise AmlError(f"--workers must be >= 1, got {workers}", code="USAGE")
     with open_tsdb(tsdb_url) as db:
         catalog = check_nodes_known(spec, db.list_nodes())
         runs = db.list_runs(run_scope(spec), finished_only=True)
@@ -110,6 +122,10 @@ def materialize_dataset(
     defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})
     run_config = {"loggers": {"console": {"config": {"log_level": console_log_level}}}}
     own = instance is None
+    scratch = None
+    if own and workers > 1:
+        scratch = tempfile.TemporaryDirectory(prefix="aml-instance-")
+        instance = dg.DagsterInstance.local_temp(scratch.name)  # multiprocess execution needs one on disk
     instance = instance or dg.DagsterInstance.ephemeral()
     try:
         keys = sync_run_partitions(instance, spec, [r.run_id for r in runs])
@@ -119,15 +135,19 @@ def materialize_dataset(
             else stale_runs(spec, store.dataset_store(spec.id), runs, tsdb_versions=versions, catalog=catalog)
         )
         materialized = dict.fromkeys(RUN_ASSETS, 0)
-        runs_job = defs.resolve_job_def(runs_job_name(spec.id))
-        for names, chunk in plan_run_batches(keys, todo, config.backfill_chunk_runs()):
-            _execute(
-                runs_job,
-                instance,
-                run_config,
-                asset_selection=[dg.AssetKey([spec.id, n]) for n in names],
-                tags=range_tags(chunk),
-            )
+        chunk_runs = config.backfill_chunk_runs()
+        if workers > 1 and todo:
+            chunk_runs = max(1, min(chunk_runs, -(-len(todo) // workers)))
+        batches = plan_run_batches(keys, todo, chunk_runs)
+        if workers == 1:
+            runs_job = defs.resolve_job_def(runs_job_name(spec.id))
+            for names, chunk in batches:
+                _execute(runs_job, instance, run_config,
+                         asset_selection=[dg.AssetKey([spec.id, n]) for n in names], tags=range_tags(chunk))
+        else:
+            _execute_parallel(spec, batches, instance, workers, console_log_level,
+                              tsdb_url=tsdb_url, home=home, datasets_dir=datasets_dir)
+        for names, chunk in batches:
             for n in names:
                 materialized[n] += len(chunk)
         result = _execute(defs.resolve_job_def(rebuild_job_name(spec.id)), instance, run_config)
@@ -146,6 +166,71 @@ def materialize_dataset(
     finally:
         if own:
             instance.dispose()
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def reconstruct_runs_job(spec_json: str, tsdb_url: str, home: str, datasets_dir: str | None) -> dg.JobDefinition:
+    """The ``<spec>__runs`` job, rebuilt in a process Dagster starts for a step (``--workers``)."""
+    spec = parse_spec(json.loads(spec_json), source="build")
+    store = StoreResource(home=home, datasets_dir=datasets_dir)
+    defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})
+    return defs.resolve_job_def(runs_job_name(spec.id))
+
+
+def _execute_parallel(
+    spec: DatasetSpec,
+    batches: list[tuple[list[str], list[str]]],
+    instance: dg.DagsterInstance,
+    workers: int,
+    console_log_level: str,
+    *,
+    tsdb_url: str,
+    home: Path,
+    datasets_dir: Path | None,
+) -> None:
+    """Execute the chunk runs, ``workers`` at a time, each by Dagster's multiprocess executor."""
+    job = dg.build_reconstructable_job(
+        __name__,
+        "reconstruct_runs_job",
+        reconstructable_args=(
+            json.dumps(spec.to_json_dict() | {"schedule": spec.schedule}),
+            tsdb_url,
+            str(home),
+            None if datasets_dir is None else str(datasets_dir),
+        ),
+    )
+    run_config = {
+        "loggers": {"console": {"config": {"log_level": console_log_level}}},
+        # forkserver with the project preloaded: a step's process starts in a fraction of a second.
+        "execution": {"config": {"multiprocess": {
+            "max_concurrent": 1,
+            "start_method": {"forkserver": {"preload_modules": ["dagster", "aml_pipeline.defs.inprocess"]}},
+        }}},
+    }
+
+    def one(batch: tuple[list[str], list[str]]) -> None:
+        names, chunk = batch
+        result = dg.execute_job(
+            job, instance, run_config=run_config, tags=range_tags(chunk),
+            asset_selection=[dg.AssetKey([spec.id, n]) for n in names],
+        )
+        if not result.success:
+            failures = [e for e in result.all_events if e.is_step_failure]
+            data = failures[0].step_failure_data if failures else None
+            description = data.user_failure_data.description if data and data.user_failure_data else None
+            message = description or (data.error.message.strip() if data and data.error else "the run failed")
+            code = message.split(":", 1)[0] if message[:1].isupper() and ":" in message else "BUILD_FAILED"
+            raise AmlError(message.split(": ", 1)[1] if code != "BUILD_FAILED" else message, code=code)
+
+    # Threads only wait for Dagster: each chunk run's step runs in its own process. The first
+    # failure stops chunks that have not started; those running finish (and are recorded).
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="chunk-run")
+    try:
+        for future in as_completed([pool.submit(one, b) for b in batches]):
+            future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _execute(job: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, **kwargs: Any):

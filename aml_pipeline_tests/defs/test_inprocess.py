@@ -88,3 +88,21 @@ def test_a_metadata_only_edit_shares_the_array_files(dagster_spec, instance, res
         b = os.stat(Path(second["snapshotDir"]) / "arrays" / name)
         assert a.st_ino == b.st_ino, name  # one file on disk, two snapshots
     assert (Path(second["snapshotDir"]) / "spec.json").read_bytes() != (Path(first["snapshotDir"]) / "spec.json").read_bytes()
+
+
+def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp_path):
+    from aml_pipeline.simulate.plant import plant_spec_dict
+
+    spec = parse_spec(plant_spec_dict(dagster_plant, "dg_par", history_steps=20, horizon_steps=10))  # v1: hash reproducible
+    out = {}
+    for workers in (1, 2):
+        (tmp_path / f"instance{workers}").mkdir()
+        with dg.DagsterInstance.local_temp(str(tmp_path / f"instance{workers}")) as instance:
+            summary = materialize_dataset(
+                spec, tsdb_url=dagster_plant_url, home=tmp_path / f"home{workers}", instance=instance, workers=workers,
+            )
+            runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"{spec.id}__runs"))
+            out[workers] = (summary, len(runs))
+    assert out[1][0]["sha256"] == out[2][0]["sha256"]
+    assert out[2][0]["materialized"] == out[1][0]["materialized"]
+    assert out[1][1] == 1 and out[2][1] == 2  # the runs went through two Dagster runs in parallel
