@@ -41,6 +41,8 @@ from aml_pipeline.spec import DatasetSpec
 TSDB_POINTS = dg.AssetKey(["tsdb", "points"])
 # A node missing more than this share of a run's grid is worth a look (check warns).
 MISSING_WARN_RATIO = 0.2
+# Progress lines per run-stages step (plus one per failed run).
+PROGRESS_LINES = 10
 
 DATASET_ASSETS = ("dataset_split", "normalization_stats", "dataset_manifest")
 MANIFEST_CHECKS = ("hash_verifies", "no_run_in_two_splits", "norm_stats_from_train_only", "no_nan_or_inf")
@@ -183,7 +185,10 @@ class RunStages:
                     }
                     versions_out[run_id]["run_windows"] = windows.data_version
                     progress.report("run_windows", i, len(run_ids), run_id)
-                context.log.info(f"run {run_id} ({i}/{len(run_ids)}): {self._line(done[run_id])}")
+                # Progress at a bounded rate: each log line is an event in the run's log (and a
+                # write to the instance), while every run's figures are in its partition's metadata.
+                if i == len(run_ids) or i % max(1, len(run_ids) // PROGRESS_LINES) == 0:
+                    context.log.info(f"run {run_id} ({i}/{len(run_ids)}): {self._line(done[run_id])}")
             except Exception as e:  # noqa: BLE001 - one run's failure must not lose the others
                 failed.append((run_id, e))
                 context.log.error(f"run {run_id} ({i}/{len(run_ids)}) failed: {_describe(e)}")

@@ -11,7 +11,7 @@ import dagster as dg
 from aml_pipeline import config
 from aml_pipeline.defs.assets import dataset_assets
 from aml_pipeline.defs.baseline import baseline_assets
-from aml_pipeline.defs.schedules import rebuild_job, rebuild_schedule, runs_job, verify_job, verify_schedule
+from aml_pipeline.defs.schedules import build_job, rebuild_job, rebuild_schedule, runs_job, verify_job, verify_schedule
 from aml_pipeline.defs.sensors import new_run_sensor
 from aml_pipeline.spec import DatasetSpec, discover_specs
 
@@ -26,7 +26,7 @@ def dataset_definitions(spec: DatasetSpec) -> dg.Definitions:
     return dg.Definitions(
         assets=[*dataset_assets(spec), *baseline_assets(spec)],
         sensors=[new_run_sensor(spec)],
-        jobs=[runs_job(spec), rebuild, verify],
+        jobs=[runs_job(spec), build_job(spec), rebuild, verify],
         schedules=[rebuild_schedule(spec, rebuild), verify_schedule(spec, verify)],
     )
 

@@ -10,19 +10,22 @@ rebuild publishes nothing when nothing changed (:mod:`aml_pipeline.pipeline.incr
 from __future__ import annotations
 
 import json
+import os
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from aml_pipeline import config
-from aml_pipeline.defs.assets import RUN_ASSETS
+from aml_pipeline.defs.assets import DATASET_ASSETS
 from aml_pipeline.defs.datasets import dataset_definitions
-from aml_pipeline.defs.partitions import plan_run_batches, range_tags, run_partitions
+from aml_pipeline.defs.partitions import RUN_ASSETS, plan_run_batches, range_tags, run_partitions
 from aml_pipeline.defs.resources import StoreResource, TsdbResource
-from aml_pipeline.defs.schedules import rebuild_job_name, runs_job_name
+from aml_pipeline.defs.schedules import build_job_name, rebuild_job_name, runs_job_name
 from aml_pipeline.defs.shared_env import default_shared_env_resources
 from aml_pipeline.defs.sources import tsdb_points
 from aml_pipeline.errors import AmlError, BuildError
@@ -121,53 +124,80 @@ def materialize_dataset(
     store = StoreResource(home=str(home), datasets_dir=str(datasets_dir) if datasets_dir else None)
     defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})
     run_config = {"loggers": {"console": {"config": {"log_level": console_log_level}}}}
-    own = instance is None
-    scratch = None
-    if own and workers > 1:
-        scratch = tempfile.TemporaryDirectory(prefix="aml-instance-")
-        instance = dg.DagsterInstance.local_temp(scratch.name)  # multiprocess execution needs one on disk
-    instance = instance or dg.DagsterInstance.ephemeral()
-    try:
-        keys = sync_run_partitions(instance, spec, [r.run_id for r in runs])
-        todo = (
-            dict.fromkeys((r.run_id for r in runs), "raw")
-            if full
-            else stale_runs(spec, store.dataset_store(spec.id), runs, tsdb_versions=versions, catalog=catalog)
-        )
-        materialized = dict.fromkeys(RUN_ASSETS, 0)
-        chunk_runs = config.backfill_chunk_runs()
-        if workers > 1 and todo:
-            chunk_runs = max(1, min(chunk_runs, -(-len(todo) // workers)))
-        batches = plan_run_batches(keys, todo, chunk_runs)
-        if workers == 1:
-            runs_job = defs.resolve_job_def(runs_job_name(spec.id))
+    with one_planned_event_per_asset():
+        own = instance is None
+        scratch = None
+        if own and workers > 1:
+            scratch = tempfile.TemporaryDirectory(prefix="aml-instance-")
+            instance = dg.DagsterInstance.local_temp(scratch.name)  # multiprocess execution needs one on disk
+        instance = instance or dg.DagsterInstance.ephemeral()
+        try:
+            keys = sync_run_partitions(instance, spec, [r.run_id for r in runs])
+            todo = (
+                dict.fromkeys((r.run_id for r in runs), "raw")
+                if full
+                else stale_runs(spec, store.dataset_store(spec.id), runs, tsdb_versions=versions, catalog=catalog)
+            )
+            materialized = dict.fromkeys(RUN_ASSETS, 0)
+            chunk_runs = config.backfill_chunk_runs()
+            if workers > 1 and todo:
+                chunk_runs = max(1, min(chunk_runs, -(-len(todo) // workers)))
+            batches = plan_run_batches(keys, todo, chunk_runs)
+            dataset_keys = [dg.AssetKey([spec.id, n]) for n in DATASET_ASSETS]
+            if workers == 1 and len(batches) == 1:
+                # One chunk: its run stages and the dataset in one Dagster run (the `__build` job).
+                [(names, chunk)] = batches
+                result = _execute(
+                    defs.resolve_job_def(build_job_name(spec.id)), instance, run_config,
+                    asset_selection=[*(dg.AssetKey([spec.id, n]) for n in names), *dataset_keys], tags=range_tags(chunk),
+                )
+            else:
+                if workers == 1:
+                    runs_job = defs.resolve_job_def(runs_job_name(spec.id))
+                    for names, chunk in batches:
+                        _execute(runs_job, instance, run_config,
+                                 asset_selection=[dg.AssetKey([spec.id, n]) for n in names], tags=range_tags(chunk))
+                else:
+                    _execute_parallel(spec, batches, instance, workers, console_log_level,
+                                      tsdb_url=tsdb_url, home=home, datasets_dir=datasets_dir)
+                result = _execute(defs.resolve_job_def(rebuild_job_name(spec.id)), instance, run_config)
             for names, chunk in batches:
-                _execute(runs_job, instance, run_config,
-                         asset_selection=[dg.AssetKey([spec.id, n]) for n in names], tags=range_tags(chunk))
-        else:
-            _execute_parallel(spec, batches, instance, workers, console_log_level,
-                              tsdb_url=tsdb_url, home=home, datasets_dir=datasets_dir)
-        for names, chunk in batches:
-            for n in names:
-                materialized[n] += len(chunk)
-        result = _execute(defs.resolve_job_def(rebuild_job_name(spec.id)), instance, run_config)
-        for event in result.get_asset_materialization_events():
-            mat = event.materialization
-            if mat.asset_key == dg.AssetKey([spec.id, "dataset_manifest"]):
-                summary = dict(mat.metadata["summary"].value)
-                if not summary.get("current"):
-                    failed = [name for name, ok in summary["checks"].items() if not ok]
-                    raise BuildError(
-                        f"spec {spec.id!r}: snapshot {summary['snapshotDir']} failed blocking checks: {', '.join(failed)}",
-                        code="CHECK_FAILED",
-                    )
-                return {**summary, "materialized": materialized}
-        raise BuildError(f"spec {spec.id!r}: dataset_manifest was not materialised")
+                for n in names:
+                    materialized[n] += len(chunk)
+            for event in result.get_asset_materialization_events():
+                mat = event.materialization
+                if mat.asset_key == dg.AssetKey([spec.id, "dataset_manifest"]):
+                    summary = dict(mat.metadata["summary"].value)
+                    if not summary.get("current"):
+                        failed = [name for name, ok in summary["checks"].items() if not ok]
+                        raise BuildError(
+                            f"spec {spec.id!r}: snapshot {summary['snapshotDir']} failed blocking checks: {', '.join(failed)}",
+                            code="CHECK_FAILED",
+                        )
+                    return {**summary, "materialized": materialized}
+            raise BuildError(f"spec {spec.id!r}: dataset_manifest was not materialised")
+        finally:
+            if own:
+                instance.dispose()
+            if scratch is not None:
+                scratch.cleanup()
+
+
+@contextmanager
+def one_planned_event_per_asset() -> Iterator[None]:
+    """Dagster's own switch (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``): a run over a
+    range of partitions records one "materialisation planned" event per asset instead of one per
+    partition (half of a chunk's events; the cost is that partitions of a failed chunk show as
+    missing rather than failed in the UI, while the run itself shows the failure). Deployments set
+    it in the daemon's and webserver's environment (docs/deployment.md)."""
+    name = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+    before = os.environ.get(name)
+    os.environ[name] = before or "true"
+    try:
+        yield
     finally:
-        if own:
-            instance.dispose()
-        if scratch is not None:
-            scratch.cleanup()
+        if before is None:
+            os.environ.pop(name, None)
 
 
 def reconstruct_runs_job(spec_json: str, tsdb_url: str, home: str, datasets_dir: str | None) -> dg.JobDefinition:

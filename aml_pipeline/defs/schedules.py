@@ -15,6 +15,10 @@ def runs_job_name(spec_id: str) -> str:
     return f"{spec_id}__runs"
 
 
+def build_job_name(spec_id: str) -> str:
+    return f"{spec_id}__build"
+
+
 def rebuild_job_name(spec_id: str) -> str:
     return f"{spec_id}__rebuild"
 
@@ -30,6 +34,17 @@ def runs_job(spec: DatasetSpec):
         selection=dg.AssetSelection.assets(*(dg.AssetKey([spec.id, n]) for n in RUN_ASSETS)),
         partitions_def=run_partitions(spec.id),
         description=f"Fetch, clean and window runs of {spec.id} (a run partition or a range of them).",
+    )
+
+
+def build_job(spec: DatasetSpec):
+    """Run stages over a range of runs, then the dataset: one Dagster run (what `aml-pipeline build`
+    launches when one chunk covers the runs that need work)."""
+    return dg.define_asset_job(
+        name=build_job_name(spec.id),
+        selection=dg.AssetSelection.assets(*(dg.AssetKey([spec.id, n]) for n in (*RUN_ASSETS, *DATASET_ASSET_NAMES))),
+        partitions_def=run_partitions(spec.id),
+        description=f"Build {spec.id}: the run stages of a range of runs, then split, normalisation and snapshot.",
     )
 
 

@@ -101,8 +101,10 @@ def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp
             summary = materialize_dataset(
                 spec, tsdb_url=dagster_plant_url, home=tmp_path / f"home{workers}", instance=instance, workers=workers,
             )
-            runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"{spec.id}__runs"))
-            out[workers] = (summary, len(runs))
+            jobs = sorted(r.job_name for r in instance.get_runs())
+            out[workers] = (summary, jobs)
     assert out[1][0]["sha256"] == out[2][0]["sha256"]
     assert out[2][0]["materialized"] == out[1][0]["materialized"]
-    assert out[1][1] == 1 and out[2][1] == 2  # the runs went through two Dagster runs in parallel
+    assert out[1][1] == [f"{spec.id}__build"]  # one chunk: run stages and dataset in one Dagster run
+    # Two workers: the runs in two Dagster runs of the run stages (in parallel), then the dataset.
+    assert out[2][1] == [f"{spec.id}__rebuild", f"{spec.id}__runs", f"{spec.id}__runs"]
