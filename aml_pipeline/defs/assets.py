@@ -92,7 +92,7 @@ def run_stage_assets(spec: DatasetSpec) -> dg.AssetsDefinition:
     common = dict(group_name=spec.id, kinds={"numpy"}, partitions_def=run_partitions(spec.id))
     specs = [
         dg.AssetSpec(
-            key("raw_node_series"), deps=[TSDB_POINTS], code_version=v.raw,
+            key("raw_node_series"), code_version=v.raw,
             description=f"Every point of each spec node in the run, read page by page from the TSDB ({about}).",
             **common,
         ),
@@ -408,7 +408,10 @@ def dataset_stage_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         specs=[
             dg.AssetSpec(
                 manifest_key,
-                deps=[normalization_stats, dataset_split],
+                # The TSDB's availability watermark is part of a v2 snapshot's provenance. (It is not
+                # upstream of the run stages: any ingest moves it, and would mark every run stale;
+                # a run's own TSDB version decides whether that run is rebuilt.)
+                deps=[normalization_stats, dataset_split, TSDB_POINTS],
                 kinds={"json", "numpy"},
                 code_version=v.manifest,
                 group_name=spec.id,
