@@ -92,13 +92,13 @@ def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from aml_pipeline.core.hashing import verify_snapshot
-    from aml_pipeline.pipeline.publish import Catalog
+    from aml_pipeline.snapshot.verify import catalog_sha256
 
     snapshot = Path(args.snapshot_dir)
     if not snapshot.is_dir():
         raise AmlError(f"{snapshot}: not a snapshot directory", code="NOT_FOUND")
-    entry = Catalog(snapshot.resolve().parent.parent).find_by_path(snapshot.resolve())
-    result = verify_snapshot(snapshot, entry.sha256 if entry else None)
+    # The catalog's hash: by path, or (a copied datasets root) by spec id and directory name.
+    result = verify_snapshot(snapshot, catalog_sha256(snapshot))
     if result.ok:
         print(f"OK {result.actual} {snapshot}")
         return 0
