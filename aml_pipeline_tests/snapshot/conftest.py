@@ -28,7 +28,8 @@ def plant_url(plant: SimulatedPlant, tmp_path_factory: pytest.TempPathFactory) -
 
 def publish(plant: SimulatedPlant, url: str, root: Path, *, extras: bool = True, **overrides: Any) -> PublishedDataset:
     """Build and publish a snapshot under ``root`` (``root/datasets/<spec>/<sha>``, with a catalog)."""
-    data = plant_spec_dict(plant, "snap_ds", history_steps=20, horizon_steps=10, extras=extras)
+    data = plant_spec_dict(plant, "snap_ds", history_steps=20, horizon_steps=10, extras=extras,
+                           split={"method": "chronological", "train": 0.5, "val": 0.25, "test": 0.25, "seed": 0})
     data.update(overrides)
     with open_tsdb(url) as db:
         return build_dataset(parse_spec(data), db, store_root=root / "store", datasets_root=root / "datasets")
@@ -37,7 +38,9 @@ def publish(plant: SimulatedPlant, url: str, root: Path, *, extras: bool = True,
 @pytest.fixture(scope="session")
 def v2(plant, plant_url, tmp_path_factory) -> PublishedDataset:
     """Shared and read-only: tests that change bytes use ``fresh_v2``."""
-    return publish(plant, plant_url, tmp_path_factory.mktemp("v2"))
+    published = publish(plant, plant_url, tmp_path_factory.mktemp("v2"))
+    assert all(published.manifest["split"][p] > 0 for p in ("train", "val", "test"))
+    return published
 
 
 @pytest.fixture(scope="session")
