@@ -106,7 +106,7 @@ class Snapshot:
         except SnapshotError:
             opened.close()
             raise
-        except (KeyError, TypeError, ValueError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
             opened.close()
             raise SnapshotError(f"{self.root}: manifest.json lacks what a reader needs ({type(e).__name__}: {e})") from None
 
@@ -309,12 +309,15 @@ class Snapshot:
         arr = self.array(key)
         if not 0 <= start <= stop <= arr.shape[0]:
             raise IndexError(f"windows {start}:{stop} out of range for {key} with {arr.shape[0]} windows")
+        shape = (stop - start, *arr.shape[1:])
         if out is None:
-            out = np.empty((stop - start, *arr.shape[1:]), dtype=arr.dtype)
+            out = np.empty(shape, dtype=arr.dtype)
+        elif out.shape != shape or out.dtype != arr.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous {arr.dtype} array of shape {shape} for windows {start}:{stop} of {key}")
+        if out.size == 0:
+            return out
         row = arr.dtype.itemsize * math.prod(arr.shape[1:])
-        view = memoryview(out).cast("B")
-        if view.nbytes != (stop - start) * row:
-            raise ValueError(f"out has {view.nbytes} bytes, windows {start}:{stop} of {key} need {(stop - start) * row}")
+        view = memoryview(out.reshape(-1).view(np.uint8))
         fd, offset, done = self._opened.files[self.files[key]].fileno(), start * row, 0
         while done < view.nbytes:
             n = os.preadv(fd, [view[done:]], offset + done)

@@ -160,7 +160,11 @@ def open_files(root: str | os.PathLike[str], *, verify: bool = True, expected_sh
         raise SnapshotError(f"{root}: {name} is missing", code="SNAPSHOT_TAMPERED", changed=[name]) from None
     recorded: dict[str, Any] = {}
     if recorded_bytes is not None:
-        recorded = _read_json(root, DIGEST_FILE, recorded_bytes, code="SNAPSHOT_TAMPERED")
+        try:
+            recorded = _read_json(root, DIGEST_FILE, recorded_bytes, code="SNAPSHOT_TAMPERED")
+        except SnapshotError:
+            if verify:
+                raise
     try:
         manifest = _read_json(root, MANIFEST_FILE, manifest_bytes, code="SNAPSHOT_INVALID")
     except SnapshotError as e:

@@ -26,10 +26,13 @@ def plant_url(plant: SimulatedPlant, tmp_path_factory: pytest.TempPathFactory) -
     return url
 
 
-def publish(plant: SimulatedPlant, url: str, root: Path, *, extras: bool = True, **overrides: Any) -> PublishedDataset:
-    """Build and publish a snapshot under ``root`` (``root/datasets/<spec>/<sha>``, with a catalog)."""
-    data = plant_spec_dict(plant, "snap_ds", history_steps=20, horizon_steps=10, extras=extras,
+def publish(plant: SimulatedPlant, url: str, root: Path, *, extras: bool | dict = True, **overrides: Any) -> PublishedDataset:
+    """Build and publish a snapshot under ``root`` (``root/datasets/<spec>/<sha>``, with a catalog);
+    ``extras``: v2 with the plant's variables, v1, or these extras."""
+    data = plant_spec_dict(plant, "snap_ds", history_steps=20, horizon_steps=10, extras=bool(extras),
                            split={"method": "chronological", "train": 0.5, "val": 0.25, "test": 0.25, "seed": 0})
+    if isinstance(extras, dict):
+        data["extras"] = extras
     data.update(overrides)
     with open_tsdb(url) as db:
         return build_dataset(parse_spec(data), db, store_root=root / "store", datasets_root=root / "datasets")

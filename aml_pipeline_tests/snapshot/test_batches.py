@@ -116,3 +116,13 @@ def test_fields_and_arguments(snap, v2):
         snap.iter_batches("train", 0)
     with pytest.raises(ValueError, match="split must be one of"):
         snap.iter_batches("training", 8)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_snapshot_without_controls_has_empty_u(tmp_path, shuffle):
+    snap = open_snapshot(write_snapshot(tmp_path / "s", controls=()))
+    assert snap.u.shape == (10, 3, 0)
+    batches, index = collect(snap, "train", batch_size=4, shuffle=shuffle)
+    assert np.array_equal(np.sort(index), np.arange(6))
+    assert all(b["u"].shape == (len(b["index"]), 3, 0) for b in batches)
+    np.testing.assert_array_equal(np.concatenate([b["y"] for b in batches]), snap.y[index])

@@ -48,6 +48,8 @@ def check_against_every_window(snap, df: pd.DataFrame) -> None:
         hist = snap.to_model_units("x", snap.x[w]).reshape(-1, len(nodes))
         np.testing.assert_array_equal(values[np.searchsorted(ts, ts_hist)], hist)
         for group, cols in (("u", snap.controls), ("y", snap.targets)):
+            if not cols:
+                continue
             fut = snap.to_model_units(group, snap.array(group)[w]).reshape(-1, len(cols))
             idx = [nodes.index(c) for c in cols]
             got = values[np.searchsorted(ts, ts_fut)][:, idx]
@@ -177,3 +179,17 @@ def test_cover_is_minimal_and_loses_nothing():
             rest = np.delete(picks, k)
             assert np.unique((starts[rest][:, None] + np.arange(length)).ravel()).size < rows.size
     assert cover(np.arange(1000), 60).size == 18  # stride 1: 1059 rows, ceil(1059 / 60) windows read
+
+
+def test_a_dataset_without_controls(plant, plant_url, tmp_path):
+    from aml_pipeline.simulate.plant import plant_spec_dict
+
+    base = plant_spec_dict(plant, "snap_ds", extras=True)
+    controls = {n["nodeId"] for n in base["nodes"] if n["role"] == "control"}
+    extras = {**base["extras"], "variables": [v for v in base["extras"]["variables"] if v["nodeId"] not in controls]}
+    published = publish(plant, plant_url, tmp_path / "b", nodes=[n for n in base["nodes"] if n["nodeId"] not in controls],
+                        extras=extras)
+    snap = open_snapshot(published.snapshot_dir)
+    assert snap.controls == [] and snap.u.shape[2] == 0
+    export_parquet(snap, tmp_path / "e")
+    check_against_every_window(snap, pd.read_parquet(tmp_path / "e"))
