@@ -144,6 +144,9 @@ def test_a_broken_snapshot_is_moved_aside_and_replaced(make_spec, plant_url, hom
     first = build(make_spec, plant_url, home)
     with open(first.snapshot_dir / "arrays" / "u.f32", "r+b") as f:
         f.write(b"\1\2\3\4")
+    # Without a current snapshot the rebuild writes again (else nothing changed, nothing is
+    # published) and finds its content-addressed directory taken by the damaged copy.
+    (first.snapshot_dir.parent / "current").unlink()
     second = build(make_spec, plant_url, home)
     assert second.snapshot_dir == first.snapshot_dir and open_snapshot(second.snapshot_dir).verified
     [broken] = first.snapshot_dir.parent.glob(".broken-*")
@@ -179,3 +182,20 @@ def test_a_dead_builds_read_only_staging_is_removed_by_the_next(make_spec, plant
     chown_tree(spec_dir)
     removed = as_nobody(lambda: [p.name for p in remove_abandoned_staging(spec_dir)])
     assert removed == [staging.name] and not staging.exists() and snap.exists()
+
+
+def test_gc_of_a_snapshot_leaves_the_hard_links_it_shares_read_only(make_spec, plant_url, home):
+    """A rebuild after a spec note edit hard-links the unchanged arrays of the current snapshot;
+    removing the old snapshot (gc) must not make the kept snapshot's shared files writable."""
+    from aml_pipeline.pipeline.retention import collect_garbage
+
+    old = build(make_spec, plant_url, home, note="first")
+    spec = make_spec(note="second")
+    with open_tsdb(plant_url) as db:
+        new = build_dataset(spec, db, store_root=home / "store", datasets_root=home / "datasets")
+    shared = new.snapshot_dir / "arrays" / "x.f32"
+    assert shared.stat().st_ino == (old.snapshot_dir / "arrays" / "x.f32").stat().st_ino  # one file, two snapshots
+    report = collect_garbage(home / "datasets", home / "store", {spec.id: spec}, keep=0)
+    assert str(old.snapshot_dir) in map(str, report.removed_snapshots) and not old.snapshot_dir.exists()
+    assert stat.S_IMODE(shared.stat().st_mode) == READ_ONLY_FILE and shared.stat().st_nlink == 1
+    assert open_snapshot(new.snapshot_dir).verified
