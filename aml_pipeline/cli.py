@@ -128,8 +128,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise AmlError(str(e), code=e.code) from None
     except FileExistsError as e:
         raise AmlError(str(e), code="EXPORT_EXISTS") from None
-    except OSError as e:
-        raise (disk_full(e, args.out) or e) from None
+    except OSError as e:  # e.g. no space, no permission to create --out
+        raise (disk_full(e, args.out) or AmlError(f"{args.out}: {e}", code="EXPORT_FAILED")) from None
     finally:
         for bar in bars:
             bar.close()

@@ -193,3 +193,12 @@ def test_a_dataset_without_controls(plant, plant_url, tmp_path):
     assert snap.controls == [] and snap.u.shape[2] == 0
     export_parquet(snap, tmp_path / "e")
     check_against_every_window(snap, pd.read_parquet(tmp_path / "e"))
+
+
+
+def test_cli_export_where_it_cannot_write(v2, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    proc = subprocess.run([*CLI, "export", str(v2.snapshot_dir), "--out", str(tmp_path / "a_file" / "sub" / "e")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("EXPORT_FAILED: ") and "Not a directory" in proc.stderr
