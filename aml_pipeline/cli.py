@@ -1,4 +1,4 @@
-"""``aml-pipeline``: demo, ingest, build, verify, datasets, env.
+"""``aml-pipeline``: demo, ingest, build, verify, export, datasets, env.
 
 User errors print one line ``CODE: message`` on stderr and exit 2 (1 for a failed
 verification); they never print a traceback.
@@ -92,13 +92,13 @@ def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from aml_pipeline.core.hashing import verify_snapshot
-    from aml_pipeline.pipeline.publish import Catalog
+    from aml_pipeline.snapshot.verify import catalog_sha256
 
     snapshot = Path(args.snapshot_dir)
     if not snapshot.is_dir():
         raise AmlError(f"{snapshot}: not a snapshot directory", code="NOT_FOUND")
-    entry = Catalog(snapshot.resolve().parent.parent).find_by_path(snapshot.resolve())
-    result = verify_snapshot(snapshot, entry.sha256 if entry else None)
+    # The catalog's hash: by path, or (a copied datasets root) by spec id and directory name.
+    result = verify_snapshot(snapshot, catalog_sha256(snapshot))
     if result.ok:
         print(f"OK {result.actual} {snapshot}")
         return 0
@@ -107,6 +107,35 @@ def cmd_verify(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from aml_pipeline.errors import disk_full
+    from aml_pipeline.snapshot import SnapshotError, open_snapshot
+    from aml_pipeline.snapshot.export import export_parquet
+
+    bars: list[Any] = []  # opened on the first run written, after every check has passed
+
+    def progress(done: int, total: int) -> None:
+        if not bars:
+            bars.append(_progress(total, "export", "run"))
+        bars[0].update(done - bars[0].n)
+
+    try:
+        snap = open_snapshot(args.snapshot_dir, verify=not args.no_verify)
+        summary = export_parquet(snap, args.out, splits=args.split or ("train", "val", "test"), progress=progress)
+    except SnapshotError as e:
+        raise AmlError(str(e), code=e.code) from None
+    except FileExistsError as e:
+        raise AmlError(str(e), code="EXPORT_EXISTS") from None
+    except OSError as e:  # e.g. no space, no permission to create --out
+        raise (disk_full(e, args.out) or AmlError(f"{args.out}: {e}", code="EXPORT_FAILED")) from None
+    finally:
+        for bar in bars:
+            bar.close()
+    print(json.dumps({k: summary[k] for k in ("outDir", "format", "sha256", "verified", "splits", "rows")}
+                     | {"files": len(summary["files"])}))
+    return 0
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
@@ -245,6 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check every hashed byte of a snapshot (exit 0 only if intact)")
     v.add_argument("snapshot_dir")
     v.set_defaults(func=cmd_verify)
+
+    x = sub.add_parser("export", help="write a snapshot's model-unit grid per run for dataframe tools (docs/consumers.md)")
+    x.add_argument("snapshot_dir")
+    x.add_argument("--format", choices=("parquet",), default="parquet", help="output format (default parquet)")
+    x.add_argument("--out", required=True, help="directory to create (must not exist, or be empty)")
+    x.add_argument("--split", action="append", choices=("train", "val", "test"), help="only this split (repeatable)")
+    x.add_argument("--no-verify", action="store_true", help="skip the hash check (the export then records verified=false)")
+    x.set_defaults(func=cmd_export)
 
     ls = sub.add_parser("datasets", help="list published snapshots")
     ls.add_argument("--root", help="datasets root (default: $AML_HOME/datasets)")

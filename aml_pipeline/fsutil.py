@@ -43,18 +43,48 @@ def dir_lock(directory: Path, *, shared: bool, wait_s: float = 0.0) -> Iterator[
         os.close(fd)
 
 
+# Published snapshots are read-only on disk (files 0444, directories 0555), so a stray write
+# fails instead of silently corrupting a dataset; verification catches a deliberate one.
+READ_ONLY_FILE = 0o444
+READ_ONLY_DIR = 0o555
+
+
+def make_read_only(root: Path) -> None:
+    """Files under ``root`` 0444, directories 0555 (``root`` last); symlinks are left alone."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, READ_ONLY_FILE)
+        for name in dirnames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, READ_ONLY_DIR)
+    os.chmod(root, READ_ONLY_DIR)
+
+
 def make_tree_writable(path: Path) -> None:
-    """Give the owner write access again to a published (read-only) tree, so it can be removed."""
-    for root, dirs, files in os.walk(path):
-        os.chmod(root, 0o755)
-        for name in files:
-            p = os.path.join(root, name)
+    """Give the owner write permission on ``path`` and every directory below it, so their
+    entries can be removed or renamed. Files keep their mode: a file may be a hard link shared
+    with another (kept) snapshot, whose file it also is."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return
+    os.chmod(path, os.stat(path).st_mode | 0o700)
+    for dirpath, dirnames, _ in os.walk(path):
+        for name in dirnames:
+            p = os.path.join(dirpath, name)
             if not os.path.islink(p):
-                os.chmod(p, 0o644)
+                os.chmod(p, os.stat(p).st_mode | 0o700)
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a directory tree, read-only parts included."""
-    if path.exists():
+def remove_tree(path: Path, *, ignore_errors: bool = True) -> None:
+    """Remove a directory tree, read-only parts included (published snapshots, staging
+    directories made read-only before their rename); a missing ``path`` is not an error."""
+    try:
         make_tree_writable(path)
-        shutil.rmtree(path, ignore_errors=True)
+    except FileNotFoundError:
+        return
+    except OSError:
+        if not ignore_errors:
+            raise
+    shutil.rmtree(path, ignore_errors=ignore_errors)

@@ -18,22 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SPEC_FILE = "spec.json"
-MANIFEST_FILE = "manifest.json"
-V1_FILES = (MANIFEST_FILE, "arrays/x.f32", "arrays/u.f32", "arrays/y.f32")
-DIGEST_FILE = "sha256.json"  # beside the hashed files; not itself hashed
+# One definition of the layout and the hashed file list, shared with the consumers' reader
+# (aml_pipeline.snapshot, which imports nothing of the pipeline). DIGEST_FILE sits beside the
+# hashed files and is not itself hashed.
+from aml_pipeline.snapshot.layout import DIGEST_FILE, MANIFEST_FILE, SPEC_FILE, V1_FILES, hashed_files
 
 _CHUNK = 8 << 20
-
-
-def hashed_files(manifest: Mapping[str, Any]) -> list[str]:
-    """Relative names hashed after spec.json, in hash order."""
-    files = list(V1_FILES)
-    if manifest.get("version") == 2:
-        for name in (manifest.get("artifacts") or {}).values():
-            if name not in files:
-                files.append(str(name))
-    return files
 
 
 class SnapshotHasher:

@@ -1,7 +1,8 @@
 """Publishing snapshots: atomic rename into place, the ``current`` pointer, and the catalog.
 
 A snapshot is built in ``<root>/<spec>/.staging-*``, fsynced, then renamed to
-``<root>/<spec>/<sha256[:16]>`` (content-addressed and immutable). A crash at any moment leaves
+``<root>/<spec>/<sha256[:16]>`` (content-addressed and immutable: files 0444, directories 0555, made
+so before the rename; :func:`aml_pipeline.fsutil.remove_tree` removes such a tree). A crash at any moment leaves
 either no new directory or a complete one; the previous snapshots are never touched.
 ``current`` is a symlink replaced atomically once the blocking checks have passed.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import time
 import uuid
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aml_pipeline.core.hashing import DIGEST_FILE, SnapshotDigest, verify_snapshot
-from aml_pipeline.fsutil import fsync_dir
+from aml_pipeline.fsutil import fsync_dir, make_read_only, remove_tree
 from aml_pipeline.ids import check_spec_id
 
 CATALOG_FILE = "catalog.sqlite"
@@ -47,7 +47,7 @@ def remove_abandoned_staging(parent: Path) -> list[Path]:
         except (IndexError, ValueError):
             continue
         if not _pid_alive(pid):
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path, ignore_errors=True)
             removed.append(path)
     return removed
 
@@ -67,14 +67,17 @@ def staging_dir(root: Path, spec_id: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path, ignore_errors=True)
 
 
 def publish_staged(staging: Path, digest: SnapshotDigest) -> Path:
-    """Record the digest beside the files, fsync everything and rename into place."""
+    """Record the digest beside the files, make them read-only, fsync everything and rename
+    into place (an accidental write to a published snapshot fails; ``verify`` catches a
+    deliberate one)."""
     (staging / DIGEST_FILE).write_bytes(digest.to_json_bytes())
     with open(staging / DIGEST_FILE, "rb+") as f:
         os.fsync(f.fileno())
+    make_read_only(staging)
     for d in (staging / "arrays", staging):
         if d.is_dir():
             fsync_dir(d)

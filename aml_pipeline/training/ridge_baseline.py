@@ -2,11 +2,14 @@
 
     <shared env>/bin/python -E -s ridge_baseline.py     (launched by dg.PipesSubprocessClient)
 
-Imports only what the shared environment has (numpy, dagster_pipes) and its sibling
-``snapshot_reader``. Steps:
+Imports only what the shared environment has (numpy, dagster_pipes) and the snapshot reader
+``aml_pipeline/snapshot`` (numpy and the standard library only). The project is not installed in
+the shared environment, so run as a script it loads that package from its files next to this
+one (``RIDGE_BASELINE_FILES``, the baseline's code version, lists them). Steps:
 
-1. verify the snapshot's sha256 (``sha256.json``, and the catalog's hash when given) and refuse
-   to train on a mismatch, naming the changed files;
+1. open the snapshot with ``open_snapshot``: its sha256 is verified by streaming the files
+   (``sha256.json``, the catalog's hash) and a mismatch is refused, naming the changed files;
+   the arrays are then memory maps of the verified files;
 2. features = history ``x`` [H x nodes] and future controls ``u`` [F x controls], flattened;
    targets = future ``y`` [F x targets], flattened (all normalised, as stored);
 3. fit ridge regression (intercept unpenalised, features centred on train) on the train windows
@@ -31,6 +34,7 @@ observe the run while it holds its read lease.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -41,10 +45,28 @@ from typing import Any
 
 import numpy as np
 
-if __package__:
-    from .snapshot_reader import Snapshot, SnapshotError, load_snapshot
-else:  # run as a script inside the shared environment: the sibling module, not the package
-    from snapshot_reader import Snapshot, SnapshotError, load_snapshot  # type: ignore[no-redef]
+
+def _snapshot_package() -> Any:
+    """``aml_pipeline.snapshot``: imported when this runs inside the project, else (a script in
+    the shared environment, where ``aml_pipeline`` is not installed) loaded from its files
+    beside this one, under its own name and without ``aml_pipeline/__init__``."""
+    if __package__:
+        import aml_pipeline.snapshot
+
+        return aml_pipeline.snapshot
+    name = "aml_pipeline.snapshot"
+    if name not in sys.modules:
+        pkg = Path(__file__).resolve().parent.parent / "snapshot"
+        spec = importlib.util.spec_from_file_location(name, pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+        assert spec is not None and spec.loader is not None, pkg
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_reader = _snapshot_package()
+Snapshot, SnapshotError, open_snapshot = _reader.Snapshot, _reader.SnapshotError, _reader.open_snapshot
 
 VERSION = "ridge_baseline@1"
 DEFAULT_ALPHAS = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)
@@ -93,6 +115,12 @@ def denorm(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
     return values.astype(np.float64) * std + mean
 
 
+def part_of(snap: Snapshot, split: str) -> slice:
+    """Windows of one split (stored train, then val, then test) as a slice: a view of the map."""
+    r = snap.split_range(split)
+    return slice(r.start, r.stop)
+
+
 def persistence(snap: Snapshot, part: slice) -> np.ndarray:
     """Last observed value of each target in the history, held over the horizon (model units)."""
     nodes = list(snap.manifest["allNodes"])
@@ -100,8 +128,8 @@ def persistence(snap: Snapshot, part: slice) -> np.ndarray:
     if missing:
         raise SnapshotError(f"{snap.root}: targets {missing} are not in allNodes; no persistence baseline")
     cols = [nodes.index(t) for t in snap.targets]
-    x_mean, x_std = snap.norm("x")
-    last = denorm(snap.x[part, -1, :][:, cols], x_mean[cols], x_std[cols])  # [n, targets]
+    norm = snap.norm["x"]
+    last = denorm(snap.x[part, -1, :][:, cols], norm.mean[cols], norm.std[cols])  # [n, targets]
     horizon = snap.y.shape[1]
     return np.repeat(last[:, None, :], horizon, axis=1)
 
@@ -113,8 +141,8 @@ def train_and_evaluate(snap: Snapshot, alphas: tuple[float, ...] = DEFAULT_ALPHA
         raise SnapshotError(f"{snap.root}: no train windows to fit on")
     X, Y = design(snap)
     F, T = snap.y.shape[1], snap.y.shape[2]
-    y_mean, y_std = snap.norm("y")
-    train = snap.part("train")
+    y_mean, y_std = snap.norm["y"].mean, snap.norm["y"].std
+    train = part_of(snap, "train")
     path = RidgePath(X[train], Y[train])
 
     def model_rmse(part: slice, coef: np.ndarray) -> np.ndarray:
@@ -124,14 +152,14 @@ def train_and_evaluate(snap: Snapshot, alphas: tuple[float, ...] = DEFAULT_ALPHA
     scores: dict[float, float] = {}
     if counts["val"] > 0:
         for a in alphas:
-            scores[float(a)] = float(np.mean(model_rmse(snap.part("val"), path.coef(a)) / y_std))
+            scores[float(a)] = float(np.mean(model_rmse(part_of(snap, "val"), path.coef(a)) / y_std))
         alpha = min(scores, key=lambda a: (scores[a], -a))  # ties: the stronger regularisation
     else:
         alpha = FALLBACK_ALPHA
     coef = path.coef(alpha)
     rmse: dict[str, dict[str, list[float]]] = {}
     for name in ("train", "val", "test"):
-        part = snap.part(name)
+        part = part_of(snap, name)
         if counts[name] == 0:
             continue
         truth = denorm(snap.y[part], y_mean, y_std)
@@ -165,7 +193,7 @@ def _table(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summarize(snap: Snapshot, result: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Flat metrics (for metadata and metrics.json) and the per-target table rows."""
-    units = snap.units()
+    units = {node: v.model_unit for node, v in snap.variables.items()}
     rmse = result["rmse"]
     rows: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {}
@@ -250,7 +278,7 @@ def run(pipes: Any) -> None:
     _hold(pipes.log)
     started = time.monotonic()
     try:
-        snap = load_snapshot(snapshot_dir, extras.get("expected_sha256"))
+        snap = open_snapshot(snapshot_dir, expected_sha256=extras.get("expected_sha256"))
     except SnapshotError as e:
         pipes.log.error(f"{e.code}: {e}")
         _write_outcome(outcome_path, ok=False, code=e.code, message=str(e), changed=e.changed)
@@ -278,7 +306,7 @@ def run(pipes: Any) -> None:
         **metrics,
         "snapshot_dir": {"type": "path", "raw_value": str(snap.root)},
         "snapshot_sha256": snap.sha256,
-        "hash_verified": True,
+        "hash_verified": bool(snap.verified),
         "python": f"{sys.executable} ({platform.python_implementation()} {platform.python_version()})",
         "numpy_version": np.__version__,
         "trainer": VERSION,

@@ -6,16 +6,16 @@ import json
 
 import numpy as np
 
-from aml_pipeline.core.hashing import digest_snapshot as core_digest
+from aml_pipeline.snapshot import open_snapshot
 from aml_pipeline.training.ridge_baseline import (
     RidgePath,
+    part_of,
     persistence,
     save_model,
     summarize,
     train_and_evaluate,
 )
-from aml_pipeline.training.snapshot_reader import load_snapshot
-from aml_pipeline_tests.training.test_snapshot_reader import write_snapshot
+from aml_pipeline_tests.snapshot.support import rehash, write_snapshot
 
 
 def test_ridge_path_equals_the_normal_equations():
@@ -38,14 +38,14 @@ def _rewrite(root, x=None, u=None, y=None, norm=None):
     if norm is not None:
         m["norm"] = norm
     (root / "manifest.json").write_text(json.dumps(m))
-    (root / "sha256.json").write_bytes(core_digest(root).to_json_bytes())
+    rehash(root)
 
 
 def test_linear_truth_is_learned_and_reported_in_model_units(tmp_path):
     """y is an exact linear function of (x, u): ridge with a small alpha recovers it, while
     persistence is off by the known amount; RMSE comes out in model (de-normalised) units."""
     root = write_snapshot(tmp_path / "s", n=(300, 60, 60), H=4, F=3, seed=2)
-    snap = load_snapshot(root)
+    snap = open_snapshot(root)
     rng = np.random.default_rng(3)
     N = snap.x.shape[0]
     feats = np.concatenate([snap.x.reshape(N, -1), snap.u.reshape(N, -1)], 1).astype(np.float64)
@@ -54,13 +54,13 @@ def test_linear_truth_is_learned_and_reported_in_model_units(tmp_path):
     norm = {"x": {"mean": [300.0, 50.0, 0.0, 0.0], "std": [10.0, 2.0, 1.0, 1.0]},
             "u": {"mean": [0.0], "std": [1.0]}, "y": {"mean": [300.0, 50.0], "std": [10.0, 2.0]}}
     _rewrite(root, y=y, norm=norm)
-    snap = load_snapshot(root)
+    snap = open_snapshot(root)
     result = train_and_evaluate(snap, alphas=(1e-6, 1.0, 1e4))
     assert result["alpha"] == 1e-6
     test_model = np.array(result["rmse"]["test"]["model"])
     assert np.all(test_model < 1e-3)
     # Persistence by hand: last history value of each target (T1 = node 0, Q1 = node 1), in model units.
-    part = snap.part("test")
+    part = part_of(snap, "test")
     y_phys = snap.y[part].astype(np.float64) * [10.0, 2.0] + [300.0, 50.0]
     last = snap.x[part, -1, :2].astype(np.float64) * [10.0, 2.0] + [300.0, 50.0]
     expected = np.sqrt(((y_phys - last[:, None, :]) ** 2).mean(axis=(0, 1)))
@@ -73,17 +73,17 @@ def test_linear_truth_is_learned_and_reported_in_model_units(tmp_path):
 
 def test_alpha_is_chosen_on_val_and_val_can_be_empty(tmp_path):
     root = write_snapshot(tmp_path / "s", n=(40, 0, 10), seed=4)
-    result = train_and_evaluate(load_snapshot(root))
+    result = train_and_evaluate(open_snapshot(root))
     assert result["alpha"] == 1.0 and result["val_score_by_alpha"] == {} and "val" not in result["rmse"]
-    metrics, rows = summarize(load_snapshot(root), result)
+    metrics, rows = summarize(open_snapshot(root), result)
     assert rows[0]["val_rmse_model"] is None and "test_mean_skill" in metrics
     # Pure noise targets: heavy regularisation wins on val.
     noisy = write_snapshot(tmp_path / "n", n=(30, 200, 10), H=6, seed=5)
-    assert train_and_evaluate(load_snapshot(noisy))["alpha"] >= 100
+    assert train_and_evaluate(open_snapshot(noisy))["alpha"] >= 100
 
 
 def test_model_and_metrics_are_saved(tmp_path):
-    snap = load_snapshot(write_snapshot(tmp_path / "s", seed=6))
+    snap = open_snapshot(write_snapshot(tmp_path / "s", seed=6))
     result = train_and_evaluate(snap)
     metrics, _ = summarize(snap, result)
     model_path, version = save_model(tmp_path / "out", snap, result, metrics)

@@ -1,0 +1,56 @@
+"""Real published snapshots (v1 and v2) of a small simulated plant, built by the library build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aml_pipeline.pipeline.build import PublishedDataset, build_dataset
+from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
+from aml_pipeline.spec import parse_spec
+from aml_pipeline.tsdb import open_tsdb
+
+
+@pytest.fixture(scope="session")
+def plant() -> SimulatedPlant:
+    return simulate_plant(n_runs=7, run_minutes=8, seed=11)
+
+
+@pytest.fixture(scope="session")
+def plant_url(plant: SimulatedPlant, tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"duckdb://{tmp_path_factory.mktemp('snapshot-plant') / 'tsdb.duckdb'}"
+    with open_tsdb(url, read_only=False) as db:
+        db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
+    return url
+
+
+def publish(plant: SimulatedPlant, url: str, root: Path, *, extras: bool | dict = True, **overrides: Any) -> PublishedDataset:
+    """Build and publish a snapshot under ``root`` (``root/datasets/<spec>/<sha>``, with a catalog);
+    ``extras``: v2 with the plant's variables, v1, or these extras."""
+    data = plant_spec_dict(plant, "snap_ds", history_steps=20, horizon_steps=10, extras=bool(extras),
+                           split={"method": "chronological", "train": 0.5, "val": 0.25, "test": 0.25, "seed": 0})
+    if isinstance(extras, dict):
+        data["extras"] = extras
+    data.update(overrides)
+    with open_tsdb(url) as db:
+        return build_dataset(parse_spec(data), db, store_root=root / "store", datasets_root=root / "datasets")
+
+
+@pytest.fixture(scope="session")
+def v2(plant, plant_url, tmp_path_factory) -> PublishedDataset:
+    """Shared and read-only: tests that change bytes use ``fresh_v2``."""
+    published = publish(plant, plant_url, tmp_path_factory.mktemp("v2"))
+    assert all(published.manifest["split"][p] > 0 for p in ("train", "val", "test"))
+    return published
+
+
+@pytest.fixture(scope="session")
+def v1(plant, plant_url, tmp_path_factory) -> PublishedDataset:
+    return publish(plant, plant_url, tmp_path_factory.mktemp("v1"), extras=False)
+
+
+@pytest.fixture
+def fresh_v2(plant, plant_url, tmp_path) -> PublishedDataset:
+    return publish(plant, plant_url, tmp_path)

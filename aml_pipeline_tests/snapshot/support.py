@@ -1,0 +1,79 @@
+"""Snapshots for the reader's tests: small synthetic ones in the published layout (hashed by
+``aml_pipeline.core.hashing``, the writer's own code) and byte-level tampering."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from aml_pipeline.core.hashing import digest_snapshot as core_digest
+
+
+def write_snapshot(root: Path, *, n=(6, 2, 2), H=4, F=3, nodes=("T1", "Q1", "C1", "F1"), controls=("C1",),
+                   targets=("T1", "Q1"), version=2, seed=0, runs=None, sparse_x=False) -> Path:
+    """A small snapshot in the published layout, hashed by aml_pipeline.core.hashing.
+
+    ``runs``: window counts per run per split (default one run per split); ``sparse_x``: x is
+    a sparse file of zeros (large snapshots without writing their bytes)."""
+    rng = np.random.default_rng(seed)
+    N = sum(n)
+    root.mkdir(parents=True)
+    (root / "arrays").mkdir()
+    shapes = {"x": (N, H, len(nodes)), "u": (N, F, len(controls)), "y": (N, F, len(targets))}
+    for k, shape in shapes.items():
+        path = root / "arrays" / f"{k}.f32"
+        if k == "x" and sparse_x:
+            with open(path, "wb") as f:
+                f.truncate(int(np.prod(shape)) * 4)
+        else:
+            path.write_bytes(np.ascontiguousarray(rng.normal(size=shape), dtype="<f4").tobytes())
+    spec = {"id": "synthetic", "note": "test"}
+    (root / "spec.json").write_text(json.dumps(spec))
+    runs = runs or {"train": [n[0]], "val": [n[1]], "test": [n[2]]}
+    blocks, ids = [], {}
+    for part in ("train", "val", "test"):
+        ids[part] = [f"{part}-{i}" for i in range(len(runs[part]))]
+        blocks += [{"blockId": f"{r}#0", "runId": r, "split": part, "purgeBeforeSteps": 0, "purgeAfterSteps": 0,
+                    "uniqueSteps": c} for r, c in zip(ids[part], runs[part], strict=True)]
+    manifest = {
+        "version": version, "spec": spec, "allNodes": list(nodes), "controls": list(controls), "targets": list(targets),
+        "historySteps": H, "horizonSteps": F, "beatMs": 1000,
+        "shapes": {k: list(s) for k, s in shapes.items()},
+        "split": {"train": n[0], "val": n[1], "test": n[2], "trainRunIds": ids["train"], "valRunIds": ids["val"],
+                  "testRunIds": ids["test"], "excluded": [], "blocks": blocks},
+        "norm": {g: {"mean": [0.0] * len(c), "std": [1.0] * len(c), "zeroStd": []}
+                 for g, c in (("x", nodes), ("u", controls), ("y", targets))},
+    }
+    if version == 2:
+        manifest["artifacts"] = {"x": "arrays/x.f32", "u": "arrays/u.f32", "y": "arrays/y.f32", "sidecar": "arrays/sidecar.json"}
+        (root / "arrays" / "sidecar.json").write_text(json.dumps({"units": []}))
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    rehash(root)
+    return root
+
+
+def rehash(root: Path) -> None:
+    """Record the snapshot's current bytes in sha256.json (what a tamperer who re-hashes does)."""
+    path = root / "sha256.json"
+    if path.exists():
+        os.chmod(path, 0o644)
+    path.write_bytes(core_digest(root).to_json_bytes())
+
+
+def rewrite_manifest(root: Path, change) -> None:
+    """Apply ``change(manifest)`` and re-hash: a consistent, verifying snapshot."""
+    m = json.loads((root / "manifest.json").read_text())
+    change(m)
+    (root / "manifest.json").write_text(json.dumps(m))
+    rehash(root)
+
+
+def flip_byte(path: Path, offset: int | None = None) -> None:
+    """Change one byte in place, as root (published files are read-only to everyone else)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if offset is None else offset] ^= 0x01
+    with open(path, "r+b") as f:
+        f.write(bytes(data))
