@@ -115,7 +115,7 @@ query AssetNodes {
     isObservable
     jobNames
     partitionDefinition { type name }
-    backfillPolicy { policyType }
+    backfillPolicy { policyType maxPartitionsPerRun }
   }
 }
 """
@@ -304,7 +304,8 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
         assert n["groupName"] == SPEC_ID, n
         assert n["isPartitioned"] and n["isMaterializable"], n
         assert n["partitionDefinition"] == {"type": "DYNAMIC", "name": partitions_def}, n
-        assert n["backfillPolicy"] == {"policyType": "SINGLE_RUN"}, n
+        # Backfills in chunks of at most AML_BACKFILL_CHUNK_RUNS runs per Dagster run.
+        assert n["backfillPolicy"] == {"policyType": "MULTI_RUN", "maxPartitionsPerRun": 64}, n
     for name in DATASET_ASSETS:
         n = nodes[(SPEC_ID, name)]
         assert n["groupName"] == SPEC_ID, n
