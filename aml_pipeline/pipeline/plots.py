@@ -4,14 +4,17 @@
   (the run summarised per node and pixel column while it streams, never its points): one band
   per node labelled ``node [unit]`` with its value scale, a shared time axis since the run's
   start, raw points, the cleaned grid, removed outliers and gaps in distinct colours, a legend.
-  It is drawn for every run of every backfill, so it has a budget: 20 ms and 30 KB of markdown
-  for a 16-node run (``bench/plots_bench.py``). matplotlib draws what does not change between
-  runs of a dataset (frame, node labels, legend, axis caption) once, kept as palette indices.
-  Per run, the data layer is painted into a copy of it with numpy (a trace already is one value
-  range per pixel column, so this is exact, where matplotlib's artists cost about 100 ms for 16
-  bands) and the few changing texts (title, scales, time ticks) are stamped with Pillow's
-  FreeType in matplotlib's own font (matplotlib renders text at about 0.1 ms per glyph, and
-  there are some 300). The 16-colour image is written as a 4-bit PNG.
+  It is drawn for every run of every backfill, so it has a budget for a 16-node run: 20 ms, and
+  30 KB of event log (which SQLite fills with each event twice: about 14 KB of markdown), both
+  measured by ``bench/plots_bench.py``. So:
+
+  - matplotlib draws what does not change between runs of a dataset (frame, band separators,
+    legend, axis caption) once per list of labels, kept as palette indices;
+  - per run, numpy paints the data layer into a copy of it (a trace is one value range per pixel
+    column, so this is exact; matplotlib's artists for 16 bands cost about 100 ms), and Pillow's
+    FreeType stamps the texts in matplotlib's font, hinted and not antialiased (matplotlib
+    renders text at about 0.1 ms per glyph, and antialiased text doubles the PNG);
+  - the 10-colour image is written as a 4-bit PNG with unfiltered rows (:func:`_png`).
 * **Per dataset** (:func:`dataset_overview_png`): missing ratio and outlier ratio as runs x nodes
   heat maps above windows per run coloured by split, drawn by matplotlib; beyond 600 runs, runs
   are aggregated into bins (within a split, never across), so 10,000 runs stay legible.
@@ -40,8 +43,8 @@ from aml_pipeline.core.traces import DEFAULT_WIDTH, RunTraces, TraceAccumulator
 
 SPLIT_COLOURS = {"train": "#1f77b4", "val": "#ff7f0e", "test": "#2ca02c", "excluded": "#9e9e9e"}
 
-# The run figure's 16-colour palette: what the data layer paints, then greys for text and lines.
-WHITE, RAW, GRID, OUTLIER, GAP, PARTIAL_GAP, TICK = range(7)
+# The run figure's palette (a 4-bit PNG): what the data layer paints, then greys for text and lines.
+WHITE, RAW, GRID, OUTLIER, GAP, PARTIAL_GAP, BLACK, GREY_DARK, GREY_MID, GREY_LIGHT = range(10)
 PALETTE = np.array(
     [
         (255, 255, 255),  # background
@@ -50,22 +53,26 @@ PALETTE = np.array(
         (214, 39, 40),  # removed outliers
         (253, 200, 150),  # a column whose grid rows are all missing
         (254, 232, 212),  # a column with some missing grid rows
-        (232, 232, 232),  # time grid lines
-        *((g, g, g) for g in (0, 45, 80, 110, 140, 165, 195, 215, 240)),
+        (0, 0, 0),  # title, labels, ticks
+        (80, 80, 80),  # band scales
+        (110, 110, 110),
+        (195, 195, 195),
     ],
     np.uint8,
 )
-_GREYS = np.arange(7, 16)
+# What matplotlib's antialiased drawing (frame, separators, legend) is reduced to: two greys
+# smooth it well enough and cost a third of the PNG bytes of nine.
+STATIC_COLOURS = (WHITE, RAW, GRID, OUTLIER, GAP, PARTIAL_GAP, BLACK, GREY_MID, GREY_LIGHT)
 
 # ---- run figure layout (pixels) ---------------------------------------------------------------
 
 DPI = 100
 FONT_PT = 7
-BAND_PX = 20  # height of one node's band
-PAD_PX = 3  # inside a band, between the data's range and the band's edges
+BAND_PX = 15  # height of one node's band (the PNG's size grows with it: see _png)
+PAD_PX = 2  # inside a band, between the data's range and the band's edges
 EDGE = 2  # rows at a band's top and bottom kept free for the separator lines
-RIGHT_PX, TOP_PX, BOTTOM_PX = 14, 36, 26
-SCALE_PX = 84  # room for a band's scale ("-12.34 … 56.78") left of the data
+RIGHT_PX, TOP_PX, BOTTOM_PX = 16, 36, 18
+SCALE_PX = 84  # room for a band's scale ("-12.3 … 56.8") left of the data
 MAX_LABEL_CHARS = 28
 
 
@@ -77,10 +84,8 @@ def data_uri_markdown(png: bytes, alt: str) -> str:
 
 
 def _fmt(v: float) -> str:
-    """A scale value in at most 4 significant digits."""
-    if not math.isfinite(v):
-        return "?"
-    return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3g}"
+    """A scale value in 3 significant digits (what a band of 12 pixels resolves)."""
+    return f"{v:.3g}" if math.isfinite(v) else "?"
 
 
 def _time_ticks(span_ms: float) -> tuple[float, str, np.ndarray]:
@@ -97,17 +102,13 @@ def _time_ticks(span_ms: float) -> tuple[float, str, np.ndarray]:
     return ms, name, np.arange(0, extent + 1e-9, step)
 
 
-def _nearest_palette(rgb: np.ndarray) -> np.ndarray:
-    """Palette index of the nearest palette colour of each pixel (``[..., 3]`` uint8)."""
+def _nearest_palette(rgb: np.ndarray, allowed: Sequence[int]) -> np.ndarray:
+    """Per pixel (``[..., 3]`` uint8), the index of the nearest of the ``allowed`` palette colours."""
+    allowed = np.asarray(allowed)
     flat = rgb.reshape(-1, 3).astype(np.int32)
     keys, inverse = np.unique(flat, axis=0, return_inverse=True)
-    d = ((keys[:, None, :] - PALETTE[None, :, :].astype(np.int32)) ** 2).sum(axis=2)
-    return np.argmin(d, axis=1).astype(np.uint8)[inverse.reshape(-1)].reshape(rgb.shape[:-1])
-
-
-# Antialiased text over white: a grey value -> the nearest grey of the palette.
-_GREY_INDEX = _GREYS[np.argmin(np.abs(np.arange(256)[:, None] - PALETTE[_GREYS, 0][None, :].astype(int)), axis=1)].astype(np.uint8)
-_GREY_INDEX[250:] = WHITE
+    d = ((keys[:, None, :] - PALETTE[allowed][None, :, :].astype(np.int32)) ** 2).sum(axis=2)
+    return allowed[np.argmin(d, axis=1)].astype(np.uint8)[inverse.reshape(-1)].reshape(rgb.shape[:-1])
 
 
 @dataclass
@@ -133,8 +134,8 @@ def _run_layout(labels: tuple[str, ...], width: int) -> _RunLayout:
     from matplotlib.patches import Patch
 
     n = len(labels)
-    # left margin: the longest label (bold is about 10 % wider than regular), then the scale
-    left = 10 + int(1.12 * max((_font().getlength(label) for label in labels), default=0)) + SCALE_PX
+    # left margin: the longest label, then the scale
+    left = 10 + int(max((_font("bold").getlength(label) for label in labels), default=0)) + SCALE_PX
     w_px = left + width + RIGHT_PX
     h_px = TOP_PX + n * BAND_PX + BOTTOM_PX
     fig = Figure(figsize=(w_px / DPI, h_px / DPI), dpi=DPI, facecolor="white")
@@ -151,16 +152,13 @@ def _run_layout(labels: tuple[str, ...], width: int) -> _RunLayout:
     ax.patch.set_alpha(0.0)
     for i in range(1, n):
         ax.axhline(i * BAND_PX, color="#a0a0a0", linewidth=0.6)
-    for i, label in enumerate(labels):
-        fig.text(6 / w_px, 1 - (TOP_PX + (i + 0.5) * BAND_PX) / h_px, label, ha="left", va="center_baseline",
-                 fontsize=FONT_PT, fontweight="bold")
-    ax.text(width, n * BAND_PX + 14, "time since run start", ha="right", va="top", fontsize=FONT_PT, color="#505050")
+    ax.text(-5, n * BAND_PX + 5, "time since run start", ha="right", va="top", fontsize=FONT_PT, color="#505050")
     colour = lambda i: PALETTE[i] / 255  # noqa: E731
     fig.legend(
         handles=[
-            Line2D([], [], color=colour(RAW), linewidth=3, label="raw points (min–max per pixel)"),
+            Line2D([], [], color=colour(RAW), linewidth=3, label="raw points off the cleaned line"),
             Line2D([], [], color=colour(GRID), linewidth=1.2, label="cleaned grid"),
-            Line2D([], [], color=colour(OUTLIER), marker="x", linestyle="none", markersize=4, label="removed outlier"),
+            Line2D([], [], color=colour(OUTLIER), marker="|", linestyle="none", markersize=5, markeredgewidth=1.2, label="removed outlier"),
             Patch(color=colour(GAP), label="gap (missing grid rows)"),
         ],
         loc="upper left",
@@ -175,41 +173,42 @@ def _run_layout(labels: tuple[str, ...], width: int) -> _RunLayout:
     )
     canvas.draw()
     rgba = np.asarray(canvas.buffer_rgba())
-    return _RunLayout(_nearest_palette(rgba[:, :, :3]), left, TOP_PX, width, n)
+    background = _nearest_palette(rgba[:, :, :3], STATIC_COLOURS)
+    for i, label in enumerate(labels):
+        _stamp(background, label, 6, TOP_PX + (i + 0.5) * BAND_PX, "lm", BLACK, weight="bold")
+    return _RunLayout(background, left, TOP_PX, width, n)
 
 
-@lru_cache(maxsize=1)
-def _font():
-    """matplotlib's default font (DejaVu Sans), for the texts that change with every run."""
+@lru_cache(maxsize=2)
+def _font(weight: str = "normal"):
+    """matplotlib's default font (DejaVu Sans) at FONT_PT, for Pillow."""
     from matplotlib import font_manager
     from PIL import ImageFont
 
-    path = font_manager.findfont(font_manager.FontProperties(family="DejaVu Sans"))
+    path = font_manager.findfont(font_manager.FontProperties(family="DejaVu Sans", weight=weight))
     return ImageFont.truetype(path, size=round(FONT_PT * DPI / 72))
 
 
 @lru_cache(maxsize=4096)
-def _text_mask(text: str, anchor: str) -> tuple[np.ndarray, int, int]:
-    """The alpha mask of ``text`` and its offset from the anchor point (Pillow's FreeType)."""
-    mask, (dx, dy) = _font().getmask2(text, mode="L", anchor=anchor)
+def _text_mask(text: str, anchor: str, weight: str = "normal") -> tuple[np.ndarray, int, int]:
+    """The pixels of ``text`` (hinted, not antialiased: half the PNG bytes of antialiased text)
+    and their offset from the anchor point, rendered by Pillow's FreeType."""
+    mask, (dx, dy) = _font(weight).getmask2(text, mode="1", anchor=anchor)
     w, h = mask.size
-    return np.frombuffer(bytes(mask), np.uint8).reshape(h, w), dx, dy
+    return np.frombuffer(bytes(mask), np.uint8).reshape(h, w) > 0, dx, dy
 
 
-def _stamp(index: np.ndarray, text: str, x: float, y: float, anchor: str, ink: int = 0) -> None:
-    """Write ``text`` (antialiased, grey ``ink`` over white) into a palette-index image at the
-    anchor point (x, y); Pillow anchors: ``la`` left-top, ``rd`` right-bottom, ``ma`` middle-top."""
-    alpha, dx, dy = _text_mask(text, anchor)
-    h, w = alpha.shape
+def _stamp(index: np.ndarray, text: str, x: float, y: float, anchor: str, ink: int = GREY_DARK, *,
+           weight: str = "normal") -> None:
+    """Write ``text`` in palette colour ``ink`` into a palette-index image at the anchor point
+    (x, y); Pillow anchors: ``la`` left-top, ``lm``/``rm`` left/right-middle, ``ma`` middle-top."""
+    mask, dx, dy = _text_mask(text, anchor, weight)
+    h, w = mask.shape
     x0, y0 = int(round(x)) + dx, int(round(y)) + dy
     xa, ya = max(x0, 0), max(y0, 0)
     xb, yb = min(x0 + w, index.shape[1]), min(y0 + h, index.shape[0])
-    if xa >= xb or ya >= yb:
-        return
-    a = alpha[ya - y0 : yb - y0, xa - x0 : xb - x0].astype(np.int32)
-    grey = 255 - a * (255 - ink) // 255
-    region = index[ya:yb, xa:xb]
-    np.copyto(region, _GREY_INDEX[grey], where=a > 8)
+    if xa < xb and ya < yb:
+        index[ya:yb, xa:xb][mask[ya - y0 : yb - y0, xa - x0 : xb - x0]] = ink
 
 
 @contextmanager
@@ -235,7 +234,7 @@ def _band_scale(traces: RunTraces) -> tuple[np.ndarray, np.ndarray]:
     return lo - pad, hi + pad
 
 
-def _paint(traces: RunTraces, lo: np.ndarray, hi: np.ndarray, tick_cols: np.ndarray) -> np.ndarray:
+def _paint(traces: RunTraces, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """The data layer as palette indices ``[n * BAND_PX, width]`` (0 where nothing is drawn),
     for every node at once."""
     n, w = len(traces.node_ids), traces.width
@@ -244,7 +243,6 @@ def _paint(traces: RunTraces, lo: np.ndarray, hi: np.ndarray, tick_cols: np.ndar
     miss, rows_ = traces.grid_missing, traces.grid_rows
     shade = np.where((miss > 0) & (miss == rows_), GAP, np.where(miss > 0, PARTIAL_GAP, WHITE)).astype(np.uint8)
     img[:, inside, :] = shade[:, None, :]
-    img[:, inside, tick_cols] = np.where(img[:, inside, tick_cols] == WHITE, TICK, img[:, inside, tick_cols])
 
     scale = (BAND_PX - 2 * PAD_PX) / (hi - lo)  # px per unit, per node
 
@@ -262,8 +260,9 @@ def _paint(traces: RunTraces, lo: np.ndarray, hi: np.ndarray, tick_cols: np.ndar
         t[np.isnan(t)] = BAND_PX  # no value in the column: nothing drawn
         img[(band_rows >= t[:, None, :]) & (band_rows <= b[:, None, :])] = colour
 
-    # raw: the column's min..max, one row longer at each end so it shows around the grid line
-    fill(rows(traces.raw_max) - 1, rows(traces.raw_min) + 1, RAW)
+    # raw: the column's min..max; the grid drawn over it leaves it visible where raw points lie
+    # off the cleaned line (removed, bad or beyond the scale) or where the grid has a gap
+    fill(rows(traces.raw_max), rows(traces.raw_min), RAW)
     # grid: min..max, joined to the previous column so a steep step stays one stroke; a column
     # without a grid value stays open (a gap)
     g_top, g_bot = rows(traces.grid_max), rows(traces.grid_min)
@@ -272,15 +271,21 @@ def _paint(traces: RunTraces, lo: np.ndarray, hi: np.ndarray, tick_cols: np.ndar
     p_bot[:, 0] = np.nan
     joined = np.isfinite(g_top) & np.isfinite(p_top)
     fill(np.where(joined, np.fmin(g_top, p_bot), g_top), np.where(joined, np.fmax(g_bot, p_top), g_bot), GRID)
-    # removed outliers: a 3 x 3 cross at the column's smallest and largest removed value
+    # removed outliers: a 3-pixel red tick at the column's smallest and largest removed value
     node, col = np.nonzero(traces.removed_count > 0)
     if node.size:
         ys = np.rint(np.concatenate([rows(traces.removed_min)[node, col], rows(traces.removed_max)[node, col]])).astype(int)
         xs, ns = np.concatenate([col, col]), np.concatenate([node, node])
         for d in (-1, 0, 1):
-            for s in {d, -d}:
-                img[ns, np.clip(ys + s, EDGE, BAND_PX - 1 - EDGE), np.clip(xs + d, 0, w - 1)] = OUTLIER
+            img[ns, np.clip(ys + d, EDGE, BAND_PX - 1 - EDGE), xs] = OUTLIER
     return img.reshape(n * BAND_PX, w)
+
+
+def _deflate(data: bytes) -> bytes:
+    # Level 8 with the "filtered" strategy: 6 % smaller than zlib's default for these images, in
+    # about 5 ms; level 9 gains 1 % more for 3 times the time.
+    z = zlib.compressobj(8, zlib.DEFLATED, 15, 9, zlib.Z_FILTERED)
+    return z.compress(data) + z.flush()
 
 
 def _png(index: np.ndarray) -> bytes:
@@ -301,7 +306,7 @@ def _png(index: np.ndarray) -> bytes:
         b"\x89PNG\r\n\x1a\n"
         + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 4, 3, 0, 0, 0))
         + chunk(b"PLTE", PALETTE.tobytes())
-        + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
+        + chunk(b"IDAT", _deflate(rows.tobytes()))
         + chunk(b"IEND", b"")
     )
 
@@ -326,21 +331,22 @@ def run_figure_png(traces: RunTraces, units: Sequence[str], title: str) -> bytes
     lo, hi = _band_scale(traces)
     ms, unit, ticks = _time_ticks(traces.span_ms)
     ticks_x = ticks * ms / traces.span_ms * traces.width
-    tick_cols = np.clip(np.rint(ticks_x).astype(int), 0, traces.width - 1)
 
     index = layout.background.copy()
-    data = _paint(traces, lo, hi, tick_cols)
+    data = _paint(traces, lo, hi)
     region = index[layout.y0 : layout.y0 + data.shape[0], layout.x0 : layout.x0 + data.shape[1]]
     np.copyto(region, data, where=data != WHITE)
 
     start, end = _utc(traces.t0_ms), _utc(traces.t1_ms)
     span = f"{start:%Y-%m-%d %H:%M:%S} → {end:%H:%M:%S}" if start.date() == end.date() else f"{start:%Y-%m-%d %H:%M} → {end:%Y-%m-%d %H:%M}"
-    _stamp(index, f"{title}   {span} UTC ({traces.span_ms / ms:.3g} {unit})", 6, 3, "la")
+    _stamp(index, f"{title}   {span} UTC ({traces.span_ms / ms:.3g} {unit})", 6, 3, "la", BLACK)
     for i, (a, b) in enumerate(zip(lo, hi)):
-        _stamp(index, f"{_fmt(a)} … {_fmt(b)}", layout.x0 - 5, layout.y0 + (i + 0.5) * BAND_PX, "rm", ink=70)
-    bottom = layout.y0 + layout.n * BAND_PX + 3
+        _stamp(index, f"{_fmt(a)} … {_fmt(b)}", layout.x0 - 5, layout.y0 + (i + 0.5) * BAND_PX, "rm")
+    bottom = layout.y0 + layout.n * BAND_PX
+    tick_cols = layout.x0 + np.clip(np.rint(ticks_x).astype(int), 0, traces.width - 1)
+    index[bottom + 1 : bottom + 4, tick_cols] = BLACK
     for i, (t, x) in enumerate(zip(ticks, ticks_x)):
-        _stamp(index, f"{t:g}" + (f" {unit}" if i == len(ticks) - 1 else ""), layout.x0 + x, bottom, "ma")
+        _stamp(index, f"{t:g}" + (f" {unit}" if i == len(ticks) - 1 else ""), layout.x0 + x, bottom + 5, "ma", BLACK)
     return _png(index)
 
 
