@@ -16,7 +16,9 @@ from aml_pipeline.tsdb import PointColumns, open_tsdb
 
 
 def tick(instance, url):
-    return observe_tsdb_schedule(dg.build_schedule_context(instance=instance, resources={"tsdb": TsdbResource(url=url)}))
+    # closed after the tick: it opens resources (and Dagster's context) that must not outlive it
+    with dg.build_schedule_context(instance=instance, resources={"tsdb": TsdbResource(url=url)}) as context:
+        return observe_tsdb_schedule(context)
 
 
 def test_the_project_defines_the_observation_job_and_a_running_schedule():
