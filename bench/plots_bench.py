@@ -1,15 +1,14 @@
 """What the per-run plot costs: drawing time and event-log growth, for the benchmark's runs.
 
 Workload: the standard plant shape (16 nodes: 4 controls, 4 targets, 8 features; 2 h at 1 Hz per
-run, ``bench.workload``), built with the library (``build_dataset``); each run's traces are
-accumulated from its stage arrays once, untimed (in a build they are accumulated while the run
-streams).
+run, as ``bench.workload``), simulated in memory. Each run's traces are accumulated once, untimed,
+the way the streaming stages feed them: every node's raw points in chunks, cleaned and aligned
+with the core functions (:func:`plant_run_traces`).
 
 * ``plot_ms_per_run``: ``run_traces_markdown`` (draw, encode, wrap as markdown) per run. Each
   repetition draws every run once; the figure is the median over repetitions of the mean per
   run (min and max beside it). Reference, same runs and repetitions: the same traces drawn the
-  plain matplotlib way (a subplot per node with its artists, ``savefig`` to PNG), which is what
-  the budget forbids.
+  plain matplotlib way (a subplot per node with its artists, ``savefig`` to PNG).
 * ``event_log_kb_per_run``: the plot's share of the event log. Each repetition materialises a
   partitioned asset as ``cleaned_grid`` does (one single-run backfill, per-partition metadata
   through ``add_asset_metadata``; every run's markdown five times, 20 partitions) in a
@@ -44,7 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import dir_bytes, fresh_dir  # noqa: E402
-from bench.workload import make_workload  # noqa: E402
+from bench.workload import HISTORY, HORIZON, N_CONTROLS, N_FEATURES, N_TARGETS, SPEC_ID  # noqa: E402
 
 BUDGET_MS, BUDGET_KB = 20.0, 30.0
 COPIES = 5
@@ -108,6 +107,37 @@ def _event_log_growth(markdowns: list[str], with_plot: bool, directory: Path) ->
     return float(dir_bytes(directory) - before)
 
 
+def plant_run_traces(plant, spec, run, *, chunk: int = 20_000):
+    """A run's traces, fed as the streaming stages feed them: each node's raw points in chunks,
+    then its cleaned and aligned values and the points the Hampel filter removed."""
+    from aml_pipeline.core.clean import clean_series
+    from aml_pipeline.core.grid import align, grid_times
+    from aml_pipeline.core.traces import TraceAccumulator
+
+    points = plant.points
+    nodes = {n.node_id: n for n in plant.nodes}
+    mine = points.run_id == run.run_id
+    acc = TraceAccumulator(run.started_at, run.ended_at, spec.node_ids)
+    grid_ts = grid_times(run.started_at, run.ended_at, spec.beat_ms)
+    c = spec.cleaning
+    for j, node in enumerate(spec.nodes):
+        at = np.flatnonzero(mine & (points.node_id == node.node_id))
+        at = at[np.argsort(points.ts[at], kind="stable")]  # (ts, seq): ingestion order breaks ties
+        ts, value, state = points.ts[at], points.value[at], points.state[at]
+        for i in range(0, ts.size, chunk):
+            acc.add_raw(j, ts[i : i + chunk], value[i : i + chunk])
+        lo, hi = node.range or (nodes[node.node_id].range_lo, nodes[node.node_id].range_hi)
+        cleaned = clean_series(
+            ts, value, state, good_states=c.good_states, range_lo=lo, range_hi=hi,
+            hampel_k=c.hampel_k if node.hampel_k is None else node.hampel_k, hampel_sigma=c.hampel_sigma,
+            hampel_min_dev=c.hampel_min_dev if node.hampel_min_dev is None else node.hampel_min_dev,
+        )
+        max_interp = spec.max_interp_ms if node.max_interp_ms is None else node.max_interp_ms
+        acc.add_grid(j, grid_ts, align(cleaned.ts, cleaned.value, grid_ts, interp=node.interp, max_interp_ms=max_interp))
+        acc.add_removed(j, cleaned.outlier_ts, cleaned.outlier_value)
+    return acc.result()
+
+
 def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path | None = None) -> dict[str, Any]:
     """Measure; returns ``plot_ms_per_run`` and ``event_log_kb_per_run`` (medians) with details."""
     import logging
@@ -115,28 +145,19 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
 
     warnings.filterwarnings("ignore", message=r".*currently in (beta|preview)")
     logging.getLogger("dagster").setLevel(logging.WARNING)
-    from aml_pipeline.pipeline.build import build_dataset
-    from aml_pipeline.pipeline.plots import run_traces_markdown, traces_from_stage_arrays
-    from aml_pipeline.pipeline.store import DatasetStore
+    from aml_pipeline.pipeline.plots import run_traces_markdown
+    from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
     from aml_pipeline.spec import parse_spec
-    from aml_pipeline.tsdb import open_tsdb
 
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="aml-plots-bench-")) if own else Path(workdir)
     try:
-        w = make_workload(work / "workload", runs=runs, minutes=minutes)
-        spec = parse_spec(w.spec)
-        with open_tsdb(w.tsdb_url) as db:
-            build_dataset(spec, db, store_root=work / "store", datasets_root=work / "datasets")
-            units_by_node = {n.node_id: n.unit for n in db.list_nodes()}
-        units = [units_by_node[n] for n in spec.node_ids]
-        store = DatasetStore(work / "store", spec.id)
-        traces = {
-            r["run_id"]: traces_from_stage_arrays(
-                spec.node_ids, store.read_arrays(r["run_id"], "raw"), store.read_arrays(r["run_id"], "grid")
-            )
-            for r in w.runs
-        }
+        plant = simulate_plant(n_runs=runs, run_minutes=minutes, seed=1, n_controls=N_CONTROLS,
+                               n_targets=N_TARGETS, n_features=N_FEATURES, unfinished_last_run=False)
+        spec = parse_spec(plant_spec_dict(plant, SPEC_ID, history_steps=HISTORY, horizon_steps=HORIZON))
+        unit_of = {n.node_id: n.unit for n in plant.nodes}
+        units = [unit_of[n] for n in spec.node_ids]
+        traces = {r.run_id: plant_run_traces(plant, spec, r) for r in plant.runs}
         run_traces_markdown(next(iter(traces.values())), units, "warm-up")  # layout and font, once
         _naive_png(next(iter(traces.values())), units, "warm-up")
 
@@ -172,7 +193,7 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
             "budget": {"plot_ms_per_run": BUDGET_MS, "event_log_kb_per_run": BUDGET_KB},
             "met": {"plot_ms_per_run": ms["median"] <= BUDGET_MS, "event_log_kb_per_run": kb["median"] <= BUDGET_KB},
             "workload": {"runs": len(traces), "nodes": len(spec.node_ids), "run_minutes": minutes,
-                         "points": w.points, "repeat": repeat},
+                         "points": len(plant.points), "repeat": repeat},
         }
     finally:
         if own:

@@ -14,11 +14,8 @@ from PIL import Image
 
 from aml_pipeline.core.traces import TraceAccumulator
 from aml_pipeline.pipeline import plots
-from aml_pipeline.pipeline.build import build_dataset
-from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
 
 
 def decode(png: bytes) -> np.ndarray:
@@ -126,26 +123,24 @@ def test_run_figures_decode_as_pngs_for_every_run(runs):
 
 
 @pytest.fixture(scope="module")
-def plant16(tmp_path_factory):
-    """The benchmark's shape: 16 nodes (4 controls, 4 targets, 8 features), 2 h at 1 Hz."""
-    root = tmp_path_factory.mktemp("plant16")
-    plant = simulate_plant(n_runs=2, run_minutes=120, n_controls=4, n_targets=4, n_features=8, seed=1)
-    url = f"duckdb://{root / 'tsdb.duckdb'}"
-    with open_tsdb(url, read_only=False) as db:
-        db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
+def plant16():
+    """The benchmark's shape: 16 nodes (4 controls, 4 targets, 8 features), 2 h at 1 Hz; the
+    run's traces fed in chunks as the streaming stages feed them (bench.plots_bench)."""
+    from bench.plots_bench import plant_run_traces
+
+    plant = simulate_plant(n_runs=1, run_minutes=120, n_controls=4, n_targets=4, n_features=8, seed=1,
+                           unfinished_last_run=False)
     spec = parse_spec(plant_spec_dict(plant, "p16"))
-    with open_tsdb(url) as db:
-        build_dataset(spec, db, store_root=root / "store", datasets_root=root / "datasets")
     units = {n.node_id: n.unit for n in plant.nodes}
-    return spec, DatasetStore(root / "store", "p16"), [units[n] for n in spec.node_ids], plant.runs[0].run_id
+    run = plant.runs[0]
+    return plant_run_traces(plant, spec, run), [units[n] for n in spec.node_ids], run.run_id
 
 
 def test_a_16_node_run_fits_the_event_log_budget(plant16):
     """30 KB of event log per run (bench/plots_bench.py measures it): SQLite stores each event
     twice, so the markdown must stay near 14 KB."""
-    spec, store, units, run_id = plant16
-    raw, grid = store.read_arrays(run_id, "raw"), store.read_arrays(run_id, "grid")
-    markdown = plots.run_plot_markdown(run_id, spec.node_ids, raw, grid, units)
+    traces, units, run_id = plant16
+    markdown = plots.run_traces_markdown(traces, units, run_id)
     assert len(markdown.encode()) <= 14_500
     rgb = decode(png_of(markdown))
     assert rgb.shape[0] == plots.TOP_PX + 16 * plots.BAND_PX + plots.BOTTOM_PX
@@ -153,6 +148,26 @@ def test_a_16_node_run_fits_the_event_log_budget(plant16):
     for index in (plots.RAW, plots.GRID, plots.OUTLIER, plots.GAP):
         assert has(rgb, index), index
     assert f"run {run_id}" in markdown
+
+
+def test_the_stage_arrays_path_builds_the_same_traces():
+    """``run_plot_markdown`` (a run's stage arrays in memory, concatenated per node) builds the
+    traces in one call: the same gaps and outliers as the traces fed node by node."""
+    traces = synthetic_traces()
+    raw_ts = np.arange(0, 600_000, 1000, dtype=np.int64) + 200
+    grid_ts = np.arange(0, 600_000, 1000, dtype=np.int64)
+    raw = {"ts": np.r_[raw_ts, raw_ts], "value": np.r_[np.sin(raw_ts / 60_000), np.linspace(0, 10, raw_ts.size)],
+           "offsets": np.array([0, raw_ts.size, 2 * raw_ts.size])}
+    a = np.sin(grid_ts / 60_000)
+    a[100:150] = np.nan
+    grid = {"grid_ts": grid_ts, "values": np.column_stack([a, np.linspace(0, 10, grid_ts.size)]),
+            "outlier_ts": np.array([450_000]), "outlier_value": np.array([20.0]), "outlier_offsets": np.array([0, 0, 1])}
+    one = plots.traces_from_stage_arrays(["A", "B"], raw, grid, width=600)
+    assert one.width == 600 and np.array_equal(one.removed_count, traces.removed_count)
+    assert np.array_equal(one.grid_missing, traces.grid_missing)
+    assert np.array_equal(one.grid_min, traces.grid_min, equal_nan=True)
+    markdown = plots.run_plot_markdown("R1", ["A", "B"], raw, grid, ["degC", "kg/h"])
+    assert decode(png_of(markdown)).shape[0] == plots.TOP_PX + 2 * plots.BAND_PX + plots.BOTTOM_PX
 
 
 # ---- per dataset ----------------------------------------------------------------------------
