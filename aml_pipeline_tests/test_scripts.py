@@ -3,6 +3,7 @@ a .venv made with an unsupported Python and says what it does."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -70,6 +71,7 @@ def start_ui(tmp_path: Path, *, ignore_sigint: bool = False, stop_timeout_s: int
             stop_all(proc)
             pytest.fail(f"the webserver did not answer on port {port}:\n{read(log)}")
         time.sleep(0.5)
+    proc.port = port
     return proc, log
 
 
@@ -100,9 +102,36 @@ def wait_all_gone(proc: subprocess.Popen, log) -> float:
     return time.monotonic() - started
 
 
+WORKSPACE_QUERY = """{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus
+  locationOrLoadError { __typename ... on RepositoryLocation { repositories {
+    jobs { name } schedules { name scheduleState { status } } } } ... on PythonError { message } } } } } }"""
+
+
+def loaded_location(port: int) -> dict:
+    """The code location ``dg dev`` serves, once it has loaded (or failed to)."""
+    deadline = time.monotonic() + START_DEADLINE_S
+    while True:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": WORKSPACE_QUERY}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as r:
+            entries = json.load(r)["data"]["workspaceOrError"]["locationEntries"]
+        if (entries and entries[0]["loadStatus"] == "LOADED") or time.monotonic() > deadline:
+            return entries[0]
+        time.sleep(1)
+
+
 @pytest.mark.parametrize("ignore_sigint", [False, True], ids=["foreground", "started-with-sigint-ignored"])
 def test_ui_stops_cleanly_on_sigterm(tmp_path, ignore_sigint):
     proc, log = start_ui(tmp_path, ignore_sigint=ignore_sigint)
+    if not ignore_sigint:  # what `dg dev` serves: the project's code location, with its jobs and schedules
+        location = loaded_location(proc.port)
+        assert location["name"] == "aml_pipeline", location
+        [repo] = location["locationOrLoadError"]["repositories"]
+        assert {"observe_tsdb", "reactor_a__rebuild"} <= {j["name"] for j in repo["jobs"]}, repo
+        states = {s["name"]: s["scheduleState"]["status"] for s in repo["schedules"]}
+        assert states["observe_tsdb_schedule"] == "RUNNING", states
     children = session_processes(proc.pid)
     assert any("dg dev" in c for c in children.values()), children
     assert any("dagster_webserver" in c for c in children.values()), children
