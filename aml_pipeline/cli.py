@@ -1,4 +1,4 @@
-"""``aml-pipeline``: demo, ingest, build, verify, datasets, baseline, env.
+"""``aml-pipeline``: demo, ingest, build, verify, datasets, env.
 
 User errors print one line ``CODE: message`` on stderr and exit 2 (1 for a failed
 verification); they never print a traceback.
@@ -49,44 +49,17 @@ def cmd_build(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     url = args.tsdb or config.tsdb_url()
     home = Path(args.home).resolve() if args.home else config.aml_home()
-    try:
-        with progress_bars():
-            summary = materialize_dataset(
-                spec,
-                tsdb_url=url,
-                home=home,
-                datasets_dir=Path(args.out).resolve() if args.out else None,
-                instance=_instance(args),
-                console_log_level=args.log_level,
-            )
-    except AmlError as e:
-        if e.code == "NO_RUNS":
-            raise AmlError(f"{e.message}; {_runs_in_tsdb(url)}", code=e.code) from e
-        raise
+    with progress_bars():
+        summary = materialize_dataset(
+            spec,
+            tsdb_url=url,
+            home=home,
+            datasets_dir=Path(args.out).resolve() if args.out else None,
+            instance=_instance(args),
+            console_log_level=args.log_level,
+        )
     _print_summary(summary, as_json=args.json)
     return 0
-
-
-def _runs_in_tsdb(url: str, limit: int = 4) -> str:
-    """What the TSDB does hold, by line, product and recipe (for a NO_RUNS message)."""
-    from collections import Counter
-
-    from aml_pipeline.tsdb import open_tsdb, printable_url
-
-    try:
-        with open_tsdb(url) as db:
-            runs = db.list_runs(None, finished_only=False)
-    except AmlError as e:
-        return f"the TSDB cannot list its runs ({e.one_line()})"
-    if not runs:
-        return f"{printable_url(url)} holds no runs at all (ingest them with `aml-pipeline ingest`)"
-    groups = Counter((r.line_id, r.product_id, r.recipe_id, r.finished) for r in runs)
-    shown = [
-        f"{n} {'finished' if finished else 'running'} of line {line}, product {product}, recipe {recipe}"
-        for (line, product, recipe, finished), n in groups.most_common(limit)
-    ]
-    more = f" and {len(groups) - limit} more groups" if len(groups) > limit else ""
-    return f"{printable_url(url)} holds {len(runs)} runs: " + "; ".join(shown) + more
 
 
 def _instance(args: argparse.Namespace):
@@ -116,9 +89,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     snapshot = Path(args.snapshot_dir)
     if not snapshot.is_dir():
         raise AmlError(f"{snapshot}: not a snapshot directory", code="NOT_FOUND")
+    _check_looks_like_a_snapshot(snapshot)
     entry = Catalog(snapshot.resolve().parent.parent).find_by_path(snapshot.resolve())
-    if entry is None:
-        _check_looks_like_a_snapshot(snapshot)
     result = verify_snapshot(snapshot, entry.sha256 if entry else None)
     if result.ok:
         print(f"OK {result.actual} {snapshot}")
@@ -126,25 +98,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     changed = f"; changed: {', '.join(result.changed)}" if result.changed else ""
     print(f"SNAPSHOT_TAMPERED: {snapshot}: {result.problem}{changed}", file=sys.stderr)
     return 1
-
-
-def _check_looks_like_a_snapshot(directory: Path) -> None:
-    """NOT_A_SNAPSHOT unless ``directory`` has a snapshot's files (one the catalog does not know
-    and that has none of them is something else: a datasets root, a spec's folder, a typo)."""
-    from aml_pipeline.core.hashing import DIGEST_FILE, MANIFEST_FILE, SPEC_FILE
-
-    names = (SPEC_FILE, MANIFEST_FILE, DIGEST_FILE)
-    missing = [n for n in names if not (directory / n).is_file()]
-    if len(missing) < len(names):
-        return  # a snapshot with files missing: verification names them
-    hint = ""
-    if (directory / "current").is_dir():
-        hint = f"; its current snapshot is {directory / 'current'}"
-    elif (directory / "catalog.sqlite").is_file():
-        hint = "; it is a datasets root: `aml-pipeline datasets --root` lists its snapshots"
-    raise AmlError(
-        f"{directory} is not a snapshot: it has none of {', '.join(names)}{hint}", code="NOT_A_SNAPSHOT"
-    )
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
@@ -390,11 +343,54 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except AmlError as e:
+        if e.code == "NO_RUNS" and args.command == "build":
+            e = AmlError(f"{e.message}; {_runs_in_tsdb(args.tsdb or config.tsdb_url())}", code=e.code)
         print(e.one_line(), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _runs_in_tsdb(url: str, limit: int = 4) -> str:
+    """What the TSDB does hold, by line, product and recipe (for a NO_RUNS message)."""
+    from collections import Counter
+
+    from aml_pipeline.tsdb import open_tsdb, printable_url
+
+    try:
+        with open_tsdb(url) as db:
+            runs = db.list_runs(None, finished_only=False)
+    except AmlError as e:
+        return f"the TSDB cannot list its runs ({e.one_line()})"
+    if not runs:
+        return f"{printable_url(url)} holds no runs at all (ingest them with `aml-pipeline ingest`)"
+    groups = Counter((r.line_id, r.product_id, r.recipe_id, r.finished) for r in runs)
+    shown = [
+        f"{n} {'finished' if finished else 'running'} of line {line}, product {product}, recipe {recipe}"
+        for (line, product, recipe, finished), n in groups.most_common(limit)
+    ]
+    more = f" and {len(groups) - limit} more groups" if len(groups) > limit else ""
+    return f"{printable_url(url)} holds {len(runs)} runs: " + "; ".join(shown) + more
+
+
+def _check_looks_like_a_snapshot(directory: Path) -> None:
+    """NOT_A_SNAPSHOT if ``directory`` has none of a snapshot's files: it is something else (a
+    datasets root, a spec's folder, a typo). A snapshot with some files missing is verified, and
+    verification names them."""
+    from aml_pipeline.core.hashing import DIGEST_FILE, MANIFEST_FILE, SPEC_FILE
+
+    names = (SPEC_FILE, MANIFEST_FILE, DIGEST_FILE)
+    if any((directory / n).exists() for n in (*names, "arrays")):
+        return
+    hint = ""
+    if (directory / "current").is_dir():
+        hint = f"; its current snapshot is {directory / 'current'}"
+    elif (directory / "catalog.sqlite").is_file():
+        hint = "; it is a datasets root: `aml-pipeline datasets --root` lists its snapshots"
+    raise AmlError(
+        f"{directory} is not a snapshot: it has none of {', '.join(names)}{hint}", code="NOT_A_SNAPSHOT"
+    )
 
 
 if __name__ == "__main__":
