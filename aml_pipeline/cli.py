@@ -86,10 +86,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from aml_pipeline.core.hashing import verify_snapshot
     from aml_pipeline.pipeline.publish import Catalog
 
+    _check_looks_like_a_snapshot(Path(args.snapshot_dir))
     snapshot = Path(args.snapshot_dir)
     if not snapshot.is_dir():
         raise AmlError(f"{snapshot}: not a snapshot directory", code="NOT_FOUND")
-    _check_looks_like_a_snapshot(snapshot)
     entry = Catalog(snapshot.resolve().parent.parent).find_by_path(snapshot.resolve())
     result = verify_snapshot(snapshot, entry.sha256 if entry else None)
     if result.ok:
@@ -300,17 +300,6 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_datasets)
 
-    bl = sub.add_parser(
-        "baseline",
-        help="ridge baseline on a spec's current snapshot: val/test RMSE per target next to persistence",
-    )
-    bl.add_argument("spec", help="dataset spec (YAML)")
-    bl.add_argument("--root", help="datasets root (default: $AML_HOME/datasets)")
-    bl.add_argument("--snapshot", help="a snapshot directory instead of the spec's current one")
-    bl.add_argument("--alphas", type=float, nargs="+", help="ridge penalties to choose from on val (default 0.01 … 10000)")
-    bl.add_argument("--json", action="store_true", help="print only JSON")
-    bl.set_defaults(func=cmd_baseline)
-
     env = sub.add_parser("env", help="the shared Python environment: lease status, rebuild")
     env_sub = env.add_subparsers(dest="env_command", required=True)
     for name, helptext in (
@@ -331,6 +320,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_rebuild.add_argument("--python", help="interpreter that creates the venv (default: this one)")
     env_rebuild.set_defaults(func=cmd_env_rebuild)
+
+    bl = sub.add_parser(
+        "baseline",
+        help="ridge baseline on a spec's current snapshot: val/test RMSE per target next to persistence",
+    )
+    bl.add_argument("spec", help="dataset spec (YAML)")
+    bl.add_argument("--root", help="datasets root (default: $AML_HOME/datasets)")
+    bl.add_argument("--snapshot", help="a snapshot directory instead of the spec's current one")
+    bl.add_argument("--alphas", type=float, nargs="+", help="ridge penalties to choose from on val (default 0.01 … 10000)")
+    bl.add_argument("--json", action="store_true", help="print only JSON")
+    bl.set_defaults(func=cmd_baseline)
 
     return p
 
@@ -381,8 +381,8 @@ def _check_looks_like_a_snapshot(directory: Path) -> None:
     from aml_pipeline.core.hashing import DIGEST_FILE, MANIFEST_FILE, SPEC_FILE
 
     names = (SPEC_FILE, MANIFEST_FILE, DIGEST_FILE)
-    if any((directory / n).exists() for n in (*names, "arrays")):
-        return
+    if not directory.is_dir() or any((directory / n).exists() for n in (*names, "arrays")):
+        return  # NOT_FOUND, or a snapshot: verification names what is missing
     hint = ""
     if (directory / "current").is_dir():
         hint = f"; its current snapshot is {directory / 'current'}"
