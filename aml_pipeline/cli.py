@@ -94,6 +94,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from aml_pipeline.core.hashing import verify_snapshot
     from aml_pipeline.snapshot.verify import catalog_sha256
 
+    _check_looks_like_a_snapshot(Path(args.snapshot_dir))
     snapshot = Path(args.snapshot_dir)
     if not snapshot.is_dir():
         raise AmlError(f"{snapshot}: not a snapshot directory", code="NOT_FOUND")
@@ -102,10 +103,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if result.ok:
         print(f"OK {result.actual} {snapshot}")
         return 0
-    print(
-        f"SNAPSHOT_TAMPERED: {snapshot}: {result.problem}; changed: {', '.join(result.changed)}",
-        file=sys.stderr,
-    )
+    changed = f"; changed: {', '.join(result.changed)}" if result.changed else ""
+    print(f"SNAPSHOT_TAMPERED: {snapshot}: {result.problem}{changed}", file=sys.stderr)
     return 1
 
 
@@ -186,17 +185,74 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from aml_pipeline.demo import run_demo
+    from aml_pipeline.demo import DEMO_SPEC, next_steps, run_demo
 
+    spec_path = Path(args.spec) if args.spec else DEMO_SPEC
     with progress_bars():
         summary = run_demo(
             home=Path(args.home).resolve() if args.home else config.aml_home(),
-            spec_path=Path(args.spec) if args.spec else None,
+            spec_path=spec_path,
             runs=args.runs,
             instance=_instance(args),
             console_log_level=args.log_level,
         )
     _print_summary(summary, as_json=args.json)
+    # as typed, or as the README's commands (run from the repository) name the demo's spec
+    print(next_steps(summary, Path(args.spec) if args.spec else DEMO_SPEC.relative_to(config.REPO_ROOT)), file=sys.stderr)
+    return 0
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    """The ridge baseline on a spec's current snapshot, in this process.
+
+    The same functions the ``baseline_model`` asset runs in the shared environment (so the same
+    numbers), called here directly: a user gets them without building that environment, and no
+    lease is needed because no code runs in it. Materialise ``[<spec>, baseline_model]`` to
+    record them in Dagster.
+    """
+    from aml_pipeline.pipeline.publish import Catalog, current_snapshot
+    from aml_pipeline.spec import load_spec
+    from aml_pipeline.training import ridge_baseline
+
+    spec = load_spec(args.spec)
+    root = Path(args.root) if args.root else config.datasets_dir()
+    snapshot = Path(args.snapshot) if args.snapshot else current_snapshot(root, spec.id)
+    if snapshot is None or not snapshot.is_dir():
+        raise AmlError(
+            f"spec {spec.id!r} has no current snapshot under {root}; build it first "
+            f"(`aml-pipeline build {args.spec}`) or name one with --snapshot",
+            code="NO_SNAPSHOT",
+        )
+    entry = Catalog(snapshot.resolve().parent.parent).find_by_path(snapshot.resolve())
+    try:
+        snap = ridge_baseline.open_snapshot(snapshot, expected_sha256=entry.sha256 if entry else None)
+        result = ridge_baseline.train_and_evaluate(snap, tuple(args.alphas) if args.alphas else ridge_baseline.DEFAULT_ALPHAS)
+    except ridge_baseline.SnapshotError as e:
+        raise AmlError(str(e), code=e.code) from None
+    metrics, rows = ridge_baseline.summarize(snap, result)
+    report = {
+        "specId": spec.id, "snapshotDir": str(snap.root), "sha256": snap.sha256, "trainer": ridge_baseline.VERSION,
+        "alpha": result["alpha"], "windows": result["counts"], "targets": rows, **metrics,
+    }
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"snapshot  {snap.root} (sha256 {snap.sha256[:16]}, verified)")
+    c = result["counts"]
+    chosen = "chosen on val" if c["val"] else "(no val windows to choose it with)"
+    print(f"model     {ridge_baseline.VERSION}: ridge regression from history x and future controls u to future "
+          f"targets y; alpha {result['alpha']:g} {chosen}")
+    print(f"windows   train {c['train']}  val {c['val']}  test {c['test']}"
+          + ("  (no val or test windows: the snapshot has too few runs for them)" if not (c["val"] or c["test"]) else ""))
+    print("RMSE in model units, model vs persistence (the last observed value held over the horizon):")
+    header = f"  {'target':<12} {'unit':<6} {'val':>9} {'persist.':>9} {'test':>9} {'persist.':>9} {'skill':>7}"
+    print(header)
+    for r in rows:
+        def num(v):
+            return f"{v:9.4g}" if v is not None else f"{'-':>9}"
+        skill = f"{r['test_skill']:7.0%}" if r.get("test_skill") is not None else f"{'-':>7}"
+        print(f"  {r['target']:<12} {r['unit'] or '-':<6} {num(r['val_rmse_model'])} {num(r['val_rmse_persistence'])} "
+              f"{num(r['test_rmse_model'])} {num(r['test_rmse_persistence'])} {skill}")
     return 0
 
 
@@ -240,6 +296,25 @@ def cmd_env_rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
+_INGEST_EPILOG = """\
+columns (snake_case or camelCase; other columns are ignored):
+  points  run_id, node_id    text ids (letters, digits, _ . : @ + -)
+          ts                 epoch milliseconds, or ISO-8601 (a naive time is UTC)
+          value              number; empty, nan, inf allowed (cleaning counts them)
+          state              integer quality code; the spec's goodStates (default [0]) are good
+          (the file's row order is the ingestion order: of duplicate timestamps the last wins)
+  runs    run_id, line_id, product_id, recipe_id   required
+          started_at, ended_at                     epoch ms or ISO-8601; empty ended_at = running
+          recipe_version, recipe_content_hash      optional (manifest v2 lineage)
+          evidence_source                          simulation | real | unassessed (default)
+          context_confirmed                        true/false (default false)
+  nodes   node_id                                  required
+          unit, range_lo, range_hi                 optional (an empty range bound = unknown)
+
+Full description with examples and the errors: docs/ingest.md
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="aml-pipeline", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -247,16 +322,25 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="seed the simulated plant and build the example dataset through Dagster")
     d.add_argument("--home", help="AML_HOME (default: $AML_HOME or ./.aml)")
     d.add_argument("--spec", help="spec to build (default specs/reactor_a.yaml)")
-    d.add_argument("--runs", type=int, default=12, help="simulated runs to seed")
+    d.add_argument("--runs", type=int, default=12,
+                   help="simulated runs to seed (the last one is still in progress); another number than the "
+                   "demo's TSDB holds re-seeds it")
     d.add_argument("--json", action="store_true", help="print only the JSON summary")
     d.add_argument("--log-level", default="CRITICAL", help="Dagster console log level (the run log is kept in full)")
     d.set_defaults(func=cmd_demo)
 
-    i = sub.add_parser("ingest", help="ingest points/runs/nodes files (CSV or Parquet) into a TSDB")
+    i = sub.add_parser(
+        "ingest",
+        help="ingest points/runs/nodes files (CSV or Parquet) into a TSDB",
+        description="Ingest points, runs and nodes files (CSV, CSV.gz or Parquet) into a TSDB.\n"
+        "Every file is validated first; then everything is written in one transaction, or nothing.",
+        epilog=_INGEST_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     i.add_argument("--tsdb", help="TSDB URL (default: $AML_TSDB_URL or the embedded file in AML_HOME)")
     i.add_argument("--points", help="points file: run_id, node_id, ts, value, state")
-    i.add_argument("--runs", help="runs file")
-    i.add_argument("--nodes", help="nodes file")
+    i.add_argument("--runs", help="runs file: run_id, line_id, product_id, recipe_id, started_at, ended_at, ...")
+    i.add_argument("--nodes", help="nodes file: node_id, unit, range_lo, range_hi")
     i.set_defaults(func=cmd_ingest)
 
     b = sub.add_parser("build", help="build and publish a dataset snapshot through its Dagster assets")
@@ -318,6 +402,17 @@ def build_parser() -> argparse.ArgumentParser:
     env_rebuild.add_argument("--python", help="interpreter that creates the venv (default: this one)")
     env_rebuild.set_defaults(func=cmd_env_rebuild)
 
+    bl = sub.add_parser(
+        "baseline",
+        help="ridge baseline on a spec's current snapshot: val/test RMSE per target next to persistence",
+    )
+    bl.add_argument("spec", help="dataset spec (YAML)")
+    bl.add_argument("--root", help="datasets root (default: $AML_HOME/datasets)")
+    bl.add_argument("--snapshot", help="a snapshot directory instead of the spec's current one")
+    bl.add_argument("--alphas", type=float, nargs="+", help="ridge penalties to choose from on val (default 0.01 … 10000)")
+    bl.add_argument("--json", action="store_true", help="print only JSON")
+    bl.set_defaults(func=cmd_baseline)
+
     return p
 
 
@@ -329,11 +424,54 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except AmlError as e:
+        if e.code == "NO_RUNS" and args.command == "build":
+            e = AmlError(f"{e.message}; {_runs_in_tsdb(args.tsdb or config.tsdb_url())}", code=e.code)
         print(e.one_line(), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _runs_in_tsdb(url: str, limit: int = 4) -> str:
+    """What the TSDB does hold, by line, product and recipe (for a NO_RUNS message)."""
+    from collections import Counter
+
+    from aml_pipeline.tsdb import open_tsdb, printable_url
+
+    try:
+        with open_tsdb(url) as db:
+            runs = db.list_runs(None, finished_only=False)
+    except AmlError as e:
+        return f"the TSDB cannot list its runs ({e.one_line()})"
+    if not runs:
+        return f"{printable_url(url)} holds no runs at all (ingest them with `aml-pipeline ingest`)"
+    groups = Counter((r.line_id, r.product_id, r.recipe_id, r.finished) for r in runs)
+    shown = [
+        f"{n} {'finished' if finished else 'running'} of line {line}, product {product}, recipe {recipe}"
+        for (line, product, recipe, finished), n in groups.most_common(limit)
+    ]
+    more = f" and {len(groups) - limit} more groups" if len(groups) > limit else ""
+    return f"{printable_url(url)} holds {len(runs)} runs: " + "; ".join(shown) + more
+
+
+def _check_looks_like_a_snapshot(directory: Path) -> None:
+    """NOT_A_SNAPSHOT if ``directory`` has none of a snapshot's files: it is something else (a
+    datasets root, a spec's folder, a typo). A snapshot with some files missing is verified, and
+    verification names them."""
+    from aml_pipeline.core.hashing import DIGEST_FILE, MANIFEST_FILE, SPEC_FILE
+
+    names = (SPEC_FILE, MANIFEST_FILE, DIGEST_FILE)
+    if not directory.is_dir() or any((directory / n).exists() for n in (*names, "arrays")):
+        return  # NOT_FOUND, or a snapshot: verification names what is missing
+    hint = ""
+    if (directory / "current").is_dir():
+        hint = f"; its current snapshot is {directory / 'current'}"
+    elif (directory / "catalog.sqlite").is_file():
+        hint = "; it is a datasets root: `aml-pipeline datasets --root` lists its snapshots"
+    raise AmlError(
+        f"{directory} is not a snapshot: it has none of {', '.join(names)}{hint}", code="NOT_A_SNAPSHOT"
+    )
 
 
 if __name__ == "__main__":

@@ -1,54 +1,182 @@
-"""The demo: seed the simulated plant into the embedded TSDB, build the example spec through Dagster."""
+"""The demo: seed the simulated plant into the embedded TSDB, build the example spec through Dagster.
+
+It says what it does on stderr: what it seeded (or re-seeded, when ``--runs`` asks for another
+number of runs than the demo's own TSDB file holds), which runs the dataset takes and why the
+others are left out, what the lineage flag will say, and what to do next.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aml_pipeline import config
-from aml_pipeline.spec import load_spec
 from aml_pipeline.errors import AmlError
+from aml_pipeline.spec import DatasetSpec, load_spec
 from aml_pipeline.tsdb import open_tsdb, printable_url
 
 DEMO_SPEC = config.REPO_ROOT / "specs" / "reactor_a.yaml"
 
+Say = Callable[[str], None]
 
-def seed_plant(tsdb_url: str, *, runs: int, seed: int = 0) -> int:
-    """Ingest the simulated plant unless its runs are already there (seeding is idempotent)."""
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class Seeding:
+    """What :func:`seed_demo` did: ``written`` points; ``replaced`` runs of an earlier demo."""
+
+    runs: int
+    written: int
+    replaced: int = 0
+
+
+def _demo_run_ids(n: int) -> set[str]:
     from aml_pipeline.simulate.plant import simulate_plant
 
+    return {r.run_id for r in simulate_plant(n_runs=n, run_minutes=0.1, noise=False).runs}
+
+
+def seed_plant(tsdb_url: str, *, runs: int, seed: int = 0, own_file: Path | None = None) -> int:
+    """:func:`seed_demo`; returns the points written (0 when the TSDB already held the plant)."""
+    return seed_demo(tsdb_url, runs=runs, seed=seed, own_file=own_file).written
+
+
+def seed_demo(tsdb_url: str, *, runs: int, seed: int = 0, own_file: Path | None = None) -> Seeding:
+    """Make the TSDB hold exactly the simulated plant of ``runs`` runs.
+
+    Idempotent: a TSDB that already holds it is left alone. One that holds another demo seeding
+    (the demo's runs for another ``--runs``) is re-seeded, but only if it is the demo's own
+    embedded file ``own_file``: the plant is written into a new file beside it, which then
+    replaces it in one rename. Anything else is an error (the demo never touches other data).
+    """
+    from aml_pipeline.simulate.plant import simulate_plant
+
+    if runs < 1:
+        raise AmlError(f"--runs {runs}: the demo needs at least one run", code="DEMO_RUNS_INVALID")
     plant = simulate_plant(n_runs=runs, seed=seed)
+    wanted = {r.run_id for r in plant.runs}
     with open_tsdb(tsdb_url, read_only=False) as db:
         have = {r.run_id for r in db.list_runs(None, finished_only=False)}
-        wanted = {r.run_id for r in plant.runs}
-        if wanted <= have:
-            return 0
-        if have & wanted:
-            # A partly seeded file (interrupted demo): appending would duplicate points.
-            raise AmlError(
-                f"{db.url} holds some but not all demo runs; remove it and run the demo again",
-                code="DEMO_PARTLY_SEEDED",
-            )
-        return db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
+        if have == wanted:
+            return Seeding(runs, 0)
+        if not have:
+            return Seeding(runs, db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points))
+    earlier_demo = have == _demo_run_ids(len(have))
+    if own_file is None or not earlier_demo:
+        what = f"{len(have)} runs of an earlier demo" if earlier_demo else f"{len(have)} runs that are not the demo's"
+        raise AmlError(
+            f"{printable_url(tsdb_url)} holds {what}; the demo re-seeds only its own embedded file "
+            f"(AML_TSDB_URL unset): use a fresh AML_HOME, or remove that TSDB",
+            code="DEMO_TSDB_IN_USE",
+        )
+    fresh = own_file.with_name(f".{own_file.name}.seeding-{os.getpid()}")
+    for stale in (fresh, fresh.with_name(fresh.name + ".wal")):
+        stale.unlink(missing_ok=True)
+    try:
+        with open_tsdb(f"duckdb://{fresh}", read_only=False) as db:
+            written = db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
+        os.replace(fresh, own_file)
+    finally:
+        fresh.unlink(missing_ok=True)
+    own_file.with_name(own_file.name + ".wal").unlink(missing_ok=True)  # the replaced file's
+    return Seeding(runs, written, replaced=len(have))
+
+
+def explain_scope(spec: DatasetSpec, tsdb_url: str, say: Say) -> None:
+    """Which runs of the TSDB the dataset takes and why the others are not in it."""
+    from aml_pipeline.pipeline.build import run_scope
+
+    scope = run_scope(spec)
+    with open_tsdb(tsdb_url) as db:
+        runs = db.list_runs(None, finished_only=False)
+    in_scope = [r for r in runs if scope.admits(r)]
+    finished = [r for r in in_scope if r.finished]
+    running = [r.run_id for r in in_scope if not r.finished]
+    say(f"{len(runs)} runs in the TSDB; {len(finished)} finished runs in the scope of {spec.id} {scope} are built")
+    if running:
+        say(f"  {', '.join(running)} {'is' if len(running) == 1 else 'are'} still running (the simulated plant keeps its "
+            "last run in progress): a run joins the dataset once it has ended")
+    if len(in_scope) < len(runs):
+        say(f"  {len(runs) - len(in_scope)} runs are outside the spec's line, product, recipe or time window")
+    if spec.extras is not None:
+        unknown = [r.run_id for r in finished if not r.context_confirmed]
+        if unknown:
+            say(f"  lineage: {', '.join(unknown)} {'has' if len(unknown) == 1 else 'have'} no confirmed context, so "
+                "lineageVerified will be 0 (see docs/lineage.md)")
+
+
+def _when(version: str) -> str:
+    """A watermark data version (epoch ms) as UTC time."""
+    import datetime as _dt
+
+    if not version.isdigit():
+        return version
+    return f"{_dt.datetime.fromtimestamp(int(version) / 1000, tz=_dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC ({version})"
+
+
+def next_steps(summary: dict[str, Any], spec_path: Path) -> str:
+    return "\n".join([
+        "next:",
+        f"  scripts/ui.sh    the Dagster UI on http://127.0.0.1:3000: asset group {summary['specId']}, "
+        "its run partitions, plots, checks and lineage",
+        f"  .venv/bin/aml-pipeline verify {summary['snapshotDir']}",
+        f"  .venv/bin/aml-pipeline baseline {spec_path}    (ridge baseline vs persistence on this snapshot)",
+        "  docs/snapshot.md    what the snapshot's files hold",
+    ])
 
 
 def run_demo(
-    *, home: Path, spec_path: Path | None, runs: int, instance=None, console_log_level: str = "INFO"
+    *,
+    home: Path,
+    spec_path: Path | None,
+    runs: int,
+    instance=None,
+    console_log_level: str = "INFO",
+    say: Say = _stderr,
 ) -> dict[str, Any]:
     from aml_pipeline.defs.inprocess import materialize_dataset
 
     home.mkdir(parents=True, exist_ok=True)
-    url = os.environ.get("AML_TSDB_URL") or config.default_tsdb_url(home)
-    print(f"seeding the simulated plant ({runs} runs) into {printable_url(url)}", file=sys.stderr)
-    written = seed_plant(url, runs=runs)
-    print(f"  {written} points ingested" if written else "  already seeded", file=sys.stderr)
+    configured = os.environ.get("AML_TSDB_URL")
+    url = configured or config.default_tsdb_url(home)
+    own_file = None if configured else home / "tsdb.duckdb"
+    say(f"seeding the simulated plant ({runs} runs) into {printable_url(url)}")
+    seeding = seed_demo(url, runs=runs, own_file=own_file)
+    if seeding.replaced:
+        say(f"  it held the {seeding.replaced} runs of an earlier demo: re-seeded with {runs} runs "
+            f"({seeding.written} points)")
+    else:
+        say(f"  {seeding.written} points ingested" if seeding.written else f"  already seeded with these {runs} runs")
+    if instance is not None:
+        from aml_pipeline.defs.sources import observe_tsdb
+
+        version = observe_tsdb(instance, url, console_log_level=console_log_level)
+        say(f"observed tsdb/points in the Dagster instance: watermark {_when(version)}")
     spec = load_spec(spec_path or DEMO_SPEC)
-    return materialize_dataset(
-        spec,
-        tsdb_url=url,
-        home=home,
-        instance=instance,
-        console_log_level=console_log_level,
-    )
+    explain_scope(spec, url, say)
+    summary = materialize_dataset(spec, tsdb_url=url, home=home, instance=instance, console_log_level=console_log_level)
+    explain_empty_splits(spec, summary, say)
+    return summary
+
+
+def explain_empty_splits(spec: DatasetSpec, summary: dict[str, Any], say: Say) -> None:
+    """Why a split got no runs, when the chronological rule (floor of n times the share) is the
+    reason, and how many runs would give it one."""
+    runs = summary["runs"]
+    n = runs["train"] + runs["val"] + runs["test"]
+    empty = [p for p in ("val", "test") if runs[p] == 0 and getattr(spec.split, p) > 0]
+    if not empty or spec.split.method != "chronological":
+        return
+    shares = [getattr(spec.split, p) for p in empty]
+    need = next(k for k in range(n + 1, n + 10_000) if all(math.floor(k * share) >= 1 for share in shares))
+    shares = ", ".join(f"floor({n} x {getattr(spec.split, p):g}) = 0 for {p}" for p in empty)
+    say(f"  {' and '.join(empty)} {'has' if len(empty) == 1 else 'have'} no runs: the chronological split of {n} runs "
+        f"gives {shares}; {need} finished runs give each at least one (--runs {need + 1} with the run in progress)")

@@ -146,3 +146,94 @@ def test_ingest_rejects_bad_file_naming_row_and_column_and_writes_nothing(small_
 
 def test_verify_of_a_missing_directory(tmp_path, capsys):
     expect_user_error(capsys, ["verify", str(tmp_path / "nope")], "NOT_FOUND", "nope")
+
+
+# ---- messages a user reads (issue 12) ----------------------------------------------------------
+
+
+def test_no_runs_describes_the_scope_in_words_and_what_the_tsdb_holds(small_plant, ingested, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AML_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    spec = write_spec(tmp_path / "spec.yaml", small_plant, lineId="L9", fromMs=1_735_718_400_000, toMs=1_735_804_800_000)
+    line = expect_user_error(
+        capsys, ["build", str(spec), "--tsdb", ingested, "--out", str(tmp_path / "o")], "NO_RUNS",
+        "(line L9, product P100, recipe R7, overlapping 2025-01-01 08:00:00 UTC … 2025-01-02 08:00:00 UTC)",
+        "holds 5 runs: 4 finished of line L1, product P100, recipe R7; 1 running of line L1",
+    )
+    assert "RunScope(" not in line
+
+
+def test_verify_of_a_directory_that_is_not_a_snapshot(small_plant, ingested, tmp_path, capsys, monkeypatch):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = expect_user_error(capsys, ["verify", str(empty)], "NOT_A_SNAPSHOT", str(empty), "spec.json, manifest.json, sha256.json")
+    assert "SNAPSHOT_TAMPERED" not in line
+
+    # a datasets root and a spec's folder: named as such, pointing at what to verify instead
+    monkeypatch.setenv("AML_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    out = tmp_path / "published"
+    assert main(["build", str(write_spec(tmp_path / "s.yaml", small_plant)), "--tsdb", ingested, "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    expect_user_error(capsys, ["verify", str(out)], "NOT_A_SNAPSHOT", "datasets root")
+    expect_user_error(capsys, ["verify", str(out / "cli_ds")], "NOT_A_SNAPSHOT", str(out / "cli_ds" / "current"))
+
+    # a copy without its digest file, unknown to any catalog: fails, without an empty "changed:"
+    copy = tmp_path / "copy" / "x" / "snap"
+    import shutil
+
+    shutil.copytree(summary["snapshotDir"], copy)
+    (copy / "sha256.json").unlink()
+    assert main(["verify", str(copy)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("SNAPSHOT_TAMPERED: ") and "sha256.json is missing" in err
+    assert not err.rstrip().endswith("changed:")
+
+
+def test_ingest_help_names_every_column(capsys):
+    from aml_pipeline.tsdb.ingest import NODE_OPTIONAL, NODE_REQUIRED, POINT_COLUMNS, RUN_OPTIONAL, RUN_REQUIRED
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["ingest", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for column in (*POINT_COLUMNS, *RUN_REQUIRED, *RUN_OPTIONAL, *NODE_REQUIRED, *NODE_OPTIONAL):
+        assert column in text, column
+    assert "docs/ingest.md" in text and "ISO-8601" in text
+
+
+def test_baseline_prints_rmse_per_target_next_to_persistence(small_plant, ingested, tmp_path, capsys, monkeypatch):
+    from aml_pipeline.training import ridge_baseline
+
+    monkeypatch.setenv("AML_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    # four finished runs: two to train on, one each to choose alpha (val) and to test on
+    spec = write_spec(tmp_path / "cli_ds.yaml", small_plant, split={"train": 0.5, "val": 0.25, "test": 0.25})
+    out = tmp_path / "published"
+    expect_user_error(capsys, ["baseline", str(spec), "--root", str(out)], "NO_SNAPSHOT", "cli_ds", "build it first")
+
+    assert main(["build", str(spec), "--tsdb", ingested, "--out", str(out), "--json"]) == 0
+    snapshot = Path(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["snapshotDir"])
+    assert main(["baseline", str(spec), "--root", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # the very numbers the baseline_model asset computes in the shared environment
+    snap = ridge_baseline.open_snapshot(snapshot)
+    expected = ridge_baseline.train_and_evaluate(snap)
+    assert report["sha256"] == snap.sha256 and report["alpha"] == expected["alpha"]
+    targets = [r["target"] for r in report["targets"]]
+    assert targets == snap.targets
+    for i, row in enumerate(report["targets"]):
+        assert row["test_rmse_model"] == pytest.approx(expected["rmse"]["test"]["model"][i], rel=1e-12)
+        assert row["test_rmse_persistence"] == pytest.approx(expected["rmse"]["test"]["persistence"][i], rel=1e-12)
+
+    assert main(["baseline", str(spec), "--root", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "persistence" in text and "alpha" in text
+    for row in report["targets"]:
+        assert any(line.split()[:1] == [row["target"]] and f"{row['test_rmse_model']:.4g}" in line for line in text.splitlines())
+
+    y = snapshot / "arrays" / "y.f32"
+    data = bytearray(y.read_bytes())
+    data[0] ^= 1
+    y.write_bytes(bytes(data))
+    expect_user_error(capsys, ["baseline", str(spec), "--root", str(out)], "SNAPSHOT_TAMPERED", "arrays/y.f32")

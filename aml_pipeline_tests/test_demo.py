@@ -12,6 +12,8 @@ from pathlib import Path
 import dagster as dg
 
 from aml_pipeline.config import REPO_ROOT
+from aml_pipeline.simulate.plant import simulate_plant
+from aml_pipeline.tsdb import open_tsdb
 
 
 def test_demo_records_its_materialisations_in_the_persistent_instance(tmp_path):
@@ -43,7 +45,52 @@ def test_demo_records_its_materialisations_in_the_persistent_instance(tmp_path):
             )
             [execution] = check.values()
             assert execution.status.value == "SUCCEEDED"
+            # the TSDB source was observed after seeding: its watermark is in the UI
+            [observation] = instance.fetch_observations(dg.AssetKey(["tsdb", "points"]), limit=5).records
+            with open_tsdb(f"duckdb://{tmp_path / '.aml' / 'tsdb.duckdb'}") as db:
+                assert observation.asset_observation.data_version == str(db.availability_watermark())
     finally:
         os.chdir(cwd)
         del os.environ["DAGSTER_HOME"]
     assert (tmp_path / ".aml" / "dagster" / "storage").is_dir()
+
+    # what it said: why 5 seeded runs give 4, why lineage will be 0, what to do next
+    err = proc.stderr
+    assert "5 runs in the TSDB; 4 finished runs in the scope of reactor_a (line L1, product P100, recipe R7, any time)" in err
+    assert "L1-P100-0005 is still running" in err
+    assert "L1-P100-0003 has no confirmed context, so lineageVerified will be 0" in err
+    assert "scripts/ui.sh" in err and f"aml-pipeline verify {summary['snapshotDir']}" in err
+    assert "aml-pipeline baseline specs/reactor_a.yaml" in err
+
+    # another number of runs re-seeds the demo's own TSDB file and builds exactly those
+    again = subprocess.run(
+        [sys.executable, "-m", "aml_pipeline.cli", "demo", "--runs", "4", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "it held the 5 runs of an earlier demo: re-seeded with 4 runs" in again.stderr
+    smaller = json.loads(again.stdout.strip().splitlines()[-1])
+    assert sum(smaller["runs"].values()) == 3 and smaller["current"]
+    assert "val and test have no runs: the chronological split of 3 runs gives floor(3 x 0.15) = 0 for val" in again.stderr
+    assert "7 finished runs give each at least one (--runs 8" in again.stderr
+    with open_tsdb(f"duckdb://{tmp_path / '.aml' / 'tsdb.duckdb'}") as db:
+        assert len(db.list_runs(None, finished_only=False)) == 4
+
+
+def test_the_demo_never_reseeds_a_tsdb_that_is_not_its_own(tmp_path):
+    """With AML_TSDB_URL pointing elsewhere, a TSDB holding other runs is refused, untouched."""
+    url = f"duckdb://{tmp_path / 'plant.duckdb'}"
+    plant = simulate_plant(n_runs=2, run_minutes=2, seed=3, line_id="L2")
+    with open_tsdb(url, read_only=False) as db:
+        db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AML_", "DAGSTER_"))}
+    env.update(AML_HOME=str(tmp_path / ".aml"), AML_TSDB_URL=url)
+    proc = subprocess.run(
+        [sys.executable, "-m", "aml_pipeline.cli", "demo", "--runs", "3"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("DEMO_TSDB_IN_USE: ") and "2 runs that are not the demo's" in last
+    with open_tsdb(url) as db:
+        assert sorted(r.run_id for r in db.list_runs(None, finished_only=False)) == sorted(r.run_id for r in plant.runs)

@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-export DAGSTER_HOME="$PWD"
+export DAGSTER_HOME="${DAGSTER_HOME:-$PWD}"  # the repository (dagster.yaml), unless set
 exec .venv/bin/aml-pipeline demo "$@"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import numpy as np
 
 from aml_pipeline import config, progress
 from aml_pipeline.core.clean import CLEAN_CAUSES
@@ -32,7 +33,7 @@ from aml_pipeline.pipeline.dataset import (
     save_plan,
 )
 from aml_pipeline.pipeline.incremental import tsdb_run_versions
-from aml_pipeline.pipeline.plots import windows_per_run_markdown
+from aml_pipeline.pipeline.plots import dataset_overview_markdown, run_traces_markdown
 from aml_pipeline.pipeline.publish import Catalog
 from aml_pipeline.pipeline.runs import check_nodes_known, clean_run, fetch_run, window_run
 from aml_pipeline.pipeline.versions import stage_versions
@@ -234,6 +235,9 @@ class RunStages:
                   "missing_ratio": round(grid.missing[n], 4)} for n in self.spec.node_ids]
             ),
             "max_missing_ratio": max(grid.missing.values()),
+            "plot": dg.MetadataValue.md(
+                run_traces_markdown(grid.traces, [units.get(n, "") for n in self.spec.node_ids], run_id)
+            ),
         }
 
     def _line(self, stages: dict[str, dict[str, Any]]) -> str:
@@ -296,6 +300,24 @@ def _describe(e: BaseException) -> str:
 # ---- dataset stages ------------------------------------------------------------------------------
 
 
+def overview_markdown(spec: DatasetSpec, plan: DatasetPlan, ds) -> str:
+    """Runs (in snapshot order, then the excluded ones) x nodes: missing and outlier ratios, and
+    windows per run by split, from the stored run summaries (no run is read)."""
+    rows = [(r, part, int(plan.runs[r]["windows"])) for part, r in plan.ordered_runs()]
+    metas = dict(plan.runs)
+    for e in plan.split["excluded"]:
+        meta = ds.read_meta(e["runId"], "windows")
+        if meta is not None:
+            rows.append((e["runId"], "excluded", int(meta["windows"])))
+            metas[e["runId"]] = meta
+    nodes = spec.node_ids
+    missing = np.array([[metas[r]["missing"].get(n, 1.0) for n in nodes] for r, _, _ in rows]).reshape(len(rows), len(nodes))
+    outliers = np.array(
+        [[metas[r]["counts"][n]["hampel_outlier"] / max(1, metas[r]["counts"][n]["input"]) for n in nodes] for r, _, _ in rows]
+    ).reshape(len(rows), len(nodes))
+    return dataset_overview_markdown(rows, nodes, missing, outliers, title=f"{spec.id}: {len(rows)} runs")
+
+
 def lineage_rows(spec: DatasetSpec, plan: DatasetPlan) -> list[dict[str, str]]:
     """Per run of the plan (and runs excluded for lineage): its lineage status and why."""
     if spec.extras is None:
@@ -350,7 +372,7 @@ def dataset_stage_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             plan = plan_dataset(spec, run_ids, ds)
             path = save_plan(spec, plan, ds)
         split = plan.split
-        per_run = [(r, part, int(plan.runs[r]["windows"])) for part, r in plan.ordered_runs()]
+        overview = overview_markdown(spec, plan, ds)
         context.log.info(
             f"split: train {len(split['trainRunIds'])} runs / {split['train']} windows, val {len(split['valRunIds'])} / "
             f"{split['val']}, test {len(split['testRunIds'])} / {split['test']}, excluded {len(split['excluded'])}"
@@ -361,7 +383,7 @@ def dataset_stage_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
                 **{f"runs_{p}": len(split[f"{p}RunIds"]) for p in ("train", "val", "test")},
                 "runs_excluded": len(split["excluded"]),
                 "excluded": table(split["excluded"]),
-                "windows_per_run": dg.MetadataValue.md(windows_per_run_markdown(per_run)),
+                "overview": dg.MetadataValue.md(overview),
                 "lineage_verified": plan.lineage.lineage_verified if plan.lineage else 0,
                 "lineage": lineage_summary(spec, plan),
                 "lineage_per_run": table(lineage_rows(spec, plan)),

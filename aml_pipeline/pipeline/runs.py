@@ -18,6 +18,7 @@ import numpy as np
 
 from aml_pipeline.core.clean import CLEAN_CAUSES, SeriesCleaner
 from aml_pipeline.core.grid import GridAligner, grid_span
+from aml_pipeline.core.traces import RunTraces, TraceAccumulator
 from aml_pipeline.core.windows import StartFinder, explain_no_windows
 from aml_pipeline.errors import BuildError, UnknownNodeError
 from aml_pipeline.pipeline.chunks import clean_chunk_points, grid_block_rows
@@ -137,6 +138,7 @@ class GridSummary:
     counts: dict[str, dict[str, int]]  # node -> cause -> count
     missing: dict[str, float]  # node -> missing ratio on the grid
     data_version: str
+    traces: RunTraces | None = None  # what the run's plot needs, summarised while streaming
 
     @property
     def cleaning_totals(self) -> dict[str, int]:
@@ -170,6 +172,7 @@ def clean_run(spec: DatasetSpec, run_id: str, store: DatasetStore, *, chunk_poin
     cleaning = spec.cleaning
     counts: dict[str, dict[str, int]] = {}
     missing: dict[str, float] = {}
+    traces = TraceAccumulator(meta["fromMs"], meta["toMs"], spec.node_ids)
     with store.stage_writer(run_id, "grid") as writer:
         values = writer.array("values", "<f8", (rows,))
         for j, node in enumerate(spec.nodes):
@@ -193,18 +196,26 @@ def clean_run(spec: DatasetSpec, run_id: str, store: DatasetStore, *, chunk_poin
             )
             nan_rows = 0
 
-            def emit(blocks) -> None:
+            def emit(blocks, j=j) -> None:
                 nonlocal nan_rows
-                for _, block in blocks:
+                for r0, block in blocks:
                     values.append(block)
                     nan_rows += int(np.count_nonzero(np.isnan(block)))
+                    traces.add_grid(j, first + spec.beat_ms * np.arange(r0, r0 + block.size, dtype=np.int64), block)
+
+            def removed(kept, j=j) -> None:
+                traces.add_removed(j, kept.outlier_ts, kept.outlier_value)
 
             for a in range(offsets[j], offsets[j + 1], chunk):
                 b = min(a + chunk, offsets[j + 1])
                 ts = store.read_flat(run_id, "raw", "ts", a, b)
-                kept = cleaner.feed(ts, store.read_flat(run_id, "raw", "value", a, b), store.read_flat(run_id, "raw", "state", a, b))
+                value = store.read_flat(run_id, "raw", "value", a, b)
+                traces.add_raw(j, ts, value)
+                kept = cleaner.feed(ts, value, store.read_flat(run_id, "raw", "state", a, b))
+                removed(kept)
                 emit(aligner.feed(kept.ts, kept.value))
             kept = cleaner.finish()
+            removed(kept)
             emit(aligner.feed(kept.ts, kept.value))
             emit(aligner.finish())
             counts[node.node_id] = dict(cleaner.counts)
@@ -212,6 +223,8 @@ def clean_run(spec: DatasetSpec, run_id: str, store: DatasetStore, *, chunk_poin
             missing[node.node_id] = nan_rows / rows if rows else 1.0
         fingerprint = stage_versions(spec).grid
         data_version = chain_version(fingerprint, meta["dataVersion"])
+        run_traces = traces.result()
+        run_traces.save(writer.file("traces.npz"))
         writer.commit(
             {
                 "fingerprint": fingerprint,
@@ -225,7 +238,7 @@ def clean_run(spec: DatasetSpec, run_id: str, store: DatasetStore, *, chunk_poin
                 "missing": missing,
             }
         )
-    return GridSummary(run_id, rows, counts, missing, data_version)
+    return GridSummary(run_id, rows, counts, missing, data_version, run_traces)
 
 
 # ---- windows -----------------------------------------------------------------------------------

@@ -122,6 +122,7 @@ class StageWriter:
         # From here until commit the stage reads as absent.
         store.meta_path(run_id, stage).unlink(missing_ok=True)
         self._arrays: dict[str, NpyAppender] = {}
+        self._files: dict[str, Path] = {}
         self.committed = False
 
     def array(self, name: str, dtype: Any, tail_shape: tuple[int, ...] = ()) -> NpyAppender:
@@ -133,12 +134,22 @@ class StageWriter:
         self._arrays[name] = appender
         return appender
 
+    def file(self, name: str) -> Path:
+        """A temporary path for a small whole file of the stage (``<stage>.<name>`` once committed)."""
+        tmp = self.dir / f".{self.stage}.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        self._files[name] = tmp
+        return tmp
+
     def commit(self, meta: Mapping[str, Any]) -> None:
         """Finish every array, rename them into place, then write the summary (last)."""
         for name, appender in self._arrays.items():
             appender.close()
             target = self.store.array_path(self.run_id, self.stage, name)
             _os_call(os.replace, appender.path, target, path=target)
+        for name, tmp in self._files.items():
+            target = self.dir / f"{self.stage}.{name}"
+            _os_call(os.replace, tmp, target, path=target)
+        self._files.clear()
         # Compact: with ``indent`` json uses its pure-Python encoder, several ms per stage.
         data = json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()
         atomic_write_bytes(self.store.meta_path(self.run_id, self.stage), data)
@@ -149,6 +160,9 @@ class StageWriter:
         for appender in self._arrays.values():
             appender.abort()
         self._arrays.clear()
+        for tmp in self._files.values():
+            tmp.unlink(missing_ok=True)
+        self._files.clear()
 
 
 class NpyAppender:

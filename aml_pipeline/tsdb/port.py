@@ -70,6 +70,25 @@ class RunScope:
             return False
         return True
 
+    def __str__(self) -> str:
+        """The scope in words, for messages: ``(line L1, product P100, recipe R7, any time)``."""
+        import datetime as _dt
+
+        def when(ms: int) -> str:
+            return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+        parts = [f"{name} {value}" for name, value in
+                 (("line", self.line_id), ("product", self.product_id), ("recipe", self.recipe_id)) if value is not None]
+        if self.from_ms is None and self.to_ms is None:
+            parts.append("any time")
+        elif self.to_ms is None:
+            parts.append(f"overlapping {when(self.from_ms)} or later")
+        elif self.from_ms is None:
+            parts.append(f"starting by {when(self.to_ms)}")
+        else:
+            parts.append(f"overlapping {when(self.from_ms)} … {when(self.to_ms)}")
+        return f"({', '.join(parts)})"
+
 
 @dataclass(frozen=True, order=True)
 class Cursor:

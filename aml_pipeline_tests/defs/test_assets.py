@@ -54,6 +54,9 @@ def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dags
     assert sorted(r.data["node"] for r in table.records) == sorted(dagster_spec.node_ids)
     assert raw.tags.get("dagster/data_version")  # hash of the fetched points
     grid = latest(instance, dg.AssetKey([dagster_spec.id, "cleaned_grid"]), runs[0])
+    # The run's plot, drawn from the traces summarised while the run streamed (no run in memory).
+    assert "data:image/png;base64," in grid.metadata["plot"].value
+    assert (resources["store"].dataset_store(dagster_spec.id).run_dir(runs[0]) / "grid.traces.npz").is_file()
     causes = {c.name for c in grid.metadata["cleaning"].value.schema.columns}
     assert {"unit", "non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier", "missing_ratio"} <= causes
     windows = latest(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), runs[0])
@@ -89,6 +92,11 @@ def test_non_contiguous_selection_builds_only_the_selected_runs(dagster_spec, da
     assert materialize(dagster_spec, instance, resources, DATASET_ASSETS).success
     split = latest(instance, dg.AssetKey([dagster_spec.id, "dataset_split"]))
     assert split.metadata["runs_excluded"].value == len(runs) - len(chosen)
+    assert "data:image/png;base64," in split.metadata["overview"].value
+    # Lineage is explained where it is shown: the unconfirmed run and why.
+    lineage = {r.data["run"]: r.data for r in split.metadata["lineage_per_run"].value.records}
+    assert any(v["lineage"] == "unknown" and "not confirmed" in v["why"] for v in lineage.values()), lineage
+    assert split.metadata["lineage"].value.startswith("0: ")
 
 
 def test_one_failing_run_does_not_lose_the_others(dagster_spec, dagster_plant, instance, resources):

@@ -9,7 +9,7 @@ import pytest
 
 from aml_pipeline.pipeline import run_reader, runs
 from aml_pipeline.pipeline.build import build_dataset
-from aml_pipeline.pipeline.dataset import fit_normalization, load_plan, plan_dataset, write_snapshot_files
+from aml_pipeline.pipeline.dataset import fit_normalization, plan_dataset, write_snapshot_files
 from aml_pipeline.pipeline.runs import check_nodes_known, clean_run, fetch_run, window_run
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb

@@ -1,0 +1,228 @@
+"""What the per-run plot costs: drawing time and event-log growth, for the benchmark's runs.
+
+Workload: the standard plant shape (16 nodes: 4 controls, 4 targets, 8 features; 2 h at 1 Hz per
+run, as ``bench.workload``), simulated in memory. Each run's traces are accumulated once, untimed,
+the way the streaming stages feed them: every node's raw points in chunks, cleaned and aligned
+with the core functions (:func:`plant_run_traces`).
+
+* ``plot_ms_per_run``: ``run_traces_markdown`` (draw, encode, wrap as markdown) per run. Each
+  repetition draws every run once; the figure is the median over repetitions of the mean per
+  run (min and max beside it). Reference, same runs and repetitions: the same traces drawn the
+  plain matplotlib way (a subplot per node with its artists, ``savefig`` to PNG).
+* ``event_log_kb_per_run``: the plot's share of the event log. Each repetition materialises a
+  partitioned asset as ``cleaned_grid`` does (one single-run backfill, per-partition metadata
+  through ``add_asset_metadata``; every run's markdown five times, 20 partitions) in a
+  persistent SQLite instance (``DagsterInstance.local_temp``), once with the plot and once
+  without it, each in a fresh directory, and measures the directory's growth (after the
+  instance is closed); the figure is the difference per partition. SQLite storage keeps every
+  asset event twice (the run's shard and the index shard), so the growth is about twice the
+  markdown: the 30 KB budget means about 14 KB of markdown.
+
+Budget (per run, 16 nodes): 20 ms and 30 KB.
+
+    .venv/bin/python -m bench.plots_bench [--repeat 5] [--runs 4] [--minutes 120] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import dir_bytes, fresh_dir  # noqa: E402
+from bench.workload import HISTORY, HORIZON, N_CONTROLS, N_FEATURES, N_TARGETS, SPEC_ID  # noqa: E402
+
+BUDGET_MS, BUDGET_KB = 20.0, 30.0
+COPIES = 5
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _naive_png(traces, units: list[str], title: str) -> bytes:
+    """The same traces drawn the plain matplotlib way (the reference)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = len(traces.node_ids)
+    fig = Figure(figsize=(7.0, 0.35 * n + 0.8), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n, 1, sharex=True)
+    x = traces.column_centres_ms() / 60_000
+    for j, ax in enumerate(np.atleast_1d(axes)):
+        ax.fill_between(x, traces.raw_min[j], traces.raw_max[j], color="0.7", linewidth=0)
+        ax.fill_between(x, traces.grid_min[j], traces.grid_max[j], color="tab:blue", linewidth=0.8)
+        gap = traces.grid_missing[j] > 0
+        ax.fill_between(x, 0, 1, where=gap, transform=ax.get_xaxis_transform(), color="tab:orange", alpha=0.3)
+        hit = traces.removed_count[j] > 0
+        ax.plot(x[hit], traces.removed_max[j][hit], "x", color="tab:red", markersize=3)
+        ax.set_ylabel(f"{traces.node_ids[j]} [{units[j]}]", rotation=0, ha="right", fontsize=6)
+        ax.tick_params(labelsize=6)
+    fig.suptitle(title, fontsize=7)
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def _event_log_growth(markdowns: list[str], with_plot: bool, directory: Path) -> float:
+    """Bytes a persistent SQLite instance grows by when one single-run backfill materialises one
+    partition per markdown, recording per-partition metadata as ``cleaned_grid`` does."""
+    keys = [f"R{i:04d}" for i in range(len(markdowns))]
+    partitions = dg.StaticPartitionsDefinition(["warm-up", *keys])
+
+    @dg.asset(key=["bench", "cleaned_grid"], partitions_def=partitions, backfill_policy=dg.BackfillPolicy.single_run())
+    def cleaned_grid(context):  # unannotated: this module postpones annotations
+        for key in context.partition_keys:
+            metadata: dict[str, Any] = {"grid_rows": 7201, "points_kept": 115_000, "points_removed": 700}
+            if with_plot and key in plot_of:
+                metadata["plot"] = dg.MetadataValue.md(plot_of[key])
+            context.add_asset_metadata(metadata, partition_key=key)
+        return dg.MaterializeResult(metadata={"runs": len(context.partition_keys)})
+
+    plot_of = dict(zip(keys, markdowns))
+    fresh_dir(directory)
+    instance = dg.DagsterInstance.local_temp(tempdir=str(directory))
+    try:
+        # a first run creates the storage, so what is measured is the events' growth alone
+        dg.materialize([cleaned_grid], instance=instance, partition_key="warm-up")
+        before = dir_bytes(directory)
+        dg.materialize([cleaned_grid], instance=instance, tags={
+            "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
+    finally:
+        instance.dispose()
+    return float(dir_bytes(directory) - before)
+
+
+def plant_run_traces(plant, spec, run, *, chunk: int = 20_000):
+    """A run's traces, fed as the streaming stages feed them: each node's raw points in chunks,
+    then its cleaned and aligned values and the points the Hampel filter removed."""
+    from aml_pipeline.core.clean import clean_series
+    from aml_pipeline.core.grid import align, grid_times
+    from aml_pipeline.core.traces import TraceAccumulator
+
+    points = plant.points
+    nodes = {n.node_id: n for n in plant.nodes}
+    mine = points.run_id == run.run_id
+    acc = TraceAccumulator(run.started_at, run.ended_at, spec.node_ids)
+    grid_ts = grid_times(run.started_at, run.ended_at, spec.beat_ms)
+    c = spec.cleaning
+    for j, node in enumerate(spec.nodes):
+        at = np.flatnonzero(mine & (points.node_id == node.node_id))
+        at = at[np.argsort(points.ts[at], kind="stable")]  # (ts, seq): ingestion order breaks ties
+        ts, value, state = points.ts[at], points.value[at], points.state[at]
+        for i in range(0, ts.size, chunk):
+            acc.add_raw(j, ts[i : i + chunk], value[i : i + chunk])
+        lo, hi = node.range or (nodes[node.node_id].range_lo, nodes[node.node_id].range_hi)
+        cleaned = clean_series(
+            ts, value, state, good_states=c.good_states, range_lo=lo, range_hi=hi,
+            hampel_k=c.hampel_k if node.hampel_k is None else node.hampel_k, hampel_sigma=c.hampel_sigma,
+            hampel_min_dev=c.hampel_min_dev if node.hampel_min_dev is None else node.hampel_min_dev,
+        )
+        max_interp = spec.max_interp_ms if node.max_interp_ms is None else node.max_interp_ms
+        acc.add_grid(j, grid_ts, align(cleaned.ts, cleaned.value, grid_ts, interp=node.interp, max_interp_ms=max_interp))
+        acc.add_removed(j, cleaned.outlier_ts, cleaned.outlier_value)
+    return acc.result()
+
+
+def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path | None = None) -> dict[str, Any]:
+    """Measure; returns ``plot_ms_per_run`` and ``event_log_kb_per_run`` (medians) with details."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*currently in (beta|preview)")
+    logging.getLogger("dagster").setLevel(logging.WARNING)
+    from aml_pipeline.pipeline.plots import run_traces_markdown
+    from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
+    from aml_pipeline.spec import parse_spec
+
+    own = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="aml-plots-bench-")) if own else Path(workdir)
+    try:
+        plant = simulate_plant(n_runs=runs, run_minutes=minutes, seed=1, n_controls=N_CONTROLS,
+                               n_targets=N_TARGETS, n_features=N_FEATURES, unfinished_last_run=False)
+        spec = parse_spec(plant_spec_dict(plant, SPEC_ID, history_steps=HISTORY, horizon_steps=HORIZON))
+        unit_of = {n.node_id: n.unit for n in plant.nodes}
+        units = [unit_of[n] for n in spec.node_ids]
+        traces = {r.run_id: plant_run_traces(plant, spec, r) for r in plant.runs}
+        run_traces_markdown(next(iter(traces.values())), units, "warm-up")  # layout and font, once
+        _naive_png(next(iter(traces.values())), units, "warm-up")
+
+        ours_ms, naive_ms, kb_with, kb_without = [], [], [], []
+        markdowns: dict[str, str] = {}
+        for i in range(repeat):
+            t0 = time.perf_counter()
+            markdowns = {run_id: run_traces_markdown(tr, units, run_id) for run_id, tr in traces.items()}
+            ours_ms.append((time.perf_counter() - t0) * 1e3 / len(traces))
+            t0 = time.perf_counter()
+            for run_id, tr in traces.items():
+                _naive_png(tr, units, f"run {run_id}")
+            naive_ms.append((time.perf_counter() - t0) * 1e3 / len(traces))
+            # every run's markdown COPIES times: enough events that SQLite's page granularity
+            # does not dominate
+            recorded = list(markdowns.values()) * COPIES
+            kb_with.append(_event_log_growth(recorded, True, work / f"instance-with-{i}") / 1e3 / len(recorded))
+            kb_without.append(_event_log_growth(recorded, False, work / f"instance-without-{i}") / 1e3 / len(recorded))
+        plot_kb = [a - b for a, b in zip(kb_with, kb_without)]
+        markdown_kb = [len(m.encode()) / 1e3 for m in markdowns.values()]
+        ms = _spread(ours_ms)
+        kb = _spread(plot_kb)
+        return {
+            "plot_ms_per_run": ms["median"],
+            "event_log_kb_per_run": kb["median"],
+            "plot_ms": {**ms, "all": ours_ms},
+            "plot_ms_naive_matplotlib": {**_spread(naive_ms), "all": naive_ms},
+            "plot_over_naive_matplotlib": ms["median"] / statistics.median(naive_ms),
+            "event_log_kb": {**kb, "all": plot_kb},
+            "event_log_kb_per_run_with_plot": _spread(kb_with),
+            "event_log_kb_per_run_without_plot": _spread(kb_without),
+            "markdown_kb_per_run": _spread(markdown_kb),
+            "budget": {"plot_ms_per_run": BUDGET_MS, "event_log_kb_per_run": BUDGET_KB},
+            "met": {"plot_ms_per_run": ms["median"] <= BUDGET_MS, "event_log_kb_per_run": kb["median"] <= BUDGET_KB},
+            "workload": {"runs": len(traces), "nodes": len(spec.node_ids), "run_minutes": minutes,
+                         "points": len(plant.points), "repeat": repeat},
+        }
+    finally:
+        if own:
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.plots_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--minutes", type=float, default=120.0)
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    a = ap.parse_args(argv)
+    res = run(a.repeat, runs=a.runs, minutes=a.minutes)
+    text = json.dumps(res, indent=1)
+    if a.json:
+        a.json.write_text(text + "\n")
+    ms, kb = res["plot_ms"], res["event_log_kb"]
+    print(text)
+    print(
+        f"\nplot_ms_per_run      {ms['median']:.1f} ms (min {ms['min']:.1f}, max {ms['max']:.1f}; budget {BUDGET_MS:g}; "
+        f"plain matplotlib {res['plot_ms_naive_matplotlib']['median']:.0f} ms)\n"
+        f"event_log_kb_per_run {kb['median']:.1f} KB (min {kb['min']:.1f}, max {kb['max']:.1f}; budget {BUDGET_KB:g}; "
+        f"markdown {res['markdown_kb_per_run']['median']:.1f} KB)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
