@@ -8,6 +8,9 @@
 * :func:`io_floor` moves the same bytes with nothing else: every point of the workload read
   from the same DuckDB file into numpy (one query), and arrays of the snapshot's array sizes
   written with ``ndarray.tofile`` and fsynced.
+
+:func:`run` alternates the end-to-end build and the floor (``bench.timing.side_by_side``) and
+keeps the last build's store and snapshot for the parts that read them (windows, snapshot).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import dir_bytes, fresh_dir
+from bench.common import dir_bytes, fresh_dir, settle
+from bench.timing import Sample, side_by_side, summarize
 
 
 def _spec(spec_dict: dict[str, Any]):
@@ -206,3 +210,54 @@ def summarize_stages(staged: dict[str, Any]) -> list[dict[str, Any]]:
             "mb_per_s": (staged["output_bytes"] / s / 1e6) if name == "write" and s else None,
         })
     return rows
+
+
+def run(spec_dict: dict[str, Any], tsdb_url: str, points: int, work: Path, *, repeat: int) -> dict[str, Any]:
+    """End-to-end build vs I/O floor, alternating; the last build stays in ``work / "e2e"``."""
+    sizes: dict[str, int] = {}
+
+    def build() -> Sample:
+        r = e2e_build(spec_dict, tsdb_url, work / "e2e")
+        sizes.update(r["array_bytes"])
+        return Sample(r["seconds"], r)
+
+    def floor() -> Sample:
+        f = io_floor(spec_dict, tsdb_url, sizes, work / "floor")
+        return Sample(f["seconds"], f, {"read_seconds": f["read_seconds"], "write_seconds": f["write_seconds"]})
+
+    def prepare(side: str, i: int) -> None:
+        settle(work / "e2e" if side == "build" else work / "floor")
+
+    cmp = side_by_side({"build": build, "floor": floor}, repeat=repeat, prepare=prepare)
+    e2e, fl = cmp.values["build"], cmp.values["floor"]
+    read, write = cmp.metric("floor", "read_seconds"), cmp.metric("floor", "write_seconds")
+    return {
+        "timings": cmp.to_json(),
+        "ratio": cmp.ratio("build", "floor"),
+        "e2e": {"sha256": e2e["sha256"], "summary": e2e["summary"], "snapshot_dir": e2e["snapshot_dir"],
+                "store": str(work / "e2e" / "store"), "output_bytes": sum(e2e["array_bytes"].values()),
+                "points_per_s": points / cmp.timing("build")["median"]},
+        "floor": {"points": fl["points"], "bytes_written": fl["bytes_written"],
+                  "read_seconds": read, "write_seconds": write,
+                  "read_points_per_s": fl["points"] / read["median"],
+                  "write_mb_per_s": fl["bytes_written"] / write["median"] / 1e6},
+    }
+
+
+def run_staged(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int) -> dict[str, Any]:
+    """:func:`staged_build` ``repeat`` times: per stage the median, min and max."""
+    builds = []
+    for _ in range(repeat):
+        settle(out)
+        builds.append(staged_build(spec_dict, tsdb_url, out))
+    last = builds[-1]
+    per_stage = {name: summarize([b["seconds"].get(name, 0.0) for b in builds]) for name in last["seconds"]}
+    median_build = {**last, "seconds": {k: v["median"] for k, v in per_stage.items()},
+                    "total_seconds": summarize([b["total_seconds"] for b in builds])["median"]}
+    return {
+        "stages": summarize_stages(median_build),
+        "stage_seconds": per_stage,
+        "total_seconds": summarize([b["total_seconds"] for b in builds]),
+        "sha256": sorted({b["sha256"] for b in builds}),
+        **{k: last[k] for k in ("points", "grid_rows", "windows", "output_bytes", "current", "checks")},
+    }
