@@ -78,7 +78,8 @@ class Comparison:
         min and max over pairs, as for :meth:`ratio`."""
         scale = num_work / den_work
         r = ratio_of(self.seconds[den], self.seconds[num])
-        return {**r, "value": r["value"] * scale, "min": r["min"] * scale, "max": r["max"] * scale}
+        return {**r, "value": r["value"] * scale, "min": r["min"] * scale, "max": r["max"] * scale,
+                "paired": [p * scale for p in r["paired"]]}
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"repeat": self.repeat, "order": self.order}

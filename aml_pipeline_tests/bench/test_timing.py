@@ -71,6 +71,7 @@ def test_rate_ratio_and_difference():
     rr = cmp.rate_ratio("fast", "slow", 100, 10)
     assert rr["value"] == pytest.approx((100 / 3.0) / (10 / 1.0))
     assert rr["min"] == pytest.approx((100 / 4.0) / 10) and rr["max"] == pytest.approx((100 / 2.0) / 10)
+    assert rr["paired"] == pytest.approx([(100 / 2.0) / 10, (100 / 4.0) / 10])
     d = cmp.difference("fast", "slow")
     assert (d["value"], d["min"], d["max"]) == (2.0, 1.0, 3.0)
 
