@@ -158,7 +158,7 @@ def _compile_numba():
             want = c // 2
             prev = 0.0
             cur = 0.0
-            for t in range(want + 1):
+            for _ in range(want + 1):
                 if b >= c or (a >= 0 and m - s[a] <= s[b] - m):
                     d = m - s[a]
                     a -= 1
