@@ -93,7 +93,7 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
     summary = cmp.values["dagster"]
     result: dict[str, Any] = {
         "instance": "persistent SQLite (DagsterInstance.from_config of a temporary DAGSTER_HOME), one per repetition",
-        "executor": "materialize_dataset's default (dg.materialize: in-process)",
+        "executor": "materialize_dataset's default (one worker: the steps run in this process)",
         "timings": cmp.to_json(),
         "ratio": cmp.ratio("dagster", "library"),
         "difference": cmp.difference("dagster", "library"),

@@ -1,10 +1,12 @@
 """Windowing: the snapshot writer's own path against PyTorch Forecasting, on the same runs.
 
 "Ours" is what the snapshot writer runs to produce the windows (:func:`production_windows`:
-today ``pipeline.dataset._blocks_for`` over each run's stored model-unit grid, normalising grid
-columns with ``core.normalize.apply_norm`` and cutting x, u and y with ``core.windows.window_block``,
-in float32 blocks as written). It is imported in one place, :func:`_writer`, so a rename in
-the pipeline is a one-line fix here.
+``pipeline.dataset``'s window blocks over each run's stored model-unit grid, normalising grid
+rows with ``core.normalize.apply_norm`` and cutting x, u and y with ``core.windows.window_block``,
+in float32 blocks as written). The writer's names are followed in one place, :func:`_writer`,
+which knows both the writer that holds a run in memory (``_blocks_for`` over ``iter_runs``) and
+the chunked one that reads a run's grid block by block from the store (``window_blocks`` over
+``run_windows``; its reads are then part of our timed side, as they are of the writer's).
 
 PyTorch Forecasting gets the same runs' grids, normalised as the snapshot's x is (float32,
 identity normalisers, so its values are ours bit for bit), cut into segments of fully observed
@@ -32,7 +34,8 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,35 +47,66 @@ BATCH = 256
 RUN_BASE = 1_000_000
 
 
-def _writer():
-    """The snapshot writer's windowing and what it reads (the one place to follow a rename)."""
+@dataclass
+class StoredRun:
+    """A run of the dataset: what the writer's windowing takes (``handle``), and its grid and
+    window starts read once, before any clock, for the references."""
+
+    run_id: str
+    grid: np.ndarray  # [T, nodes] model units, float64
+    starts: np.ndarray  # int64 window starts
+    handle: Any
+
+
+def _writer() -> tuple[Callable[..., Iterator[np.ndarray]], Callable[[Any, Any], tuple[Any, list[StoredRun]]]]:
+    """The snapshot writer's windowing, and a loader of the runs it reads, in snapshot order:
+    the one place that follows the pipeline's names."""
     from aml_pipeline.pipeline import dataset
 
-    return dataset._blocks_for, dataset.iter_runs, dataset.Columns, dataset.load_norm, dataset.load_plan
+    if hasattr(dataset, "window_blocks"):  # the chunked writer: grid blocks read from the store
+
+        def load(spec: Any, store: Any) -> tuple[Any, list[StoredRun]]:
+            plan = dataset.load_plan(spec, store)
+            norm = dataset.load_norm(spec, store, plan)
+            runs = []
+            for _, run_id in plan.ordered_runs():
+                h = dataset.run_windows(store, plan, run_id)
+                runs.append(StoredRun(run_id, h.grid_rows(0, h.rows), h.starts().between(0, h.rows + 1), h))
+            return norm, runs
+
+        return dataset.window_blocks, load
+
+    def load_in_memory(spec: Any, store: Any) -> tuple[Any, list[StoredRun]]:  # a run held whole
+        plan = dataset.load_plan(spec, store)
+        norm = dataset.load_norm(spec, store)
+        runs = dataset.iter_runs(store, [r for _, r in plan.ordered_runs()])
+        return norm, [StoredRun(r.run_id, r.grid, r.starts, r) for r in runs]
+
+    return dataset._blocks_for, load_in_memory
 
 
-def production_windows(runs: list[Any], spec: Any, norm: Any, kinds: tuple[str, ...] = ("x", "u", "y")) -> Iterator[tuple[str, str, np.ndarray]]:
+def production_windows(runs: list[StoredRun], spec: Any, norm: Any,
+                       kinds: tuple[str, ...] = ("x", "u", "y")) -> Iterator[tuple[str, str, np.ndarray]]:
     """``(kind, run id, block)`` as the writer produces them: one pass per kind over the runs,
     blocks as float32 little-endian C-order arrays."""
-    blocks_for, _, Columns, _, _ = _writer()
+    from aml_pipeline.pipeline.dataset import Columns
+
+    blocks_for, _ = _writer()
     cols = Columns.of(spec)
     for kind in kinds:
         for run in runs:
-            for block in blocks_for(kind, run, spec, cols, norm):
+            for block in blocks_for(kind, run.handle, spec, cols, norm):
                 yield kind, run.run_id, np.ascontiguousarray(block, dtype="<f4")
 
 
-def _load(store_root: Path, spec_dict: dict[str, Any]):
+def _load(store_root: Path, spec_dict: dict[str, Any]) -> tuple[Any, Any, list[StoredRun]]:
     from aml_pipeline.pipeline.store import DatasetStore
     from aml_pipeline.spec import parse_spec
 
-    _, iter_runs, _, load_norm, load_plan = _writer()
     spec = parse_spec(spec_dict)
-    store = DatasetStore(store_root, spec.id)
-    plan = load_plan(spec, store)
-    norm = load_norm(spec, store)
-    ordered = [r for _, r in plan.ordered_runs()]
-    return spec, norm, list(iter_runs(store, ordered))
+    _, load = _writer()
+    norm, runs = load(spec, DatasetStore(store_root, spec.id))
+    return spec, norm, runs
 
 
 def _cols(spec: Any) -> tuple[list[int], list[int], list[int]]:
@@ -92,8 +126,8 @@ def run(store_root: Path, snapshot_dir: Path, spec_dict: dict[str, Any], *, quic
     out["snapshot"] = _check_snapshot(runs, spec, norm, snapshot_dir)
     out["reference"] = _check_reference(runs if quick else runs[:2], spec, norm)
 
-    # the same runs on both sides: the first pf_runs in time order
-    sub = sorted(runs, key=lambda r: int(r.grid_ts[0]) if r.grid_ts.size else 0)[:pf_runs]
+    # the same runs on both sides: the first pf_runs of the snapshot (train runs, oldest first)
+    sub = runs[:pf_runs]
     ours_windows = int(sum(r.starts.shape[0] for r in sub))
 
     def ours() -> int:
