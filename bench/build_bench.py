@@ -1,13 +1,15 @@
 """The library build: per-stage throughput, end to end, and the I/O floor it is compared with.
 
-* :func:`staged_build` runs the stages of ``pipeline.build.build_dataset`` one by one with a
-  timer around each (``clean_run`` is split into cleaning and alignment by timing the
-  ``align`` calls inside it). Its snapshot hash must equal the end-to-end build's, which shows
-  the staged copy did the same work.
+* :func:`staged_build` is ``pipeline.build.build_dataset`` with a timer around each stage
+  function it calls (``clean_run`` is split into cleaning and alignment by timing the ``align``
+  calls inside it, where it has them). Its snapshot hash must equal the end-to-end build's.
 * :func:`e2e_build` is ``build_dataset`` itself, as a user calls it.
 * :func:`io_floor` moves the same bytes with nothing else: every point of the workload read
   from the same DuckDB file into numpy (one query), and arrays of the snapshot's array sizes
   written with ``ndarray.tofile`` and fsynced.
+
+:func:`run` alternates the end-to-end build and the floor (``bench.timing.side_by_side``) and
+keeps the last build's store and snapshot for the parts that read them (windows, snapshot).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import dir_bytes, fresh_dir
+from bench.common import dir_bytes, fresh_dir, settle
+from bench.timing import Sample, side_by_side, summarize
 
 
 def _spec(spec_dict: dict[str, Any]):
@@ -51,90 +54,86 @@ def e2e_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, 
     }
 
 
-def staged_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, Any]:
-    """The stages of ``build_dataset``, each timed; returns seconds per stage and counts.
+# build_dataset's stages, by the names it calls them (a name it no longer calls is left out).
+_STAGE_FUNCTIONS = {
+    "fetch_run": "fetch",
+    "clean_run": "clean",
+    "window_run": "windows",
+    "plan_dataset": "split_fit",
+    "save_plan": "split_fit",
+    "fit_normalization": "split_fit",
+    "fit_or_reuse_normalization": "split_fit",
+    "save_norm": "split_fit",
+}
 
-    The per-run loop and the split/fit are ``build_dataset``'s own steps called one by one;
-    the snapshot is written, checked and published by ``publish_dataset`` itself, which reports
-    its own phases (write, checks, the fsync left after the checks, publish).
+
+def staged_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, Any]:
+    """``build_dataset`` itself, with a timer around each stage function it calls; returns
+    seconds per stage and counts.
+
+    The stage functions are wrapped where ``pipeline.build`` looks them up, so whatever its loop
+    becomes, the stages are timed as it calls them; cleaning is split from alignment by timing
+    ``pipeline.runs.align`` where the cleaning stage calls it. ``publish_dataset`` reports its
+    own phases (write, checks, the fsync left after the checks, publish).
     """
+    import aml_pipeline.pipeline.build as build_mod
     import aml_pipeline.pipeline.runs as runs_mod
-    from aml_pipeline.pipeline.build import publish_dataset, run_scope
-    from aml_pipeline.pipeline.dataset import fit_normalization, plan_dataset, save_norm, save_plan
-    from aml_pipeline.pipeline.runs import check_nodes_known, clean_run, fetch_run, window_run
-    from aml_pipeline.pipeline.store import DatasetStore
     from aml_pipeline.tsdb import open_tsdb
-    from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT
 
     spec = _spec(spec_dict)
     fresh_dir(out)
     t: dict[str, float] = defaultdict(float)
-    align_time = [0.0]
-    real_align = runs_mod.align
+    patched: list[tuple[Any, str, Any]] = []
 
-    def timed_align(*a: Any, **k: Any) -> np.ndarray:
-        t0 = time.perf_counter()
-        try:
-            return real_align(*a, **k)
-        finally:
-            align_time[0] += time.perf_counter() - t0
+    def timed(module: Any, name: str, stage: str) -> None:
+        real = getattr(module, name)
 
-    points = grid_rows = windows = 0
-    store = DatasetStore(out / "store", spec.id)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                t[stage] += time.perf_counter() - t0
+
+        patched.append((module, name, real))
+        setattr(module, name, wrapper)
+
+    for name, stage in _STAGE_FUNCTIONS.items():
+        if hasattr(build_mod, name):
+            timed(build_mod, name, stage)
+    if hasattr(runs_mod, "align"):
+        timed(runs_mod, "align", "align")
+    phases: dict[str, float] = {}
+    real_publish = build_mod.publish_dataset
+
+    def publish(*a: Any, **k: Any) -> Any:
+        return real_publish(*a, **k, timings=phases)
+
+    build_mod.publish_dataset = publish
+    patched.append((build_mod, "publish_dataset", real_publish))
     t_all = time.perf_counter()
-    runs_mod.align = timed_align
     try:
         with open_tsdb(tsdb_url) as db:
-            t0 = time.perf_counter()
-            catalog = check_nodes_known(spec, db.list_nodes())
-            runs = db.list_runs(run_scope(spec), finished_only=True)
-            t["setup"] += time.perf_counter() - t0
-            for run in runs:
-                t0 = time.perf_counter()
-                raw = fetch_run(db, spec, run, store, catalog, page_limit=DEFAULT_PAGE_LIMIT)
-                t1 = time.perf_counter()
-                align_time[0] = 0.0
-                g = clean_run(spec, run.run_id, store)
-                t2 = time.perf_counter()
-                w = window_run(spec, run.run_id, store)
-                t3 = time.perf_counter()
-                t["fetch"] += t1 - t0
-                t["align"] += align_time[0]
-                t["clean"] += (t2 - t1) - align_time[0]
-                t["windows"] += t3 - t2
-                points += raw.total_points
-                grid_rows += g.rows
-                windows += w.windows
-            t0 = time.perf_counter()
-            plan = plan_dataset(spec, [r.run_id for r in runs], store)
-            save_plan(spec, plan, store)
-            norm = fit_normalization(spec, plan, store)
-            save_norm(spec, norm, store)
-            t["split_fit"] += time.perf_counter() - t0
-            watermark = db.availability_watermark()
-        phases: dict[str, float] = {}
-        published = publish_dataset(
-            spec, plan, norm, store, out / "datasets", availability_watermark=watermark, timings=phases
-        )
-        t["write"] += phases["write"]
-        t["checks"] += phases["checks"]
-        t["fsync_tail"] += phases["durable"]
-        t["publish"] += phases["publish"]
+            published = build_mod.build_dataset(spec, db, store_root=out / "store", datasets_root=out / "datasets")
     finally:
-        runs_mod.align = real_align
+        for module, name, real in reversed(patched):
+            setattr(module, name, real)
     total = time.perf_counter() - t_all
-    out_bytes = dir_bytes(published.snapshot_dir / "arrays")
+    if "align" in t and "clean" in t:
+        t["clean"] -= t["align"]  # align runs inside the cleaning stage
+    for phase, stage in (("write", "write"), ("checks", "checks"), ("durable", "fsync_tail"), ("publish", "publish")):
+        t[stage] += phases.get(phase, 0.0)
+    t["other"] = total - sum(v for k, v in t.items() if k != "other")  # listing runs and nodes, locks, the rest
+    summary = published.summary()
     return {
         "seconds": dict(t),
         "total_seconds": total,
-        "points": points,
-        "grid_rows": grid_rows,
-        "windows": windows,
-        "output_bytes": out_bytes,
+        "points": int(published.report["cleaning"]["totals"]["input"]),
+        "windows": sum(summary["windows"].values()),
+        "output_bytes": dir_bytes(published.snapshot_dir / "arrays"),
         "sha256": published.sha256,
         "current": published.current,
         "checks": {c.name: c.passed for c in published.checks},
-        "check_descriptions": {c.name: c.description for c in published.checks},
     }
 
 
@@ -193,11 +192,13 @@ def io_floor(spec_dict: dict[str, Any], tsdb_url: str, array_bytes: dict[str, in
 
 def summarize_stages(staged: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows for the stage table: seconds, points/s (input points of the workload) and share."""
-    order = ("fetch", "clean", "align", "windows", "split_fit", "write", "checks", "fsync_tail", "publish", "setup")
+    order = ("fetch", "clean", "align", "windows", "split_fit", "write", "checks", "fsync_tail", "publish", "other")
     total = staged["total_seconds"]
     rows = []
     for name in order:
-        s = staged["seconds"].get(name, 0.0)
+        if name not in staged["seconds"]:
+            continue
+        s = staged["seconds"][name]
         rows.append({
             "stage": name,
             "seconds": s,
@@ -206,3 +207,54 @@ def summarize_stages(staged: dict[str, Any]) -> list[dict[str, Any]]:
             "mb_per_s": (staged["output_bytes"] / s / 1e6) if name == "write" and s else None,
         })
     return rows
+
+
+def run(spec_dict: dict[str, Any], tsdb_url: str, points: int, work: Path, *, repeat: int) -> dict[str, Any]:
+    """End-to-end build vs I/O floor, alternating; the last build stays in ``work / "e2e"``."""
+    sizes: dict[str, int] = {}
+
+    def build() -> Sample:
+        r = e2e_build(spec_dict, tsdb_url, work / "e2e")
+        sizes.update(r["array_bytes"])
+        return Sample(r["seconds"], r)
+
+    def floor() -> Sample:
+        f = io_floor(spec_dict, tsdb_url, sizes, work / "floor")
+        return Sample(f["seconds"], f, {"read_seconds": f["read_seconds"], "write_seconds": f["write_seconds"]})
+
+    def prepare(side: str, i: int) -> None:
+        settle(work / "e2e" if side == "build" else work / "floor")
+
+    cmp = side_by_side({"build": build, "floor": floor}, repeat=repeat, prepare=prepare)
+    e2e, fl = cmp.values["build"], cmp.values["floor"]
+    read, write = cmp.metric("floor", "read_seconds"), cmp.metric("floor", "write_seconds")
+    return {
+        "timings": cmp.to_json(),
+        "ratio": cmp.ratio("build", "floor"),
+        "e2e": {"sha256": e2e["sha256"], "summary": e2e["summary"], "snapshot_dir": e2e["snapshot_dir"],
+                "store": str(work / "e2e" / "store"), "output_bytes": sum(e2e["array_bytes"].values()),
+                "points_per_s": points / cmp.timing("build")["median"]},
+        "floor": {"points": fl["points"], "bytes_written": fl["bytes_written"],
+                  "read_seconds": read, "write_seconds": write,
+                  "read_points_per_s": fl["points"] / read["median"],
+                  "write_mb_per_s": fl["bytes_written"] / write["median"] / 1e6},
+    }
+
+
+def run_staged(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int) -> dict[str, Any]:
+    """:func:`staged_build` ``repeat`` times: per stage the median, min and max."""
+    builds = []
+    for _ in range(repeat):
+        settle(out)
+        builds.append(staged_build(spec_dict, tsdb_url, out))
+    last = builds[-1]
+    per_stage = {name: summarize([b["seconds"].get(name, 0.0) for b in builds]) for name in last["seconds"]}
+    median_build = {**last, "seconds": {k: v["median"] for k, v in per_stage.items()},
+                    "total_seconds": summarize([b["total_seconds"] for b in builds])["median"]}
+    return {
+        "stages": summarize_stages(median_build),
+        "stage_seconds": per_stage,
+        "total_seconds": summarize([b["total_seconds"] for b in builds]),
+        "sha256": sorted({b["sha256"] for b in builds}),
+        **{k: last[k] for k in ("points", "windows", "output_bytes", "current", "checks")},
+    }

@@ -1,61 +1,318 @@
 """The Dagster build against the library-only build of the same workload.
 
-Dagster: ``aml_pipeline.defs.inprocess.materialize_dataset`` on an ephemeral instance created
-beforehand (untimed, as a deployment's instance exists before a backfill) - in one run, the
-run partitions as a single-run backfill (``raw_node_series`` -> ``cleaned_grid`` ->
-``run_windows`` over all runs in one step each), then ``dataset_split``,
-``normalization_stats`` and ``dataset_manifest`` with its blocking checks. Library:
-``aml_pipeline.pipeline.build.build_dataset``. The two alternate, ``repeat`` times each, into
-fresh directories; the best of each is compared. A v1 snapshot is byte-identical however it is
-built, so both must publish the same sha256.
+Dagster: ``aml_pipeline.defs.inprocess.materialize_dataset`` (what ``aml-pipeline build`` runs)
+with its default executor, recording into a persistent SQLite instance: a temporary
+``DAGSTER_HOME`` with a ``dagster.yaml`` (:func:`persistent_instance`), created and opened
+before the clock, as a deployment's instance exists before a build. One fresh instance per
+repetition, so every repetition does the same work. Library:
+``aml_pipeline.pipeline.build.build_dataset``. The two alternate (``bench.timing.side_by_side``)
+into fresh directories; both must publish the same sha256 (a v1 snapshot is byte-identical
+however it is built).
+
+Where the time goes: with pyinstrument installed, one more Dagster build (not counted in the
+ratio) is profiled, and its samples are attributed (:func:`attribute_profile`) to our library
+stages, our per-run plots, our Dagster wiring (asset bodies, metadata) and Dagster itself
+(everything else the run does, including its SQLite writes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import time
+from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.build_bench import e2e_build
-from bench.common import fresh_dir
+from bench.common import fresh_dir, remove_tree, settle
+from bench.timing import side_by_side
+
+INSTANCE_YAML = """\
+# A deployment-like instance for the benchmark: default (SQLite) storage under this directory.
+telemetry:
+  enabled: false
+concurrency:
+  pools:
+    default_limit: 1
+"""
 
 
-def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def persistent_instance(home: Path) -> Iterator[Any]:
+    """A persistent SQLite instance in ``home`` (created, schema initialised), disposed on exit."""
     import dagster as dg
 
+    fresh_dir(home)
+    (home / "dagster.yaml").write_text(INSTANCE_YAML)
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        instance.get_runs(limit=1)  # opens the run and event-log storages (schema already migrated)
+        yield instance
+    finally:
+        instance.dispose()
+
+
+def materialize(spec_dict: dict[str, Any], tsdb_url: str, out: Path, instance: Any, **kwargs: Any) -> dict[str, Any]:
     from aml_pipeline.defs.inprocess import materialize_dataset
     from aml_pipeline.spec import parse_spec
 
+    return materialize_dataset(
+        parse_spec(spec_dict), tsdb_url=tsdb_url, home=out, datasets_dir=out / "datasets",
+        instance=instance, console_log_level="CRITICAL", **kwargs,
+    )
+
+
+def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, profile: bool) -> dict[str, Any]:
     logging.getLogger("dagster").setLevel(logging.WARNING)
-    spec = parse_spec(spec_dict)
-    dagster_times, library_times, hashes = [], [], set()
-    summary: dict[str, Any] = {}
-    for i in range(repeat):
-        home = fresh_dir(out / f"dagster{i}")
-        # The instance exists before a materialisation (a deployment's instance, or the CLI's,
-        # opened once); creating an in-memory one (~0.5 s of schema migrations) is not timed.
-        with dg.DagsterInstance.ephemeral() as instance:
-            t0 = time.perf_counter()
-            summary = materialize_dataset(
-                spec, tsdb_url=tsdb_url, home=home, datasets_dir=home / "datasets",
-                instance=instance, console_log_level="CRITICAL",
-            )
-            dagster_times.append(time.perf_counter() - t0)
-        hashes.add(summary["sha256"])
-        fresh_dir(home)  # free the disk before the next build
-        lib = e2e_build(spec_dict, tsdb_url, out / f"library{i}")
-        library_times.append(lib["seconds"])
+    stack = contextlib.ExitStack()
+    hashes: set[str] = set()
+    state: dict[str, Any] = {}
+
+    def prepare(side: str, i: int) -> None:
+        stack.close()
+        if side == "dagster":
+            state["instance"] = stack.enter_context(persistent_instance(out / "instance"))
+        settle(out / "build")
+        (out / "build").mkdir(parents=True)
+
+    def dagster() -> dict[str, Any]:
+        s = materialize(spec_dict, tsdb_url, out / "build", state["instance"])
+        hashes.add(s["sha256"])
+        return s
+
+    def library() -> dict[str, Any]:
+        lib = e2e_build(spec_dict, tsdb_url, out / "build")
         hashes.add(lib["sha256"])
-        fresh_dir(out / f"library{i}")
-    best_d, best_l = min(dagster_times), min(library_times)
-    return {
-        "dagster_seconds": best_d,
-        "library_seconds": best_l,
-        "dagster_all": dagster_times,
-        "library_all": library_times,
-        "ratio": best_d / best_l,
+        return lib["summary"]
+
+    try:
+        cmp = side_by_side({"dagster": dagster, "library": library}, repeat=repeat, prepare=prepare)
+    finally:
+        stack.close()
+    summary = cmp.values["dagster"]
+    result: dict[str, Any] = {
+        "instance": "persistent SQLite (DagsterInstance.from_config of a temporary DAGSTER_HOME), one per repetition",
+        "executor": "materialize_dataset's default (one worker: the steps run in this process)",
+        "timings": cmp.to_json(),
+        "ratio": cmp.ratio("dagster", "library"),
+        "difference": cmp.difference("dagster", "library"),
         "same_sha256": len(hashes) == 1,
         "checks": summary.get("checks"),
         "current": summary.get("current"),
+    }
+    if profile:
+        result["profile"] = _profile(spec_dict, tsdb_url, out)
+    remove_tree(out)
+    return result
+
+
+def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: Path, *, repeat: int) -> dict[str, Any]:
+    """Issue 11's orchestration cost: (Dagster build - library build) / runs, many small runs."""
+    r = run(spec_dict, tsdb_url, out, repeat=repeat, profile=False)
+    cmp_json = r["timings"]
+    diff = r["difference"]
+    return {
+        "runs": runs,
+        "timings": cmp_json,
+        "ms_per_run": {k: (v * 1000 / runs if k in ("value", "min", "max") else v)
+                       for k, v in diff.items() if k != "paired"},
+        "ratio": r["ratio"],
+        "same_sha256": r["same_sha256"],
+        "current": r["current"],
+    }
+
+
+def workers_unsupported() -> str | None:
+    """Why ``--workers`` (issue 11) cannot be measured yet, or None."""
+    import inspect
+
+    from aml_pipeline.defs.inprocess import materialize_dataset
+
+    if "workers" not in inspect.signature(materialize_dataset).parameters:
+        return "materialize_dataset has no workers parameter yet (issue 11: build --workers N)"
+    return None
+
+
+def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int) -> dict[str, Any]:
+    """The same Dagster build with 1 and with 2 workers, alternating; same sha256."""
+    stack = contextlib.ExitStack()
+    state: dict[str, Any] = {}
+    hashes: set[str] = set()
+
+    def prepare(side: str, i: int) -> None:
+        stack.close()
+        state["instance"] = stack.enter_context(persistent_instance(out / "instance"))
+        settle(out / "build")
+        (out / "build").mkdir(parents=True)
+
+    def build(workers: int):
+        def call() -> dict[str, Any]:
+            s = materialize(spec_dict, tsdb_url, out / "build", state["instance"], workers=workers)
+            hashes.add(s["sha256"])
+            return s
+
+        return call
+
+    try:
+        cmp = side_by_side({"1_worker": build(1), "2_workers": build(2)}, repeat=repeat, prepare=prepare)
+    finally:
+        stack.close()
+    remove_tree(out)
+    return {"timings": cmp.to_json(), "speedup": cmp.ratio("1_worker", "2_workers"), "same_sha256": len(hashes) == 1,
+            "what": "whole materialize_dataset (run stages and dataset stages)"}
+
+
+def run_incremental(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int) -> dict[str, Any]:
+    """Issue 9's rebuilds, through the ``aml-pipeline build`` command (in this process) on a
+    persistent instance: a full build into fresh directories and a fresh instance, then the same
+    build again with nothing changed, then a build after editing only the spec's ``split``.
+    The three run in that order in every repetition (each depends on the one before)."""
+    import json
+    import os
+
+    edited = json.loads(json.dumps(spec_dict))
+    edited["split"] = {**edited["split"], "train": 0.6, "val": 0.25, "test": 0.15}
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path, edited_path = out / "spec.yaml", out / "spec-split-edited.yaml"
+    spec_path.write_text(json.dumps(spec_dict))  # JSON is YAML
+    edited_path.write_text(json.dumps(edited))
+    home, datasets, dagster_home = out / "home", out / "datasets", out / "instance"
+
+    def prepare(side: str, i: int) -> None:
+        if side == "full":
+            with persistent_instance(dagster_home):
+                pass  # created and migrated before the clock
+            settle(home, datasets)
+        else:
+            settle()
+
+    def build(path: Path):
+        return lambda: cli_build(path, tsdb_url, home, datasets, dagster_home)
+
+    old = os.environ.get("DAGSTER_HOME")
+    try:
+        cmp = side_by_side({"full": build(spec_path), "noop": build(spec_path), "split_edit": build(edited_path)},
+                           repeat=repeat, prepare=prepare, rotate=False)
+    finally:
+        if old is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = old
+    # the edited spec built from nothing by the library must give the same snapshot
+    fresh = e2e_build(edited, tsdb_url, out / "fresh")
+    result = {
+        "timings": cmp.to_json(),
+        "noop_over_full": cmp.ratio("noop", "full"),
+        "split_edit_over_full": cmp.ratio("split_edit", "full"),
+        "noop_same_sha256": cmp.values["noop"]["sha256"] == cmp.values["full"]["sha256"],
+        "split_edit_same_as_fresh_build": cmp.values["split_edit"]["sha256"] == fresh["sha256"],
+        "summaries": {k: {kk: v.get(kk) for kk in ("sha256", "current", "materialized", "published")}
+                      for k, v in cmp.values.items()},
+    }
+    remove_tree(out)
+    return result
+
+
+def cli_build(spec_path: Path, tsdb_url: str, home: Path, datasets: Path, dagster_home: Path) -> dict[str, Any]:
+    """``aml-pipeline build SPEC --json`` in this process, recording in ``dagster_home``'s instance."""
+    import io
+    import json
+    import os
+
+    from aml_pipeline.cli import main
+
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = main(["build", str(spec_path), "--tsdb", tsdb_url, "--home", str(home), "--out", str(datasets), "--json"])
+    if rc != 0:
+        raise RuntimeError(f"aml-pipeline build {spec_path} exited {rc}: {stderr.getvalue().strip()[-2000:]}")
+    return json.loads(stdout.getvalue().strip().splitlines()[-1])
+
+
+def _profile(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, Any]:
+    try:
+        from pyinstrument import Profiler
+    except ImportError as e:
+        return {"available": False, "reason": f"pyinstrument not importable ({e}); scripts/bench.sh installs it"}
+    with persistent_instance(out / "instance-profile") as instance:
+        settle(out / "build")
+        (out / "build").mkdir(parents=True)
+        profiler = Profiler(interval=0.0005)
+        profiler.start()
+        try:
+            materialize(spec_dict, tsdb_url, out / "build", instance)
+        finally:
+            profiler.stop()
+        events = event_counts(instance)
+    session = profiler.last_session
+    parts = attribute_profile(session.root_frame())
+    n_events = sum(events.values())
+    return {"available": True, "seconds": session.duration, "events": events, **parts,
+            "dagster_ms_per_event": 1000 * parts["seconds_by_part"].get("dagster", 0.0) / n_events if n_events else None}
+
+
+def event_counts(instance: Any) -> dict[str, int]:
+    """Event-log entries of every run in ``instance``, by Dagster event type (or "log")."""
+    counts: dict[str, int] = defaultdict(int)
+    for run in instance.get_runs():
+        for entry in instance.all_logs(run.run_id):
+            counts[entry.dagster_event.event_type_value if entry.dagster_event else "log"] += 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+# Where a sample's time goes, by the file of the frame (or of its nearest classified caller).
+_LIBRARY = ("/aml_pipeline/pipeline/", "/aml_pipeline/core/", "/aml_pipeline/tsdb/")
+_PLOTS = "/aml_pipeline/pipeline/plots.py"
+_WIRING = "/aml_pipeline/defs/"
+_DAGSTER = ("/dagster/", "/dagster_shared/", "/dagster_pipes/")
+
+
+def _classify(path: str) -> str | None:
+    if _PLOTS in path:
+        return "plots"
+    if any(p in path for p in _LIBRARY):
+        return "library"
+    if _WIRING in path:
+        return "wiring"
+    if any(p in path for p in _DAGSTER):
+        return "dagster"
+    return None
+
+
+def attribute_profile(root: Any, top: int = 15) -> dict[str, Any]:
+    """Seconds per bucket (library stages, plots, our Dagster wiring, Dagster, other) and the
+    functions with the most self time inside Dagster.
+
+    Library and plot frames own everything they call (numpy, DuckDB, file I/O); a frame of
+    another file (sqlite3, SQLAlchemy, the standard library) belongs to its nearest classified
+    caller, so SQLite writes that Dagster makes count as Dagster's.
+    """
+    seconds: dict[str, float] = defaultdict(float)
+    dagster_self: dict[str, float] = defaultdict(float)
+    stack = [(root, "other", False)]
+    while stack:
+        frame, inherited, sticky = stack.pop()
+        if frame.is_synthetic:
+            continue  # "[self]" and "[await]" leaves: already in their parent's total_self_time
+        path = frame.file_path or ""
+        if sticky:
+            label = inherited
+        else:
+            label = _classify(path) or inherited
+        own = frame.total_self_time
+        seconds[label] += own
+        if label == "dagster":
+            where = f"{frame.function} ({Path(path).name}:{frame.line_no})"
+            dagster_self[where] += own
+        next_sticky = sticky or label in ("library", "plots")
+        stack.extend((child, label, next_sticky) for child in frame.children)
+    total = sum(seconds.values())
+    return {
+        "seconds_by_part": dict(sorted(seconds.items(), key=lambda kv: -kv[1])),
+        "share_by_part": {k: v / total for k, v in seconds.items()} if total else {},
+        "dagster_top_self_time": [
+            {"where": w, "seconds": s} for w, s in sorted(dagster_self.items(), key=lambda kv: -kv[1])[:top]
+        ],
     }

@@ -1,37 +1,40 @@
-"""Exact Hampel (k = 5) throughput on one core, against the straightforward reference and sktime.
+"""Exact Hampel (k = 5) on one core: ours against vectorised numpy and numba, same points.
 
 Inputs are what the pipeline hands to Hampel: every measured node (targets, features) of every
 run of the workload, after the rules that precede Hampel (non-finite, state, range, duplicates),
-one series per (run, node), as ``clean_series`` calls it. Our implementation is timed over all of
-them (one call per series, as in the pipeline, and once over their concatenation); the
-reference (``aml_pipeline_tests.reference.hampel_reference``, one Python loop per point) over a
-subset, whose flags must be identical to ours, as must those of a few adversarial series
-(quantised values with many ties, and every short length where the windows shrink at both ends).
+one series per (run, node), as ``clean_series`` calls it. Every implementation gets exactly
+these series, one call per series (the pipeline's use), in the same alternating repetitions
+(``bench.timing.side_by_side``), and its flags are compared with ours element for element.
 
-sktime's ``HampelFilter`` is a different filter, so its flags are compared where the two
-definitions coincide (see :data:`SKTIME_SEMANTICS`).
+* ours: ``aml_pipeline.core.hampel.hampel_outliers``;
+* numpy: :func:`hampel_numpy`, what one writes with numpy: ``sliding_window_view`` over the
+  series, ``np.median`` of every full window and of its absolute deviations, and
+  ``np.nanmedian`` over NaN-padded windows for the ``2k`` points at the ends, whose windows
+  shrink (numpy's even-count median, as the contract says);
+* numba (when installed, ``scripts/bench.sh`` installs it): :func:`hampel_numba`, a compiled
+  loop keeping the window sorted incrementally (one removal and one insertion per point, O(k))
+  and reading the MAD off the sorted window by merging the deviations on both sides of the
+  median (O(k)); compiled before timing.
+
+The pure-Python loop ``aml_pipeline_tests.reference.hampel_reference`` is the correctness oracle
+on adversarial series (quantised values with ties and MAD 0, spikes, every short length where
+the window shrinks at both ends, ``min_dev`` on and off); it is far too slow to be a speed
+reference. sktime's ``HampelFilter`` is not compared: see bench/README.md.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from bench.timing import Sample, side_by_side
 
 K, SIGMA, MIN_DEV = 5, 3.0, 0.0
-
-SKTIME_SEMANTICS = (
-    "sktime HampelFilter(window_length=2k+1, n_sigma, k=1.4826) differs from DESIGN 4.2 in three "
-    "ways: (1) it is recursive: a flagged point is replaced by NaN in the series before the "
-    "following windows are evaluated (nanmedian skips it), ours is not; (2) edges: the first k "
-    "and last k points are judged against the first/last full window instead of a window that "
-    "shrinks; (3) threshold evaluated as n_sigma * (1.4826 * MAD) instead of "
-    "(sigma * 1.4826) * MAD, and no min_dev. Where none of that applies - interior points none "
-    "of whose k predecessors sktime flagged - the definitions are identical, and so must be the "
-    "flags."
-)
+MAD_SCALE = 1.4826
+_ROWS_PER_CHUNK = 1 << 16  # bounds the numpy reference's temporaries for long series
 
 
 def hampel_inputs(tsdb_url: str, spec_dict: dict[str, Any], max_runs: int | None = None) -> list[np.ndarray]:
@@ -64,7 +67,132 @@ def hampel_inputs(tsdb_url: str, spec_dict: dict[str, Any], max_runs: int | None
     return series
 
 
-def _adversarial() -> list[np.ndarray]:
+# ---- the numpy reference -----------------------------------------------------------------------
+
+
+def hampel_numpy(x: np.ndarray, k: int, sigma: float, min_dev: float = 0.0) -> np.ndarray:
+    """Hampel flags with numpy's own medians over ``sliding_window_view`` (see the module docstring)."""
+    x = np.asarray(x, dtype=np.float64)
+    n = x.size
+    flags = np.zeros(n, dtype=bool)
+    if k == 0 or n == 0:
+        return flags
+    w = 2 * k + 1
+    if n >= w:
+        windows = sliding_window_view(x, w)  # row r: the full window centred on r + k
+        for r0 in range(0, windows.shape[0], _ROWS_PER_CHUNK):
+            win = windows[r0 : r0 + _ROWS_PER_CHUNK]
+            m = np.median(win, axis=1)
+            mad = np.median(np.abs(win - m[:, None]), axis=1)
+            centre = x[r0 + k : r0 + k + win.shape[0]]
+            flags[r0 + k : r0 + k + win.shape[0]] = np.abs(centre - m) > np.maximum(sigma * MAD_SCALE * mad, min_dev)
+    # The ends: windows max(0, i-k)..min(n-1, i+k) are the full windows of the NaN-padded series
+    # with the NaNs left out, which is what nanmedian does.
+    edge = np.arange(n) if n <= 2 * k else np.concatenate([np.arange(k), np.arange(n - k, n)])
+    padded = np.concatenate([np.full(k, np.nan), x, np.full(k, np.nan)])
+    win = sliding_window_view(padded, w)[edge]
+    m = np.nanmedian(win, axis=1)
+    mad = np.nanmedian(np.abs(win - m[:, None]), axis=1)
+    flags[edge] = np.abs(x[edge] - m) > np.maximum(sigma * MAD_SCALE * mad, min_dev)
+    return flags
+
+
+# ---- the numba reference -----------------------------------------------------------------------
+
+_numba_kernel = None
+
+
+def numba_unavailable() -> str | None:
+    """Why the numba reference cannot run here, or None."""
+    try:
+        import numba  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - optional, benchmark-only
+        return f"numba not importable ({type(e).__name__}: {e}); scripts/bench.sh installs it"
+    return None
+
+
+def _compile_numba():
+    global _numba_kernel
+    if _numba_kernel is not None:
+        return _numba_kernel
+    import numba
+
+    @numba.njit(cache=False, nogil=True)
+    def kernel(x, k, scale, min_dev, flags):  # pragma: no cover - compiled
+        n = x.shape[0]
+        s = np.empty(2 * k + 1)  # the current window, sorted
+        c = 0
+        hi = -1  # last index in the window
+        for i in range(n):
+            # window of i: max(0, i-k)..min(n-1, i+k): drop x[i-k-1], add x[i+k]
+            out = i - k - 1
+            if out >= 0:
+                v = x[out]
+                a, b = 0, c - 1
+                while a < b:  # leftmost position holding v
+                    mid = (a + b) // 2
+                    if s[mid] < v:
+                        a = mid + 1
+                    else:
+                        b = mid
+                for j in range(a, c - 1):
+                    s[j] = s[j + 1]
+                c -= 1
+            while hi < min(n - 1, i + k):
+                hi += 1
+                v = x[hi]
+                j = c
+                while j > 0 and s[j - 1] > v:
+                    s[j] = s[j - 1]
+                    j -= 1
+                s[j] = v
+                c += 1
+            lower = (c - 1) // 2
+            if c % 2 == 1:
+                m = s[lower]
+            else:
+                m = (s[lower] + s[lower + 1]) / 2.0
+            # deviations grow outward from the median on both sides: merge them in order and
+            # keep the middle one(s)
+            a, b = lower, lower + 1
+            want = c // 2
+            prev = 0.0
+            cur = 0.0
+            for _ in range(want + 1):
+                if b >= c or (a >= 0 and m - s[a] <= s[b] - m):
+                    d = m - s[a]
+                    a -= 1
+                else:
+                    d = s[b] - m
+                    b += 1
+                prev = cur
+                cur = d
+            mad = cur if c % 2 == 1 else (prev + cur) / 2.0
+            thr = scale * mad
+            if thr < min_dev:
+                thr = min_dev
+            flags[i] = abs(x[i] - m) > thr
+
+    _numba_kernel = kernel
+    kernel(np.arange(40, dtype=np.float64), 5, 3.0 * MAD_SCALE, 0.0, np.zeros(40, dtype=np.bool_))  # compile
+    return kernel
+
+
+def hampel_numba(x: np.ndarray, k: int, sigma: float, min_dev: float = 0.0) -> np.ndarray:
+    """Hampel flags from the compiled sorted-window loop (see the module docstring)."""
+    kernel = _compile_numba()
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    flags = np.zeros(x.size, dtype=bool)
+    if k > 0 and x.size:
+        # sigma * 1.4826 first, as Python evaluates sigma * 1.4826 * mad
+        kernel(x, int(k), float(sigma) * MAD_SCALE, float(min_dev), flags)
+    return flags
+
+
+# ---- the benchmark -----------------------------------------------------------------------------
+
+
+def adversarial_series() -> list[np.ndarray]:
     rng = np.random.default_rng(42)
     out = [np.round(np.cumsum(rng.normal(size=20_000)) * 2) / 2]  # quantised: ties and MAD = 0 plateaus
     spiky = rng.normal(size=5_000)
@@ -74,116 +202,70 @@ def _adversarial() -> list[np.ndarray]:
     return out
 
 
-def run(tsdb_url: str, spec_dict: dict[str, Any], *, quick: bool, repeat: int) -> dict[str, Any]:
+def _mismatches(a: list[np.ndarray], b: list[np.ndarray]) -> int:
+    return sum(int(np.count_nonzero(x != y)) for x, y in zip(a, b, strict=True))
+
+
+def run(tsdb_url: str, spec_dict: dict[str, Any], *, repeat: int) -> dict[str, Any]:
     from aml_pipeline.core.hampel import hampel_outliers
     from aml_pipeline_tests.reference import hampel_reference
 
     series = hampel_inputs(tsdb_url, spec_dict)
     points = int(sum(s.size for s in series))
+    impls = {"ours": hampel_outliers, "numpy_vectorised": hampel_numpy}
+    why_no_numba = numba_unavailable()
+    if why_no_numba is None:
+        _compile_numba()  # compiled before the clock, once
+        impls["numba"] = hampel_numba
 
-    # ---- ours, one call per series (the pipeline's use), best of `repeat`
-    best, best_cpu = float("inf"), float("inf")
-    for _ in range(repeat):
-        c0, t0 = time.process_time(), time.perf_counter()
-        for s in series:
-            hampel_outliers(s, K, SIGMA, MIN_DEV)
-        t, c = time.perf_counter() - t0, time.process_time() - c0
-        if t < best:
-            best, best_cpu = t, c
-    long = np.concatenate(series)
-    best_long = min(_timed(lambda: hampel_outliers(long, K, SIGMA, MIN_DEV)) for _ in range(repeat))
+    def side(fn):
+        def call() -> Sample:
+            c0, t0 = time.process_time(), time.perf_counter()
+            flags = [fn(s, K, SIGMA, MIN_DEV) for s in series]
+            return Sample(time.perf_counter() - t0, flags, {"cpu_seconds": time.process_time() - c0})
 
-    # ---- reference on a subset; flags must be identical
-    ref_budget = 20_000 if quick else 300_000
-    subset, n = [], 0
-    for s in series:
-        if n >= ref_budget:
-            break
-        subset.append(s)
-        n += s.size
-    ref_points = int(sum(s.size for s in subset))
-    t0 = time.perf_counter()
-    ref_flags = [hampel_reference(s, K, SIGMA, MIN_DEV) for s in subset]
-    ref_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    our_flags = [hampel_outliers(s, K, SIGMA, MIN_DEV) for s in subset]
-    ours_subset_seconds = time.perf_counter() - t0
-    mismatches = sum(int(np.count_nonzero(a != b)) for a, b in zip(ref_flags, our_flags, strict=True))
-    adversarial_mismatches = 0
-    for s in _adversarial():
+        return call
+
+    cmp = side_by_side({name: side(fn) for name, fn in impls.items()}, repeat=repeat)
+    ours_flags = cmp.values["ours"]
+    mismatches = {name: _mismatches(ours_flags, cmp.values[name]) for name in impls if name != "ours"}
+
+    # the long-series figure: all series end to end in one call (fixed costs amortised)
+    long = np.concatenate(series) if series else np.empty(0)
+    long_cmp = side_by_side({"ours": lambda: hampel_outliers(long, K, SIGMA, MIN_DEV)}, repeat=repeat)
+
+    # adversarial cases: every implementation against the pure-Python oracle
+    adversarial = {name: 0 for name in impls}
+    adversarial_points = 0
+    for s in adversarial_series():
         for min_dev in (0.0, 0.25):
-            adversarial_mismatches += int(np.count_nonzero(
-                hampel_reference(s, K, SIGMA, min_dev) != hampel_outliers(s, K, SIGMA, min_dev)))
-    identical = mismatches == 0 and adversarial_mismatches == 0
+            oracle = hampel_reference(s, K, SIGMA, min_dev)
+            adversarial_points += s.size
+            for name, fn in impls.items():
+                adversarial[name] += int(np.count_nonzero(fn(s, K, SIGMA, min_dev) != oracle))
 
-    ours_pps = points / best
-    ref_pps = ref_points / ref_seconds
+    ours_t = cmp.timing("ours")
     out: dict[str, Any] = {
-        "k": K, "sigma": SIGMA, "series": len(series), "points": points,
-        "seconds": best, "cpu_seconds": best_cpu,
-        "mpts_per_s": ours_pps / 1e6,
-        "mpts_per_s_long_series": long.size / best_long / 1e6,
-        "reference": {
-            "what": "aml_pipeline_tests.reference.hampel_reference (Python loop per point)",
-            "points": ref_points, "seconds": ref_seconds, "mpts_per_s": ref_pps / 1e6,
-            "speedup": ours_pps / ref_pps,
-            "ours_on_subset_seconds": ours_subset_seconds,
-            "flag_mismatches": mismatches,
-            "flagged": int(sum(int(f.sum()) for f in ref_flags)),
-            "adversarial_mismatches": adversarial_mismatches,
+        "k": K, "sigma": SIGMA, "min_dev": MIN_DEV, "series": len(series), "points": points,
+        "timings": cmp.to_json(),
+        "mpts_per_s": {
+            name: _rate(points, cmp.timing(name)) for name in impls
         },
-        "flags_identical": identical,
-        "sktime": _sktime(series, quick=quick, ours_pps=ours_pps),
+        "cpu_over_wall_ours": cmp.metric("ours", "cpu_seconds")["median"] / ours_t["median"],
+        "mpts_per_s_long_series": _rate(long.size, long_cmp.timing("ours")),
+        "over_numpy_vectorised": cmp.ratio("numpy_vectorised", "ours"),
+        "over_numba": cmp.ratio("numba", "ours") if "numba" in impls else None,
+        "numba": {"available": why_no_numba is None, "reason": why_no_numba},
+        "flagged": int(sum(int(f.sum()) for f in ours_flags)),
+        "flag_mismatches": mismatches,
+        "adversarial_points": adversarial_points,
+        "adversarial_mismatches": adversarial,
+        "flags_identical": all(v == 0 for v in mismatches.values()) and all(v == 0 for v in adversarial.values()),
     }
     return out
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def _sktime(series: list[np.ndarray], *, quick: bool, ours_pps: float) -> dict[str, Any]:
-    try:
-        import pandas as pd
-        from sktime.transformations.outlier_detection import HampelFilter
-    except Exception as e:  # noqa: BLE001 - optional, benchmark-only
-        return {"available": False, "reason": f"sktime not importable: {type(e).__name__}: {e}"}
-    from aml_pipeline.core.hampel import hampel_outliers
-
-    budget = 500 if quick else 5_000  # sktime evaluates ~1-2 k points/s
-    x = np.concatenate(series)[:budget] if series else np.empty(0)
-    ours = hampel_outliers(x, K, SIGMA, MIN_DEV)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        f = HampelFilter(window_length=2 * K + 1, n_sigma=SIGMA, k=1.4826, return_bool=True)
-        t0 = time.perf_counter()
-        theirs = np.asarray(f.fit_transform(pd.Series(x)), dtype=bool)
-        seconds = time.perf_counter() - t0
-    n = x.size
-    # interior points none of whose k predecessors sktime flagged (and so replaced by NaN)
-    flagged_before = np.zeros(n, dtype=bool)
-    if n:
-        c = np.concatenate([[0], np.cumsum(theirs.astype(np.int64))])
-        idx = np.arange(n)
-        flagged_before = (c[idx] - c[np.maximum(idx - K, 0)]) > 0
-    interior = np.zeros(n, dtype=bool)
-    interior[K : max(K, n - K)] = True
-    comparable = interior & ~flagged_before
-    pps = n / seconds if seconds else None
-    return {
-        "available": True,
-        "points": int(n),
-        "seconds": seconds,
-        "mpts_per_s": (pps or 0) / 1e6,
-        "speedup": (ours_pps / pps) if pps else None,
-        "flagged_ours": int(ours.sum()),
-        "flagged_sktime": int(theirs.sum()),
-        "identical_all": bool(np.array_equal(ours, theirs)),
-        "identical_fraction_all": float(np.mean(ours == theirs)) if n else 1.0,
-        "comparable_points": int(comparable.sum()),
-        "identical_on_comparable": bool(np.array_equal(ours[comparable], theirs[comparable])),
-        "mismatches_on_comparable": int(np.count_nonzero(ours[comparable] != theirs[comparable])),
-        "semantics": SKTIME_SEMANTICS,
-    }
+def _rate(points: int, t: dict[str, Any]) -> dict[str, Any]:
+    """Throughput in M points/s: from the median time, and the range over repetitions."""
+    return {"value": points / t["median"] / 1e6, "min": points / t["max"] / 1e6,
+            "max": points / t["min"] / 1e6, "repeat": t["repeat"]}

@@ -1,119 +1,210 @@
-"""Windowing: ours against PyTorch Forecasting's ``TimeSeriesDataSet`` on the same grids.
+"""Windowing: the snapshot writer's own path against PyTorch Forecasting, on the same runs.
 
-Both start from the runs' model-unit grids (``run_windows`` stage output, as float32, the dtype
-PyTorch Forecasting works in) and materialise every (x, u, y) window: x = rows t-H..t-1 of all
-nodes, u = rows t..t+F-1 of the controls, y = rows t..t+F-1 of the targets.
+"Ours" is what the snapshot writer runs to produce the windows (:func:`production_windows`:
+``pipeline.dataset``'s window blocks over each run's stored model-unit grid, normalising grid
+rows with ``core.normalize.apply_norm`` and cutting x, u and y with ``core.windows.window_block``,
+in float32 blocks as written). The writer's names are followed in one place, :func:`_writer`,
+which knows both the writer that holds a run in memory (``_blocks_for`` over ``iter_runs``) and
+the chunked one that reads a run's grid block by block from the store (``window_blocks`` over
+``run_windows``; its reads are then part of our timed side, as they are of the writer's).
 
-* Ours: ``window_starts`` (valid starts) + ``gather_windows`` per run.
-* PyTorch Forecasting cannot take NaN, so it gets each run cut into segments of fully observed
-  rows (one group per segment, ``time_idx`` = run * 10^6 + grid row); with encoder = H and
-  prediction = F fixed, its samples are exactly the windows that lie inside a segment. Timed:
-  constructing the ``TimeSeriesDataSet`` and iterating its DataLoader (batch 256) to
-  materialise every window. Building the input DataFrame is timed separately, not counted.
+PyTorch Forecasting gets the same runs' grids, normalised as the snapshot's x is (float32,
+identity normalisers, so its values are ours bit for bit), cut into segments of fully observed
+rows (it cannot take NaN; one group per segment, ``time_idx`` = run * 10^6 + grid row): with
+encoder = H and prediction = F fixed, its samples are exactly the windows inside a segment.
+Timed per repetition: constructing the ``TimeSeriesDataSet`` and iterating its ``DataLoader``
+(batch 256, no workers) to materialise every window. Building its input DataFrame, and reading
+our grids from the store, happen once before the clock for both sides.
 
-Verification: PF's set of window starts must be a subset of ours, and every window we have
-beyond it must be one that PF cannot express (a NaN only in a pure feature's future, which
-the window does not use). A sample of PF's batches is compared value for value (exact float32
-equality) with our x, u, y. Without PyTorch Forecasting (CI), our windows are compared with
-``aml_pipeline_tests.reference.windows_reference`` (a loop per window) instead, on all runs
-in quick mode and on a sample of runs otherwise.
+Cross-checks:
+
+* ours, run over every run in snapshot order, gives byte for byte the snapshot's
+  ``arrays/x.f32``, ``u.f32`` and ``y.f32`` (sha256 compared), so the timed code is the
+  writer's;
+* ours equals a loop per window (``aml_pipeline_tests.reference.windows_reference`` for the
+  starts, explicit slices of the normalised grid for the values), on every run in quick mode
+  and two runs otherwise;
+* with PyTorch Forecasting: its set of windows is ours, except windows it cannot express (a
+  NaN only in a pure feature's future, which our window does not use: each one is checked to
+  be exactly that); every one of its x windows equals ours value for value; its decoder values
+  of the controls and its targets are the grid rows ``t..t+F-1`` of its input.
 """
 
 from __future__ import annotations
 
-import time
+import hashlib
 import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.timing import side_by_side
+
 BATCH = 256
 RUN_BASE = 1_000_000
-SAMPLE_EVERY = 7  # compare every 7th PF batch value for value
 
 
-def _grids(store_root, spec_dict: dict[str, Any]) -> tuple[list[str], list[np.ndarray]]:
+@dataclass
+class StoredRun:
+    """A run of the dataset: what the writer's windowing takes (``handle``), and its grid and
+    window starts read once, before any clock, for the references."""
+
+    run_id: str
+    grid: np.ndarray  # [T, nodes] model units, float64
+    starts: np.ndarray  # int64 window starts
+    handle: Any
+
+
+def _writer() -> tuple[Callable[..., Iterator[np.ndarray]], Callable[[Any, Any], tuple[Any, list[StoredRun]]]]:
+    """The snapshot writer's windowing, and a loader of the runs it reads, in snapshot order:
+    the one place that follows the pipeline's names."""
+    from aml_pipeline.pipeline import dataset
+
+    if hasattr(dataset, "window_blocks"):  # the chunked writer: grid blocks read from the store
+
+        def load(spec: Any, store: Any) -> tuple[Any, list[StoredRun]]:
+            plan = dataset.load_plan(spec, store)
+            norm = dataset.load_norm(spec, store, plan)
+            runs = []
+            for _, run_id in plan.ordered_runs():
+                h = dataset.run_windows(store, plan, run_id)
+                runs.append(StoredRun(run_id, h.grid_rows(0, h.rows), h.starts().between(0, h.rows + 1), h))
+            return norm, runs
+
+        return dataset.window_blocks, load
+
+    def load_in_memory(spec: Any, store: Any) -> tuple[Any, list[StoredRun]]:  # a run held whole
+        plan = dataset.load_plan(spec, store)
+        norm = dataset.load_norm(spec, store)
+        runs = dataset.iter_runs(store, [r for _, r in plan.ordered_runs()])
+        return norm, [StoredRun(r.run_id, r.grid, r.starts, r) for r in runs]
+
+    return dataset._blocks_for, load_in_memory
+
+
+def production_windows(runs: list[StoredRun], spec: Any, norm: Any,
+                       kinds: tuple[str, ...] = ("x", "u", "y")) -> Iterator[tuple[str, str, np.ndarray]]:
+    """``(kind, run id, block)`` as the writer produces them: one pass per kind over the runs,
+    blocks as float32 little-endian C-order arrays."""
+    from aml_pipeline.pipeline.dataset import Columns
+
+    blocks_for, _ = _writer()
+    cols = Columns.of(spec)
+    for kind in kinds:
+        for run in runs:
+            for block in blocks_for(kind, run.handle, spec, cols, norm):
+                yield kind, run.run_id, np.ascontiguousarray(block, dtype="<f4")
+
+
+def _load(store_root: Path, spec_dict: dict[str, Any]) -> tuple[Any, Any, list[StoredRun]]:
     from aml_pipeline.pipeline.store import DatasetStore
+    from aml_pipeline.spec import parse_spec
 
-    store = DatasetStore(store_root, spec_dict["id"])
-    runs = store.stage_runs("windows")
-    return runs, [np.ascontiguousarray(store.read_arrays(r, "windows")["grid"], dtype=np.float32) for r in runs]
-
-
-def _cols(spec_dict: dict[str, Any]) -> tuple[list[str], list[int], list[int], list[int]]:
-    nodes = [n["nodeId"] for n in spec_dict["nodes"]]
-    roles = [n["role"] for n in spec_dict["nodes"]]
-    ctrl = [j for j, r in enumerate(roles) if r == "control"]
-    tgt = [j for j, r in enumerate(roles) if r == "target"]
-    feat = [j for j, r in enumerate(roles) if r == "feature"]
-    return nodes, ctrl, tgt, feat
+    spec = parse_spec(spec_dict)
+    _, load = _writer()
+    norm, runs = load(spec, DatasetStore(store_root, spec.id))
+    return spec, norm, runs
 
 
-def ours(grids: list[np.ndarray], H: int, F: int, ctrl: list[int], tgt: list[int]) -> tuple[list[np.ndarray], int]:
-    from aml_pipeline.core.windows import gather_windows, window_starts
-
-    starts, n = [], 0
-    for g in grids:
-        s = window_starts(g, H, F, 1, ctrl, tgt)
-        x, u, y = gather_windows(g, s, H, F, ctrl, tgt)
-        n += x.shape[0]
-        starts.append(s)
-        del x, u, y
-    return starts, n
+def _cols(spec: Any) -> tuple[list[int], list[int], list[int]]:
+    idx = {n: j for j, n in enumerate(spec.node_ids)}
+    ctrl = [idx[n] for n in spec.control_ids]
+    tgt = [idx[n] for n in spec.target_ids]
+    feat = [j for j in range(len(spec.node_ids)) if j not in set(ctrl) | set(tgt)]
+    return ctrl, tgt, feat
 
 
-def run(store_root, spec_dict: dict[str, Any], *, quick: bool, repeat: int, pf_runs: int) -> dict[str, Any]:
-    H, F = spec_dict["historySteps"], spec_dict["horizonSteps"]
-    nodes, ctrl, tgt, feat = _cols(spec_dict)
-    run_ids, grids = _grids(store_root, spec_dict)
-    out: dict[str, Any] = {"runs": len(grids), "H": H, "F": F}
+def run(store_root: Path, snapshot_dir: Path, spec_dict: dict[str, Any], *, quick: bool, repeat: int,
+        pf_runs: int) -> dict[str, Any]:
+    spec, norm, runs = _load(store_root, spec_dict)
+    H, F = spec.history_steps, spec.horizon_steps
+    out: dict[str, Any] = {"runs": len(runs), "H": H, "F": F, "stride": spec.stride}
 
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        starts, n = ours(grids, H, F, ctrl, tgt)
-        best = min(best, time.perf_counter() - t0)
-    out["ours"] = {"windows": n, "seconds": best, "windows_per_s": n / best if best else None}
+    out["snapshot"] = _check_snapshot(runs, spec, norm, snapshot_dir)
+    out["reference"] = _check_reference(runs if quick else runs[:2], spec, norm)
 
-    out["reference"] = _check_reference(grids if quick else grids[:2], starts, H, F, ctrl, tgt)
-    out["pf"] = _pf(grids[:pf_runs], starts[:pf_runs], H, F, nodes, ctrl, tgt, feat)
-    if out["pf"].get("available"):
-        sub = grids[:pf_runs]
-        best_sub = float("inf")
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            _, n_sub = ours(sub, H, F, ctrl, tgt)
-            best_sub = min(best_sub, time.perf_counter() - t0)
-        out["ours_on_pf_runs"] = {"runs": len(sub), "windows": n_sub, "seconds": best_sub}
-        pf_rate = out["pf"]["windows"] / out["pf"]["seconds"]
-        ours_rate = n_sub / best_sub
-        out["speedup_vs_pf"] = ours_rate / pf_rate
+    # the same runs on both sides: the first pf_runs of the snapshot (train runs, oldest first)
+    sub = runs[:pf_runs]
+    ours_windows = int(sum(r.starts.shape[0] for r in sub))
+
+    def ours() -> int:
+        n = 0
+        for _, _, block in production_windows(sub, spec, norm):
+            n += block.shape[0]
+        return n
+
+    pf = _pf_setup(sub, spec, norm)
+    sides = {"ours": ours}
+    if pf.get("available"):
+        sides["pytorch_forecasting"] = pf.pop("measure")
+    cmp = side_by_side(sides, repeat=repeat)
+    out["timings"] = cmp.to_json()
+    out["ours"] = {"runs": len(sub), "windows": ours_windows,
+                   "windows_per_s": ours_windows / cmp.timing("ours")["median"]}
+    if pf.get("available"):
+        pf_windows = cmp.values["pytorch_forecasting"]
+        pf.update(pf.pop("verify")(sub))
+        pf["windows"] = pf_windows
+        pf["windows_per_s"] = pf_windows / cmp.timing("pytorch_forecasting")["median"]
+        out["speedup_vs_pf"] = cmp.rate_ratio("ours", "pytorch_forecasting", ours_windows, pf_windows)
     else:
         out["speedup_vs_pf"] = None
-    out["ok"] = out["reference"]["equal"] and (not out["pf"].get("available") or out["pf"]["equal"])
+    out["pf"] = pf
     return out
 
 
-def _check_reference(grids, starts, H, F, ctrl, tgt) -> dict[str, Any]:
-    from aml_pipeline.core.windows import gather_windows
+def _check_snapshot(runs: list[Any], spec: Any, norm: Any, snapshot_dir: Path) -> dict[str, Any]:
+    """sha256 of ours over every run in snapshot order == sha256 of the snapshot's array files."""
+    ours = {k: hashlib.sha256() for k in ("x", "u", "y")}
+    for kind, _, block in production_windows(runs, spec, norm):
+        ours[kind].update(memoryview(block.reshape(-1).view(np.uint8)))
+    equal = {}
+    for kind, h in ours.items():
+        f = hashlib.sha256()
+        with open(snapshot_dir / "arrays" / f"{kind}.f32", "rb") as fh:
+            while chunk := fh.read(8 << 20):
+                f.update(chunk)
+        equal[kind] = h.hexdigest() == f.hexdigest()
+    return {"equal": all(equal.values()), "by_array": equal, "snapshot": str(snapshot_dir)}
+
+
+def _normalised(run: Any, norm: Any, ctrl: list[int], tgt: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    from aml_pipeline.core.normalize import apply_norm
+
+    return (apply_norm(run.grid, norm.x.mean, norm.x.std),
+            apply_norm(run.grid[:, ctrl], norm.u.mean, norm.u.std),
+            apply_norm(run.grid[:, tgt], norm.y.mean, norm.y.std))
+
+
+def _check_reference(runs: list[Any], spec: Any, norm: Any) -> dict[str, Any]:
     from aml_pipeline_tests.reference import windows_reference
 
+    H, F = spec.history_steps, spec.horizon_steps
+    ctrl, tgt, _ = _cols(spec)
     equal, windows = True, 0
-    for g, s in zip(grids, starts, strict=False):
-        ref_starts, xs, us, ys = windows_reference(g, H, F, 1, ctrl, tgt)
-        x, u, y = gather_windows(g, s, H, F, ctrl, tgt)
-        windows += len(ref_starts)
-        same = list(map(int, s)) == ref_starts and (
-            not ref_starts
-            or (np.array_equal(x, np.stack(xs)) and np.array_equal(u, np.stack(us)) and np.array_equal(y, np.stack(ys)))
-        )
+    for run in runs:
+        ref_starts, _, _, _ = windows_reference(run.grid, H, F, spec.stride, ctrl, tgt)
+        xs, us, ys = _normalised(run, norm, ctrl, tgt)
+        got = {"x": [], "u": [], "y": []}
+        for kind, _, block in production_windows([run], spec, norm):
+            got[kind].append(block)
+        same = list(map(int, run.starts)) == ref_starts
+        for kind, grid, lo, hi in (("x", xs, -H, 0), ("u", us, 0, F), ("y", ys, 0, F)):
+            ours = np.concatenate(got[kind]) if got[kind] else np.empty((0, hi - lo, grid.shape[1]), np.float32)
+            ref = (np.stack([grid[t + lo : t + hi] for t in ref_starts]) if ref_starts
+                   else np.empty((0, hi - lo, grid.shape[1]), np.float32))
+            same &= ours.shape == ref.shape and bool(np.array_equal(ours, ref))
         equal &= bool(same)
-    return {"what": "aml_pipeline_tests.reference.windows_reference (loop per window)",
-            "runs": len(grids), "windows": windows, "equal": equal}
+        windows += len(ref_starts)
+    return {"what": "aml_pipeline_tests.reference.windows_reference + explicit slices of the normalised grid",
+            "runs": len(runs), "windows": windows, "equal": equal}
 
 
-def _pf(grids, starts, H, F, nodes, ctrl, tgt, feat) -> dict[str, Any]:
-    """PyTorch Forecasting over ``grids`` (timed once: it takes seconds where ours takes ms)."""
+def _pf_setup(runs: list[Any], spec: Any, norm: Any) -> dict[str, Any]:
+    """PyTorch Forecasting's input (built once) and the callables that time and verify it."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -122,18 +213,21 @@ def _pf(grids, starts, H, F, nodes, ctrl, tgt, feat) -> dict[str, Any]:
             from pytorch_forecasting import TimeSeriesDataSet
             from pytorch_forecasting.data.encoders import MultiNormalizer, TorchNormalizer
     except Exception as e:  # noqa: BLE001 - optional, benchmark-only
-        return {"available": False, "reason": f"pytorch-forecasting not importable: {type(e).__name__}: {e}"}
-    torch.set_num_threads(1)
-    names = [f"c{j}" for j in range(len(nodes))]
+        return {"available": False,
+                "reason": f"pytorch-forecasting not importable ({type(e).__name__}: {e}); scripts/bench.sh installs it"}
+    from aml_pipeline.core.normalize import apply_norm
 
-    t0 = time.perf_counter()
+    torch.set_num_threads(1)
+    H, F = spec.history_steps, spec.horizon_steps
+    ctrl, tgt, feat = _cols(spec)
+    names = [f"c{j}" for j in range(len(spec.node_ids))]
+    grids = [apply_norm(r.grid, norm.x.mean, norm.x.std) for r in runs]  # float32, as our x
     frames = []
     for r, g in enumerate(grids):
-        ok = np.isfinite(g).all(axis=1)
-        rows = np.flatnonzero(ok)
+        rows = np.flatnonzero(np.isfinite(g).all(axis=1))
         if rows.size == 0:
             continue
-        seg = np.cumsum(np.concatenate([[True], np.diff(rows) != 1]))  # segment of consecutive rows
+        seg = np.cumsum(np.concatenate([[True], np.diff(rows) != 1]))  # segments of consecutive rows
         df = pd.DataFrame(g[rows], columns=names)
         df["time_idx"] = r * RUN_BASE + rows
         df["segment"] = (r * RUN_BASE + seg).astype(str)
@@ -141,13 +235,10 @@ def _pf(grids, starts, H, F, nodes, ctrl, tgt, feat) -> dict[str, Any]:
     df = pd.concat(frames, ignore_index=True)
     size = df.groupby("segment")["time_idx"].transform("size")
     df = df[size >= H + F].reset_index(drop=True)  # PF refuses groups shorter than one window
-    frame_seconds = time.perf_counter() - t0
-
     target_names = [names[j] for j in tgt]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        t0 = time.perf_counter()
-        ds = TimeSeriesDataSet(
+
+    def dataset():
+        return TimeSeriesDataSet(
             df, time_idx="time_idx", target=target_names, group_ids=["segment"],
             max_encoder_length=H, min_encoder_length=H, max_prediction_length=F, min_prediction_length=F,
             time_varying_known_reals=[names[j] for j in ctrl],
@@ -156,65 +247,64 @@ def _pf(grids, starts, H, F, nodes, ctrl, tgt, feat) -> dict[str, Any]:
             scalers={names[j]: None for j in (*ctrl, *feat)},
             add_relative_time_idx=False, add_target_scales=False, add_encoder_length=False,
         )
-        build_seconds = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        n, sample = 0, []
-        for b, (x, y) in enumerate(ds.to_dataloader(train=False, batch_size=BATCH, num_workers=0)):
-            n += x["encoder_cont"].shape[0]
-            if b % SAMPLE_EVERY == 0:
-                sample.append((x["encoder_cont"], x["decoder_cont"], y[0], x["decoder_time_idx"][:, 0]))
-        iter_seconds = time.perf_counter() - t0
 
-    # ---- set of windows: PF's starts from its index, ours from window_starts
-    index = ds.decoded_index
-    pf_first = index["time_idx_first_prediction"].to_numpy(np.int64)
-    pf_set = set(pf_first.tolist())
-    ours_set = {r * RUN_BASE + int(t) for r, s in enumerate(starts) for t in s}
-    missing_in_ours = len(pf_set - ours_set)
-    extra = sorted(ours_set - pf_set)
-    extra_explained = True
-    for key in extra:
-        r, t = divmod(key, RUN_BASE)
-        g = grids[r]
-        past_ok = np.isfinite(g[t - H : t]).all()
-        fut = g[t : t + F]
-        used_ok = np.isfinite(fut[:, ctrl + tgt]).all()
-        feature_nan = not np.isfinite(fut[:, feat]).all() if feat else False
-        extra_explained &= bool(past_ok and used_ok and feature_nan)
+    def measure() -> int:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds = dataset()
+            n = 0
+            for x, _ in ds.to_dataloader(train=False, batch_size=BATCH, num_workers=0):
+                n += x["encoder_cont"].shape[0]
+        return n
 
-    # ---- values of the sampled batches, exact
-    reals = list(ds.reals)
-    perm = [reals.index(nm) for nm in names]  # PF column order -> node order
-    ctrl_pf = [reals.index(names[j]) for j in ctrl]
-    mismatched, compared = 0, 0
-    for enc, dec, ys, first in sample:
-        enc, dec = enc.numpy(), dec.numpy()
-        yv = np.stack([t.numpy() for t in ys], axis=-1)
-        for i, key in enumerate(first.numpy().tolist()):
-            r, t = divmod(int(key), RUN_BASE)
-            g = grids[r]
-            same = (
-                np.array_equal(enc[i][:, perm], g[t - H : t])
-                and np.array_equal(dec[i][:, ctrl_pf], g[t : t + F][:, ctrl])
-                and np.array_equal(yv[i], g[t : t + F][:, tgt])
-            )
-            mismatched += not same
-            compared += 1
-    equal = missing_in_ours == 0 and extra_explained and mismatched == 0 and n == len(pf_set)
-    return {
-        "available": True,
-        "runs": len(grids),
-        "windows": n,
-        "seconds": build_seconds + iter_seconds,
-        "build_seconds": build_seconds,
-        "iterate_seconds": iter_seconds,
-        "frame_seconds_not_counted": frame_seconds,
-        "windows_per_s": n / (build_seconds + iter_seconds),
-        "ours_windows_on_these_runs": int(sum(len(s) for s in starts)),
-        "pf_windows_missing_in_ours": missing_in_ours,
-        "ours_only_windows": len(extra),
-        "ours_only_explained_by_feature_future_nan": extra_explained,
-        "compared_windows": compared,
-        "value_mismatches": mismatched,
-        "equal": equal,
-    }
+    def verify(sub_runs: list[Any]) -> dict[str, Any]:
+        """Untimed: PF's windows against ours (see the module docstring)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds = dataset()
+            reals = list(ds.reals)
+            perm = [reals.index(nm) for nm in names]  # PF column order -> node order
+            ctrl_pf = [reals.index(names[j]) for j in ctrl]
+            ours_x: dict[int, np.ndarray] = {}
+            for r, run in enumerate(sub_runs):
+                blocks = [b for _, _, b in production_windows([run], spec, norm, kinds=("x",))]
+                ours_x[r] = np.concatenate(blocks) if blocks else np.empty((0, H, len(names)), np.float32)
+            row_of = {r: {int(t): i for i, t in enumerate(run.starts)} for r, run in enumerate(sub_runs)}
+            pf_keys, mismatched, compared = set(), 0, 0
+            for x, y in ds.to_dataloader(train=False, batch_size=BATCH, num_workers=0):
+                enc, dec = x["encoder_cont"].numpy(), x["decoder_cont"].numpy()
+                yv = np.stack([t.numpy() for t in y[0]], axis=-1)
+                for i, key in enumerate(x["decoder_time_idx"][:, 0].numpy().tolist()):
+                    r, t = divmod(int(key), RUN_BASE)
+                    pf_keys.add(int(key))
+                    g = grids[r]
+                    row = row_of[r].get(t)
+                    same = (
+                        row is not None
+                        and np.array_equal(enc[i][:, perm], ours_x[r][row])
+                        and np.array_equal(dec[i][:, ctrl_pf], g[t : t + F][:, ctrl])
+                        and np.array_equal(yv[i], g[t : t + F][:, tgt])
+                    )
+                    mismatched += not same
+                    compared += 1
+        ours_keys = {r * RUN_BASE + int(t) for r, run in enumerate(sub_runs) for t in run.starts}
+        extra = sorted(ours_keys - pf_keys)
+        explained = True
+        for key in extra:  # ours only: a NaN in a pure feature's future, nothing the window uses
+            r, t = divmod(key, RUN_BASE)
+            g = sub_runs[r].grid
+            fut = g[t : t + F]
+            explained &= bool(np.isfinite(g[t - H : t]).all() and np.isfinite(fut[:, ctrl + tgt]).all()
+                              and feat and not np.isfinite(fut[:, feat]).all())
+        missing = len(pf_keys - ours_keys)
+        return {
+            "ours_windows_on_these_runs": len(ours_keys),
+            "pf_windows_missing_in_ours": missing,
+            "ours_only_windows": len(extra),
+            "ours_only_explained_by_feature_future_nan": explained,
+            "compared_windows": compared,
+            "value_mismatches": mismatched,
+            "equal": missing == 0 and explained and mismatched == 0 and compared == len(pf_keys),
+        }
+
+    return {"available": True, "runs": len(runs), "input_rows": int(len(df)), "measure": measure, "verify": verify}

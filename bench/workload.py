@@ -7,7 +7,7 @@ on change), about 3.7 M points; spec beat 1 s, H = 60, F = 30, stride 1, Hampel 
 Run as a module to generate a workload in its own process (the memory benchmark does this so
 that the build process's peak RSS is the build's alone)::
 
-    python -m bench.workload DIR --runs 128 [--minutes 120] [--seed 1]
+    python -m bench.workload DIR --runs 16 --minutes 1440 --merge-runs --stride 30 [--seed 1]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Workload:
     nodes: int
     seconds_simulate: float = 0.0
     seconds_ingest: float = 0.0
-    params: tuple = ()  # (runs, minutes, seed)
+    params: tuple = ()  # (runs, minutes, seed, stride, merge_runs)
 
     def spec_for_runs(self, n: int) -> dict[str, Any]:
         """The spec restricted (by ``toMs``) to the first ``n`` runs of the plant."""
@@ -68,9 +68,28 @@ class Workload:
         )
 
 
-def make_workload(directory: Path, *, runs: int, minutes: float, seed: int = 1, reuse: bool = False) -> Workload:
+def make_workload(
+    directory: Path,
+    *,
+    runs: int,
+    minutes: float,
+    seed: int = 1,
+    stride: int = 1,
+    merge_runs: bool = False,
+    reuse: bool = False,
+) -> Workload:
     """Simulate the plant and ingest it into ``directory/tsdb.duckdb`` (created fresh, unless
-    ``reuse`` and the directory already holds this very workload)."""
+    ``reuse`` and the directory already holds this very workload).
+
+    ``merge_runs`` makes one long run of ``runs`` back-to-back pieces of ``minutes`` each (the
+    simulator's cost grows faster than linearly with one run's length, through its dropouts;
+    pieces keep it linear). The run keeps the first piece's record, ends when the last piece
+    ends, and every point is relabelled to it.
+    """
+    import dataclasses
+
+    import numpy as np
+
     from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
     from aml_pipeline.tsdb import open_tsdb
 
@@ -79,7 +98,7 @@ def make_workload(directory: Path, *, runs: int, minutes: float, seed: int = 1, 
     meta = directory / "workload.json"
     if reuse and meta.exists() and (directory / "tsdb.duckdb").exists():
         w = Workload.from_json(json.loads(meta.read_text()))
-        if w.params == (runs, minutes, seed):
+        if w.params == (runs, minutes, seed, stride, merge_runs):
             return w
     db_path = directory / "tsdb.duckdb"
     for stale in (db_path, directory / "tsdb.duckdb.wal"):
@@ -93,35 +112,50 @@ def make_workload(directory: Path, *, runs: int, minutes: float, seed: int = 1, 
         n_targets=N_TARGETS,
         n_features=N_FEATURES,
         unfinished_last_run=False,
+        **({"run_gap_minutes": (0.0, 0.0)} if merge_runs else {}),
     )
+    plant_runs, points = plant.runs, plant.points
+    if merge_runs:
+        plant_runs = [dataclasses.replace(plant.runs[0], ended_at=plant.runs[-1].ended_at)]
+        points = dataclasses.replace(points, run_id=np.full(len(points), plant_runs[0].run_id, dtype=object))
     t1 = time.perf_counter()
     url = f"duckdb://{db_path}"
     with open_tsdb(url, read_only=False) as db:
-        db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
+        db.ingest(runs=plant_runs, nodes=plant.nodes, points=points)
     t2 = time.perf_counter()
-    spec = plant_spec_dict(plant, SPEC_ID, history_steps=HISTORY, horizon_steps=HORIZON, beat_ms=1000, stride=1)
+    spec = plant_spec_dict(plant, SPEC_ID, history_steps=HISTORY, horizon_steps=HORIZON, beat_ms=1000, stride=stride)
     w = Workload(
         dir=directory,
         tsdb_url=url,
         spec=spec,
-        runs=[{"run_id": r.run_id, "started_at": r.started_at, "ended_at": r.ended_at} for r in plant.runs],
+        runs=[{"run_id": r.run_id, "started_at": r.started_at, "ended_at": r.ended_at} for r in plant_runs],
         points=len(plant.points),
         nodes=len(plant.nodes),
         seconds_simulate=t1 - t0,
         seconds_ingest=t2 - t1,
-        params=(runs, minutes, seed),
+        params=(runs, minutes, seed, stride, merge_runs),
     )
     (directory / "workload.json").write_text(json.dumps(w.to_json(), indent=1))
     return w
 
 
-def make_workload_in_subprocess(directory: Path, *, runs: int, minutes: float, seed: int = 1) -> Workload:
+def make_workload_in_subprocess(
+    directory: Path,
+    *,
+    runs: int,
+    minutes: float,
+    seed: int = 1,
+    stride: int = 1,
+    merge_runs: bool = False,
+    reuse: bool = False,
+) -> Workload:
     """:func:`make_workload` in a fresh Python process (its memory never touches ours)."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
     cmd = [sys.executable, "-m", "bench.workload", str(directory), "--runs", str(runs),
-           "--minutes", str(minutes), "--seed", str(seed)]
+           "--minutes", str(minutes), "--seed", str(seed), "--stride", str(stride)]
+    cmd += (["--merge-runs"] if merge_runs else []) + (["--reuse"] if reuse else [])
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"workload generation failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
@@ -134,8 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=32)
     ap.add_argument("--minutes", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--stride", type=int, default=1)
+    ap.add_argument("--merge-runs", action="store_true", help="one long run made of RUNS back-to-back pieces")
+    ap.add_argument("--reuse", action="store_true", help="keep the directory's workload if it is this one")
     a = ap.parse_args(argv)
-    w = make_workload(a.dir, runs=a.runs, minutes=a.minutes, seed=a.seed)
+    w = make_workload(a.dir, runs=a.runs, minutes=a.minutes, seed=a.seed, stride=a.stride,
+                      merge_runs=a.merge_runs, reuse=a.reuse)
     print(json.dumps({"points": w.points, "runs": len(w.runs), "seconds_simulate": w.seconds_simulate,
                       "seconds_ingest": w.seconds_ingest}))
     return 0

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The benchmark: set up, install the benchmark-only packages (CPU torch, PyTorch Forecasting,
-# sktime; see bench/README.md for why --no-deps), run bench/run.py with the given arguments.
-#   scripts/bench.sh --json bench.json     # full run (a few minutes)
-#   scripts/bench.sh --quick               # a few seconds (CI runs bench/run.py --quick without these packages)
+# numba, pyinstrument; see bench/README.md for why --no-deps), run bench/run.py with the given
+# arguments.
+#   scripts/bench.sh --json bench.json     # full run (~12 min)
+#   scripts/bench.sh --quick               # ~20 s (CI runs bench/run.py --quick without these packages)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
-if ! .venv/bin/python -c "import pytorch_forecasting, sktime" 2>/dev/null; then
+if ! .venv/bin/python -c "import pytorch_forecasting, numba, pyinstrument" 2>/dev/null; then
   .venv/bin/pip install --quiet torch==2.13.0
   .venv/bin/pip install --quiet -c requirements/constraints.txt lightning==2.6.6 scikit-learn==1.9.1 \
-    scikit-base==1.0.2 scipy==1.17.1 pyinstrument==5.1.3
-  .venv/bin/pip install --quiet --no-deps pytorch-forecasting==1.8.0 sktime==1.2.0
+    scikit-base==1.0.2 scipy==1.17.1 pyinstrument==5.1.3 numba==0.68.1
+  .venv/bin/pip install --quiet --no-deps pytorch-forecasting==1.8.0
 fi
 exec .venv/bin/python bench/run.py "$@"
