@@ -167,7 +167,8 @@ def test_ingest_waits_for_a_reader_in_another_process_then_reports_busy(child_sc
     with DuckDBTsdb(url, read_only=False, lock_timeout_s=5.0) as db:
         assert checksum(db) == expected
         runs, nodes, points = small_dataset(n_runs=1, n_points=10)
-        assert db.ingest(points=points) == len(points)
+        points = PointColumns(points.run_id, points.node_id, points.ts, points.value + 1000.0, points.state)
+        assert db.ingest(points=points) == len(points)  # new values: not skipped as stored
 
 
 def test_ingest_waits_and_succeeds_when_the_reader_finishes_in_time(child_script, populated):
@@ -286,9 +287,10 @@ def test_schema_is_created_once_and_versioned(tmp_path):
         DuckDBTsdb(url, read_only=False).close()
     con = duckdb.connect(str(tmp_path / "sub" / "dir" / "tsdb.duckdb"), read_only=True)
     try:
-        assert con.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        # created at version 1 and migrated, the path every version-1 file takes
+        assert con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall() == [(1,), (SCHEMA_VERSION,)]
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        assert {"schema_version", "runs", "nodes", "points", "points_by_id"} <= tables
+        assert {"schema_version", "runs", "run_state", "nodes", "points", "points_by_id"} <= tables
     finally:
         con.close()
     with DuckDBTsdb(url) as db:

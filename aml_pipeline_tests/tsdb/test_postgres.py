@@ -183,9 +183,9 @@ def test_schema_is_created_once_and_versioned(url, schema, admin):
     for _ in range(3):
         PostgresTsdb(url).close()
     ident = sql.Identifier(schema)
-    versions = admin.execute(sql.SQL("SELECT version FROM {}.schema_version").format(ident)).fetchall()
-    assert versions == [(SCHEMA_VERSION,)]
-    assert {"schema_version", "ingest_state", "runs", "nodes", "points", "points_by_id"} <= _tables(admin, schema)
+    versions = admin.execute(sql.SQL("SELECT version FROM {}.schema_version ORDER BY 1").format(ident)).fetchall()
+    assert versions == [(1,), (SCHEMA_VERSION,)]  # created at version 1 and migrated, like any version-1 schema
+    assert {"schema_version", "ingest_state", "runs", "run_state", "nodes", "points", "points_by_id"} <= _tables(admin, schema)
     with PostgresTsdb(url, read_only=True) as db:
         assert db.list_runs() == [] and db.list_nodes() == [] and db.availability_watermark() is None
 
@@ -207,18 +207,18 @@ def test_concurrent_first_opens_create_the_schema_once(url, schema, admin):
     for t in threads:
         t.join()
     assert errors == []
-    count = admin.execute(
-        sql.SQL("SELECT count(*) FROM {}.schema_version").format(sql.Identifier(schema))
-    ).fetchone()[0]
-    assert count == 1
+    versions = admin.execute(
+        sql.SQL("SELECT version FROM {}.schema_version ORDER BY 1").format(sql.Identifier(schema))
+    ).fetchall()
+    assert versions == [(1,), (SCHEMA_VERSION,)]  # created and migrated once
 
 
-@pytest.mark.parametrize(("delta", "advice"), [(1, "upgrade aml_pipeline"), (-1, "re-ingest")])
-def test_other_schema_versions_are_refused(url, schema, admin, delta, advice):
+@pytest.mark.parametrize(("version", "advice"), [(SCHEMA_VERSION + 1, "upgrade aml_pipeline"), (0, "re-ingest")])
+def test_other_schema_versions_are_refused(url, schema, admin, version, advice):
     PostgresTsdb(url).close()
     admin.execute(
         sql.SQL("UPDATE {}.schema_version SET version = %s").format(sql.Identifier(schema)),
-        [SCHEMA_VERSION + delta],
+        [version],
     )
     for read_only in (True, False):
         with pytest.raises(TsdbError, match=advice) as info:
