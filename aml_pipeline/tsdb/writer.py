@@ -82,7 +82,8 @@ class IngestStatements(Protocol):
 
     def delete_points(self, run_keys: list[int]) -> None: ...
 
-    def next_seq(self) -> int: ...
+    def next_seq(self) -> int:
+        """The ``seq`` of the first point this ingest writes."""
 
     def append_points(self, rows: PointRows) -> None: ...
 
@@ -131,6 +132,8 @@ def write_ingest(
             s = stored[run_id]
             return s.key, s.version, s.points
 
+        # Before any delete: seq never goes back, also when the replaced points held the last ones.
+        base = db.next_seq()
         keep = np.ones(points.n, dtype=bool)
         if replace_runs:
             db.delete_points([run_map[rid] for rid in point_run_ids])
@@ -145,7 +148,6 @@ def write_ingest(
         w_run_codes, w_node_codes = points.run_codes[sel], points.node_codes[sel]
         w_ts, w_value, w_state = points.ts[sel], points.value[sel], points.state[sel]
         if written:
-            base = db.next_seq()
             db.append_points(
                 PointRows(
                     run_key=run_keys[sel].astype(np.int32, copy=False),
