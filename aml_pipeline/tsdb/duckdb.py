@@ -58,7 +58,8 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -827,24 +828,18 @@ class _Statements:
 
     def _with(self, name: str, table: pa.Table, sql: str) -> dict[str, np.ndarray]:
         """Run ``sql`` with ``table`` registered as ``name``; its result as numpy columns."""
-        self.con.register(name, table)
-        try:
+        with _registered(self.con, name, table):
             return self.con.execute(sql).fetchnumpy()
-        finally:
-            self.con.unregister(name)
 
     def stored_runs(self, run_ids: list[str]) -> dict[str, StoredRun]:
         if not run_ids:
             return {}
-        self.con.register("_aml_ids", pa.table({"id": pa.array(run_ids, type=pa.string())}))
-        try:
+        with _registered(self.con, "_aml_ids", pa.table({"id": pa.array(run_ids, type=pa.string())})):
             rows = self.con.execute(
                 f"SELECT r.run_key, {', '.join('r.' + c.strip() for c in _RUN_COLUMNS.split(','))}, "
                 "coalesce(s.data_version, ''), coalesce(s.point_count, 0) "
                 "FROM runs r JOIN _aml_ids w ON r.run_id = w.id LEFT JOIN run_state s USING (run_key)"
             ).fetchall()
-        finally:
-            self.con.unregister("_aml_ids")
         return {r[1]: StoredRun(int(r[0]), run_from_row(r[1:11]), r[11], int(r[12])) for r in rows}
 
     def upsert_nodes(self, nodes: pa.Table) -> None:
@@ -970,14 +965,26 @@ def _key_map(
     if not ids:
         return {}
     wanted = pa.table({"id": pa.array([str(i) for i in ids], type=pa.string())})
-    con.register("_aml_ids", wanted)
-    try:
+    with _registered(con, "_aml_ids", wanted):
         rows = con.execute(
             f"SELECT t.{id_col}, t.{key_col} FROM {table} t JOIN _aml_ids w ON t.{id_col} = w.id"
         ).fetchall()
-    finally:
-        con.unregister("_aml_ids")
     return {r[0]: int(r[1]) for r in rows}
+
+
+@contextmanager
+def _registered(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> Iterator[None]:
+    """``table`` visible to SQL as ``name`` for the block. After a failed statement the
+    transaction is aborted and unregistering fails too: the statement's error is the one to
+    report, so that second error is dropped."""
+    con.register(name, table)
+    try:
+        yield
+    except BaseException:
+        with suppress(duckdb.Error):
+            con.unregister(name)
+        raise
+    con.unregister(name)
 
 
 def _one_line(e: BaseException) -> str:

@@ -295,9 +295,10 @@ def parse_postgres_url(url: str) -> _ParsedUrl:
         else:
             redacted_query.append((key, value))
     secrets = [s for s in dict.fromkeys(secrets) if s]
-    redacted = urlunsplit((parts.scheme, redacted_netloc, parts.path, urlencode(redacted_query), ""))
+    # quote, not quote_plus: libpq decodes %20 but takes "+" literally (options=-c%20x%3Dy).
+    redacted = urlunsplit((parts.scheme, redacted_netloc, parts.path, urlencode(redacted_query, quote_via=quote), ""))
     check_schema_name(schema, redacted)
-    conninfo = urlunsplit((parts.scheme, netloc, parts.path, urlencode(passthrough), ""))
+    conninfo = urlunsplit((parts.scheme, netloc, parts.path, urlencode(passthrough, quote_via=quote), ""))
     return _ParsedUrl(conninfo, schema, redacted, secrets)
 
 
