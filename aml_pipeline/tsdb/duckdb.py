@@ -112,6 +112,9 @@ READER_MEMORY_MIN_MB = 16
 # A prefetched slice (DuckDBTsdb.prefetch) holds at most 1/PREFETCH_MEMORY_SHARE of the budget.
 PREFETCH_MEMORY_SHARE = 8
 _PREFETCH_BYTES_PER_POINT = 36  # node_key, ts, value, seq (8 bytes each) and state (4)
+# Points one page query reads at most (more if the page limit is larger); see query_page.
+_WINDOW_ROWS = 65_536
+_SERIES = "run_key = ? AND node_key = ?"
 
 # Version 1: every table but run_state. Kept as it was: a fresh file is created at version 1 and
 # migrated, the same path every version-1 file takes.
@@ -292,6 +295,7 @@ class DuckDBTsdb:
         self._run_keys: dict[str, int] = {}
         self._node_keys: dict[str, int] = {}
         self._prefetched: dict[tuple[str, str, int, int], tuple[np.ndarray, ...]] = {}
+        self._spans: dict[tuple[int, int], int] = {}  # per series: the last time window that fit
         self._con: duckdb.DuckDBPyConnection | None = None
         if self.read_only and not self.path.exists():
             raise TsdbError(
@@ -658,7 +662,15 @@ class DuckDBTsdb:
         cursor: Cursor | None = None,
         limit: int = DEFAULT_PAGE_LIMIT,
     ) -> Page:
-        """Keyset page on ``(ts, seq)``; ``done`` is exact (``limit + 1`` rows are asked for)."""
+        """Keyset page on ``(ts, seq)``; ``done`` is exact (``limit + 1`` rows are looked for).
+
+        No ``ORDER BY ... LIMIT``: DuckDB's top-N scans the rest of the series for every page
+        (quadratic over a long run) and needs far more memory than the page (over 96 MB for
+        200 000 rows). Instead the page is read in time windows, unordered, each at most
+        :data:`_WINDOW_ROWS` or ``limit + 1`` rows, sorted here, until ``limit + 1`` rows are
+        in hand (see :meth:`_first_rows`); zone maps on ``ts`` prune each window to the row
+        groups it overlaps.
+        """
         limit = int(limit)
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
@@ -670,45 +682,89 @@ class DuckDBTsdb:
             run_key = self._run_key(run_id)
             node_key = self._node_key(node_id)
             lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
-            where = "run_key = ? AND node_key = ? AND ts BETWEEN ? AND ?"
             if cursor is not None:
-                # ts >= cursor.ts is folded into the range (so zone maps prune on it); within it,
-                # (ts, seq) > cursor  <=>  ts > cursor.ts OR seq > cursor.seq.
-                lo = max(lo, clamp_i64(cursor.ts))
-                where += " AND (ts > ? OR seq > ?)"
+                lo = max(lo, clamp_i64(cursor.ts))  # (ts, seq) > cursor implies ts >= cursor.ts
             if lo > hi:
                 return empty_page(cursor)
-            params: list[Any] = [run_key, node_key, lo, hi]
-            if cursor is not None:
-                params += [clamp_i64(cursor.ts), clamp_i64(cursor.seq)]
-            cols = None
-            if cursor is None:
-                # First page: most series fit in one page. An unordered LIMIT limit+1 that
-                # returns <= limit rows returned them all, and sorting them here is cheaper
-                # than DuckDB's top-N. Continuation pages go straight to the ordered query.
-                cols = self._read(
-                    f"SELECT ts, value, state, seq FROM points WHERE {where} LIMIT ?",
-                    [*params, limit + 1],
-                )
-                if len(cols["ts"]) > limit:
-                    cols = None
-                else:
-                    cols = sorted_by_ts_seq(cols)
-            if cols is None:
-                cols = self._read(
-                    f"SELECT ts, value, state, seq FROM points WHERE {where} "
-                    "ORDER BY ts, seq LIMIT ?",
-                    [*params, limit + 1],
-                )
-        ts = np.asarray(cols["ts"], dtype=np.int64)
-        value = np.asarray(cols["value"], dtype=np.float64)
-        state = np.asarray(cols["state"], dtype=np.int32)
-        seq = np.asarray(cols["seq"], dtype=np.int64)
+            ts, value, state, seq = self._first_rows(run_key, node_key, lo, hi, cursor, limit + 1)
         done = ts.shape[0] <= limit
         if not done:
             ts, value, state, seq = ts[:limit], value[:limit], state[:limit], seq[:limit]
         next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
         return Page(ts, value, state, seq, next_cursor, done)
+
+    def _first_rows(
+        self, run_key: int, node_key: int, lo: int, hi: int, cursor: Cursor | None, want: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The first ``want`` points after ``cursor`` with ``lo <= ts <= hi``, in (ts, seq) order.
+
+        Windows ``[w_lo, w_hi]`` of ts follow each other without overlap, so every point of a
+        timestamp is in one window and sorted windows concatenate in order. A window holding
+        more than ``cap`` points is read again narrower (its rows only told how dense the
+        series is); one holding fewer than needed is kept and the next one is wider. The
+        first window of a series is the whole range: most series fit, in one query.
+        """
+        cap = max(want, _WINDOW_ROWS)
+        series = (run_key, node_key)
+        span = self._spans.get(series)  # None: the whole range
+        parts: list[dict[str, np.ndarray]] = []
+        total = 0
+        w_lo = lo
+        while True:
+            w_hi = hi if span is None else min(hi, w_lo + span)
+            after = cursor if w_lo == lo else None
+            cols = self._window(run_key, node_key, w_lo, w_hi, after, cap + 1)
+            n = int(cols["ts"].shape[0])
+            if n > cap:
+                if w_hi > w_lo:
+                    if span is None:  # aim for about `want` points, from where these rows reach
+                        reach = int(cols["ts"].max()) - w_lo + 1
+                        span = max(0, reach * want // (2 * n))
+                    else:
+                        span = (w_hi - w_lo) // 8
+                    continue
+                # More than cap points share one timestamp: order just those, by seq.
+                cols = self._read(
+                    f"SELECT ts, value, state, seq FROM points WHERE {_SERIES} AND ts = ?"
+                    + (" AND (ts > ? OR seq > ?)" if after is not None else "") + " ORDER BY seq LIMIT ?",
+                    [run_key, node_key, w_lo]
+                    + ([clamp_i64(after.ts), clamp_i64(after.seq)] if after is not None else [])
+                    + [want - total],
+                )
+                n = int(cols["ts"].shape[0])
+            else:
+                cols = sorted_by_ts_seq(cols)
+            parts.append(cols)
+            total += n
+            if total >= want or w_hi >= hi:
+                break
+            w_lo = w_hi + 1
+            if span is not None:
+                span = max(1, span) * min(64, max(2, (want - total) // max(n, 1)))
+        if span is not None:
+            self._spans[series] = span
+        if len(parts) == 1:
+            out = parts[0]
+        else:
+            out = {k: np.concatenate([p[k] for p in parts]) for k in ("ts", "value", "state", "seq")}
+        return (
+            np.asarray(out["ts"][:want], dtype=np.int64),
+            np.asarray(out["value"][:want], dtype=np.float64),
+            np.asarray(out["state"][:want], dtype=np.int32),
+            np.asarray(out["seq"][:want], dtype=np.int64),
+        )
+
+    def _window(
+        self, run_key: int, node_key: int, w_lo: int, w_hi: int, after: Cursor | None, limit: int
+    ) -> dict[str, np.ndarray]:
+        """Up to ``limit`` points with ``w_lo <= ts <= w_hi`` (and after ``after``), unordered."""
+        where = f"{_SERIES} AND ts BETWEEN ? AND ?"
+        params: list[Any] = [run_key, node_key, w_lo, w_hi]
+        if after is not None:
+            # Within ts >= after.ts: (ts, seq) > after  <=>  ts > after.ts OR seq > after.seq.
+            where += " AND (ts > ? OR seq > ?)"
+            params += [clamp_i64(after.ts), clamp_i64(after.seq)]
+        return self._read(f"SELECT ts, value, state, seq FROM points WHERE {where} LIMIT ?", [*params, limit])
 
     def prefetch(self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int) -> bool:
         """Read the points of ``node_ids`` in ``run_id`` within ``[from_ms, to_ms]`` in one query
