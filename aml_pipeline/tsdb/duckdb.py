@@ -209,7 +209,7 @@ class _Readers:
                     # spilling next to the database.
                     instance = duckdb.connect(
                         ":memory:",
-                        config={"threads": 1, "memory_limit": f"{limit}MB", "temp_directory": ""},
+                        config={"threads": 1, "memory_limit": f"{limit}MiB", "temp_directory": ""},
                     )
                     self._instances[limit] = instance
                 alias = "aml_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
