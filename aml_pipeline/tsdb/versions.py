@@ -73,22 +73,27 @@ def points_digests(
     written to the run.
     """
     codes = np.asarray(run_codes)
-    # A stable sort of small integers is a radix sort in numpy: the rows of each run, in order.
-    small = codes.astype(np.int16) if n_runs <= np.iinfo(np.int16).max else codes
-    order = np.argsort(small, kind="stable")
-    bounds = np.searchsorted(codes[order], np.arange(n_runs + 1), side="left")
+    if codes.shape[0] < 2 or bool(np.all(codes[1:] >= codes[:-1])):
+        # Files usually come grouped by run: each run's rows are one slice, nothing to gather.
+        order: np.ndarray | None = None
+        bounds = np.searchsorted(codes, np.arange(n_runs + 1), side="left")
+    else:
+        # A stable sort of small integers is a radix sort in numpy: each run's rows, in order.
+        small = codes.astype(np.int16) if n_runs <= np.iinfo(np.int16).max else codes
+        order = np.argsort(small, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(n_runs + 1), side="left")
     out: list[bytes | None] = []
     for r in range(n_runs):
-        rows = order[bounds[r] : bounds[r + 1]]
-        if rows.shape[0] == 0:
+        a, b = int(bounds[r]), int(bounds[r + 1])
+        if a == b:
             out.append(None)
             continue
+        rows = slice(a, b) if order is None else order[a:b]
         run_nodes = node_codes[rows]
-        present = np.unique(run_nodes)
+        present = np.flatnonzero(np.bincount(run_nodes, minlength=len(node_ids)))
         ids = [str(node_ids[int(c)]) for c in present]
-        rank_of_sorted = np.argsort(np.argsort(np.array(ids, dtype=object), kind="stable"))
-        lookup = np.empty(int(present.max()) + 1, dtype=np.int32)
-        lookup[present] = rank_of_sorted.astype(np.int32)
+        lookup = np.empty(len(node_ids), dtype=np.int32)
+        lookup[present] = np.argsort(np.argsort(np.array(ids, dtype=object), kind="stable")).astype(np.int32)
         h = hashlib.sha256()
         h.update(json.dumps(sorted(ids)).encode())
         h.update(np.ascontiguousarray(lookup[run_nodes]).data)

@@ -138,10 +138,12 @@ def write_ingest(
         if replace_runs:
             db.delete_points([run_map[rid] for rid in point_run_ids])
         else:
+            # Only runs that have points can hold this ingest's points already.
             with_points = np.array([current(rid)[2] > 0 for rid in point_run_ids], dtype=bool)
-            rows = np.flatnonzero(with_points[points.run_codes]) if with_points.any() else np.empty(0, np.int64)
-            if rows.shape[0]:
-                keep[_stored_rows(db, points, rows, run_keys, node_keys)] = False
+            if with_points.any():
+                checked = [run_map[rid] for rid, has in zip(point_run_ids, with_points) if has]
+                rows = slice(None) if with_points.all() else np.flatnonzero(with_points[points.run_codes])
+                keep[_stored_rows(db, points, rows, run_keys, node_keys, checked)] = False
         sel = slice(None) if keep.all() else np.flatnonzero(keep)
         written = int(keep.sum())
         skipped = points.n - written
@@ -177,15 +179,17 @@ def write_ingest(
 def _stored_rows(
     db: IngestStatements,
     points: PreparedPoints,
-    rows: np.ndarray,
+    rows: np.ndarray | slice,
     run_keys: np.ndarray,
     node_keys: np.ndarray,
+    checked_run_keys: list[int],
 ) -> np.ndarray:
-    """Indices (into the input) of the ``rows`` whose point is already stored."""
+    """Indices (into the input) of the ``rows`` (all: a slice) whose point is already stored."""
     value = points.value[rows]
+    idx = np.arange(points.n, dtype=np.int64) if isinstance(rows, slice) else rows.astype(np.int64, copy=False)
     candidates = pa.table(
         {
-            "idx": pa.array(rows.astype(np.int64, copy=False), type=pa.int64()),
+            "idx": pa.array(idx, type=pa.int64()),
             "run_key": pa.array(run_keys[rows], type=pa.int32()),
             "node_key": pa.array(node_keys[rows], type=pa.int32()),
             "ts": pa.array(points.ts[rows], type=pa.int64()),
@@ -194,5 +198,4 @@ def _stored_rows(
             "neg_zero": pa.array((value == 0) & np.signbit(value), type=pa.bool_()),
         }
     )
-    run_key_list = sorted({int(k) for k in np.unique(run_keys[rows])})
-    return np.asarray(db.stored_point_rows(candidates, run_key_list), dtype=np.int64)
+    return np.asarray(db.stored_point_rows(candidates, sorted(checked_run_keys)), dtype=np.int64)
