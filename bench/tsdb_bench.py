@@ -7,7 +7,8 @@ against a reference measured in the same run, the same work and repetitions on b
 alternating; median with min and max:
 
 * ``ingest``: re-ingest of every point (all skipped as already stored) / the first ingest of the
-  same points into a fresh file (the reference), and a ``--replace-run`` of every run.
+  same points into a fresh file (the reference), a ``--replace-run`` of every run, and late
+  points (2 000 rows of one run, half of them stored already) into the full database.
 * ``open``: opening and closing a read-only handle (an ATTACH to the process's DuckDB instance)
   / ``duckdb.connect(path, read_only=True)`` and close (a database started per open, the cost
   before this change).
@@ -62,9 +63,16 @@ def alternate(repeat: int, **sides: Callable[[], Any]) -> dict[str, list[float]]
 
 
 def bench_ingest(make_url: Callable[[], str], plant: Any, repeat: int, drop: Callable[[str], None]) -> dict[str, Any]:
-    from aml_pipeline.tsdb import open_tsdb
+    import numpy as np
 
-    first, again, replace = [], [], []
+    from aml_pipeline.tsdb import PointColumns, open_tsdb
+
+    # Late points: 2 000 rows of one run, every other one with a new value (1 000 stored already).
+    p = plant.points
+    sel = np.flatnonzero(p.run_id == plant.runs[len(plant.runs) // 2].run_id)[:2000]
+    shift = np.where(np.arange(sel.size) % 2 == 0, 0.0, 0.5)
+    late_points = PointColumns(p.run_id[sel], p.node_id[sel], p.ts[sel], p.value[sel] + shift, p.state[sel])
+    first, again, replace, late = [], [], [], []
     counts: dict[str, int] = {}
     for _ in range(repeat):
         url = make_url()
@@ -77,9 +85,12 @@ def bench_ingest(make_url: Callable[[], str], plant: Any, repeat: int, drop: Cal
                 t2 = time.perf_counter()
                 counts["replace"] = db.ingest(points=plant.points, replace_runs=True)
                 t3 = time.perf_counter()
+                counts["late"] = db.ingest(points=late_points)
+                t4 = time.perf_counter()
             first.append(t1 - t0)
             again.append(t2 - t1)
             replace.append(t3 - t2)
+            late.append(t4 - t3)
         finally:
             drop(url)
     n = len(plant.points)
@@ -89,6 +100,8 @@ def bench_ingest(make_url: Callable[[], str], plant: Any, repeat: int, drop: Cal
         "first": stats(first, n),
         "reingest": stats(again, n),
         "replace": stats(replace, n),
+        "late_points": len(late_points),
+        "late_ms": {k: v * 1e3 for k, v in stats(late).items() if k != "n"},
         "reingest_over_first": statistics.median(again) / statistics.median(first),
         "replace_over_first": statistics.median(replace) / statistics.median(first),
     }

@@ -289,6 +289,7 @@ class DuckDBTsdb:
         self.read_only = bool(read_only)
         self.lock_timeout_s = float(lock_timeout_s)
         self.created_file = False  # this handle created the file (see discard())
+        self._created_dirs: list[Path] = []
         self.schema_version = SCHEMA_VERSION
         self.memory_limit_mb: int | None = None
         self._lock = threading.RLock()
@@ -314,6 +315,7 @@ class DuckDBTsdb:
                 raise
             return
         try:
+            self._created_dirs = [d for d in self.path.parents if not d.exists()]  # innermost first
             self.path.parent.mkdir(parents=True, exist_ok=True)
             hold_writer_intent(self.path, deadline, self.lock_timeout_s)
         except OSError as e:
@@ -324,7 +326,7 @@ class DuckDBTsdb:
             self._init_schema()
         except BaseException as e:
             self._release(remove_files=self.created_file)
-            full = disk_full(e, self.path)
+            full = disk_full(e, _path_in(e) or self.path)
             if full is not None:
                 raise full from None
             raise
@@ -512,6 +514,12 @@ class DuckDBTsdb:
                         leftover.unlink(missing_ok=True)
                     shutil.rmtree(self.path.with_name(self.path.name + ".tmp"), ignore_errors=True)
                 drop_writer_intent(self.path, remove=sole)
+                if sole:
+                    for d in self._created_dirs:  # the directories made for the file, if empty
+                        try:
+                            d.rmdir()
+                        except OSError:
+                            break
 
     def __enter__(self) -> DuckDBTsdb:
         return self

@@ -483,7 +483,9 @@ class PostgresTsdb:
                 "SELECT count(*)::int8, string_agg(int8send(c.idx), '') FROM aml_candidates c "
                 f"WHERE EXISTS (SELECT 1 FROM {s}.points p WHERE p.run_key = c.run_key "
                 "AND p.node_key = c.node_key AND p.ts = c.ts AND p.state = c.state "
-                "AND p.value = c.value AND (float8send(p.value) = %s) = c.neg_zero)"
+                "AND p.value = c.value AND (float8send(p.value) = %s) = c.neg_zero "
+                # only the runs concerned: with a few late points the plan is index probes
+                "AND p.run_key = ANY(%s::int4[]))"
             ),
         )
 
@@ -972,7 +974,7 @@ class _Statements:
                 _copy_write(copy, _CANDIDATE_FIELDS, {f: chunk.column(f).to_numpy() for f, _ in _CANDIDATE_FIELDS})
             self.conn.execute("ANALYZE aml_candidates")  # a temporary table has no statistics
             with self.conn.cursor(binary=True) as cur:
-                count, packed = cur.execute(self.q["stored_candidates"], [_NEG_ZERO]).fetchone()
+                count, packed = cur.execute(self.q["stored_candidates"], [_NEG_ZERO, run_keys]).fetchone()
             if count:
                 found.append(np.frombuffer(packed, ">i8").astype(np.int64))
         return np.concatenate(found) if found else np.empty(0, np.int64)

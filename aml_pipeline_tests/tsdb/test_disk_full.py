@@ -136,7 +136,7 @@ def test_cli_ingest_into_a_new_file_on_a_full_disk_leaves_nothing(tmp_path):
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert lines[-1].startswith(f"DISK_FULL: {fs}/plant/tsdb.duckdb"), out.stderr
         assert "Traceback" not in out.stderr
-        assert list(target.parent.iterdir()) == []  # no database, WAL or lock file
+        assert list(fs.iterdir()) == []  # no database, WAL, lock file or the directory made for them
 
 
 def test_creating_a_tsdb_on_a_full_disk_is_disk_full_and_leaves_nothing():
