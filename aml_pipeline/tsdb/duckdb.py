@@ -77,6 +77,7 @@ from aml_pipeline.errors import (
     disk_full,
 )
 from aml_pipeline.tsdb.columns import (
+    check_schema_version,
     clamp_i64,
     empty_page,
     nodes_table,
@@ -240,8 +241,19 @@ class _Readers:
         with self._guard:
             return str(path) in self._attached
 
+    def forget_in_child(self) -> None:
+        """After fork(): a DuckDB instance must not be used by two processes; the child starts
+        its own (the parent's stay referenced, never closed or destroyed, in the child). DuckDB's
+        process-wide file registry is copied too, so a file the parent had open at the fork is
+        refused in the child ("already open in this process"): start workers with spawn, as
+        Dagster's executors do by default."""
+        self._inherited = (self._instances, self._attached)
+        self._guard = threading.Lock()
+        self._instances, self._attached = {}, {}
+
 
 _READERS = _Readers()
+os.register_at_fork(after_in_child=_READERS.forget_in_child)
 
 
 def parse_duckdb_url(url: str) -> Path:
@@ -335,51 +347,47 @@ class DuckDBTsdb:
     def _open_reader(self, deadline: float) -> duckdb.DuckDBPyConnection:
         if writer_handles_here(self.path):
             raise self._mixed_modes()
-        delay = 0.02
-        while True:
+
+        def attach() -> duckdb.DuckDBPyConnection:
+            # Every attempt passes the gate: a writer that got the file between our gate and our
+            # open is queued ahead of us.
             pass_reader_gate(self.path, deadline, self.lock_timeout_s)
-            try:
-                cursor, self.memory_limit_mb = _READERS.attach(self.path)
-                return cursor
-            except duckdb.ResourceInUseException:
-                raise self._mixed_modes() from None
-            except duckdb.IOException as e:
-                text = str(e)
-                if "lock" not in text.lower():
-                    if "database does not exist" in text:
-                        raise TsdbError(
-                            f"{self.path}: no TSDB file there yet; ingest data first",
-                            code="TSDB_EMPTY",
-                        ) from None
-                    raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
-                # A writer got the file between our gate and our open: queue behind it.
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self._busy("read-only", text) from None
-                time.sleep(min(delay, remaining))
-                delay = min(delay * 2, 0.2)
-            except duckdb.Error as e:
-                raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
+            cursor, self.memory_limit_mb = _READERS.attach(self.path)
+            return cursor
+
+        return self._open(deadline, attach)
 
     def _open_writer(self, deadline: float) -> duckdb.DuckDBPyConnection:
         if _READERS.reading_here(self.path):
             raise self._mixed_modes()
+        # Readers still holding the file finish their chunk; our intent keeps new ones out.
+        return self._open(deadline, lambda: duckdb.connect(str(self.path), read_only=False))
+
+    def _open(self, deadline: float, connect: Any) -> duckdb.DuckDBPyConnection:
+        """``connect()`` again and again while another process holds DuckDB's file lock, until
+        ``deadline``; every other failure is reported at once."""
+        mode = "read-only" if self.read_only else "read-write"
         delay = 0.02
         while True:
             try:
-                return duckdb.connect(str(self.path), read_only=False)
-            except (duckdb.ConnectionException, duckdb.ResourceInUseException) as e:
-                if isinstance(e, duckdb.ResourceInUseException) or "different configuration" in str(e):
+                return connect()
+            except duckdb.ResourceInUseException:
+                raise self._mixed_modes() from None
+            except duckdb.ConnectionException as e:
+                if "different configuration" in str(e):
                     raise self._mixed_modes() from None
                 raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
             except duckdb.IOException as e:
                 text = str(e)
                 if "lock" not in text.lower():
+                    if "database does not exist" in text:
+                        raise TsdbError(
+                            f"{self.path}: no TSDB file there yet; ingest data first", code="TSDB_EMPTY"
+                        ) from None
                     raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
-                # Readers still hold the file; our intent keeps new ones out, so they drain.
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise self._busy("read-write", text) from None
+                    raise self._busy(mode, text) from None
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.2)
             except duckdb.Error as e:
@@ -417,18 +425,8 @@ class DuckDBTsdb:
                 "ingest data first (aml-pipeline ingest ..., or aml-pipeline demo)",
                 code="TSDB_EMPTY",
             )
-        self._check_known_version(int(version))
+        check_schema_version(int(version), SCHEMA_VERSION, str(self.path), "file")
         self.schema_version = int(version)
-
-    def _check_known_version(self, version: int) -> None:
-        if not 1 <= version <= SCHEMA_VERSION:
-            newer = version > SCHEMA_VERSION
-            raise TsdbError(
-                f"{self.path} has TSDB schema version {version}, this aml_pipeline reads "
-                f"versions 1 to {SCHEMA_VERSION}"
-                + ("; upgrade aml_pipeline" if newer else "; re-ingest into a new file"),
-                code="TSDB_SCHEMA_VERSION",
-            )
 
     def _init_schema(self) -> None:
         con = self._c
@@ -455,7 +453,7 @@ class DuckDBTsdb:
                     code="TSDB_SCHEMA_VERSION",
                 )
         else:
-            self._check_known_version(int(version))
+            check_schema_version(int(version), SCHEMA_VERSION, str(self.path), "file")
             if version == SCHEMA_VERSION:
                 return
         with _transaction(con):

@@ -93,6 +93,7 @@ from aml_pipeline.errors import (
 # Validation and the error messages are shared with the embedded adapter on purpose: both
 # adapters must refuse the same inputs with the same words.
 from aml_pipeline.tsdb.columns import (
+    check_schema_version,
     clamp_i64,
     empty_page,
     nodes_table,
@@ -500,7 +501,7 @@ class PostgresTsdb:
                 code="TSDB_EMPTY",
             )
         if version is not None:
-            self._check_known_version(version)
+            check_schema_version(version, SCHEMA_VERSION, f"{self.url}: schema {self.schema!r}", "schema")
             if version == SCHEMA_VERSION or self.read_only:
                 self.schema_version = version
                 return
@@ -522,16 +523,6 @@ class PostgresTsdb:
             raise TsdbError(
                 f"{self.url}: cannot create or migrate the TSDB schema {self.schema!r} ({self._scrub(e)})"
             ) from None
-
-    def _check_known_version(self, version: int) -> None:
-        if not 1 <= version <= SCHEMA_VERSION:
-            newer = version > SCHEMA_VERSION
-            raise TsdbError(
-                f"{self.url}: schema {self.schema!r} has TSDB schema version {version}, this "
-                f"aml_pipeline reads versions 1 to {SCHEMA_VERSION}"
-                + ("; upgrade aml_pipeline" if newer else "; re-ingest into a new schema"),
-                code="TSDB_SCHEMA_VERSION",
-            )
 
     def _schema_version(self, conn: psycopg.Connection) -> int | None:
         try:

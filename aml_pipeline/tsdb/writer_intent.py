@@ -35,6 +35,24 @@ _held: dict[str, list[int]] = {}  # lock path -> [fd, number of writer handles i
 _acquiring: dict[str, threading.Lock] = {}
 
 
+def _forget_in_child() -> None:
+    """After fork(): the child shares the parent's locked descriptors (flock follows the open
+    file, not the process), so it closes its copies at once; the parent's writer keeps its turn
+    and releases it alone. The child starts with no writer handles."""
+    global _guard
+    _guard = threading.Lock()
+    for fd, _ in _held.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+    _acquiring.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def intent_path(db_path: Path) -> Path:
     return db_path.with_name(db_path.name + ".lock")
 

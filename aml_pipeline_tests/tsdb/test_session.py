@@ -248,3 +248,24 @@ def test_a_writer_in_the_same_process_is_refused_at_once_while_a_chunk_reads(url
         with pytest.raises(TsdbBusyError, match="already open in this process"):
             DuckDBTsdb(url, read_only=False, lock_timeout_s=5)
         assert time.monotonic() - t0 < 2.0  # no point in waiting for ourselves
+
+
+def test_a_forked_child_does_not_keep_the_writers_turn(url):
+    """A forked child shares the parent's open files, and flock follows the open file: had the
+    child kept its copy of the intent file, readers would wait for the child to exit."""
+    writer = DuckDBTsdb(url, read_only=False)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: touches nothing, lives until the parent is done
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    try:
+        writer.close()
+        with DuckDBTsdb(url, lock_timeout_s=0.5) as db:  # the child is alive
+            assert len(fetch_node_series(db, "N0", "R0", -FAR, FAR)) == POINTS_PER_NODE
+    finally:
+        os.write(w, b"x")
+        os.close(w)
+        os.waitpid(pid, 0)
