@@ -479,14 +479,16 @@ class PostgresTsdb:
                 "COPY aml_candidates (idx, run_key, node_key, ts, value, state, neg_zero) "
                 "FROM STDIN (FORMAT BINARY)"
             ),
-            # NaN = NaN and -0.0 = 0.0 for float8 '='; neg_zero tells the zeros apart.
+            # NaN = NaN and -0.0 = 0.0 for float8 '='; neg_zero tells the zeros apart. A plain
+            # join, not EXISTS: a candidate stored twice comes back twice, which costs nothing,
+            # while EXISTS made PostgreSQL de-duplicate all of points first.
             stored_candidates=(
                 "SELECT count(*)::int8, string_agg(int8send(c.idx), '') FROM aml_candidates c "
-                f"WHERE EXISTS (SELECT 1 FROM {s}.points p WHERE p.run_key = c.run_key "
-                "AND p.node_key = c.node_key AND p.ts = c.ts AND p.state = c.state "
-                "AND p.value = c.value AND (float8send(p.value) = %s) = c.neg_zero "
+                f"JOIN {s}.points p ON p.run_key = c.run_key AND p.node_key = c.node_key "
+                "AND p.ts = c.ts AND p.state = c.state AND p.value = c.value "
+                "AND (float8send(p.value) = %s) = c.neg_zero "
                 # only the runs concerned: with a few late points the plan is index probes
-                "AND p.run_key = ANY(%s::int4[]))"
+                "WHERE p.run_key = ANY(%s::int4[])"
             ),
         )
 
