@@ -32,8 +32,8 @@ Concurrency
     to close; new readers wait while a writer waits or writes. Either side gives up after
     ``lock_timeout_s`` with :class:`TsdbBusyError`. Readers should therefore hold a handle for
     a chunk of work, not a whole build (:class:`~aml_pipeline.tsdb.session.TsdbSession`);
-    opening one costs well under a millisecond: read-only handles ATTACH the file to one
-    in-memory DuckDB instance per process instead of starting a database each time (~10 ms).
+    opening and closing one costs about a millisecond: read-only handles ATTACH the file to
+    one in-memory DuckDB instance per process instead of starting a database each time (~10 ms).
     Within one process a file is either written or read, never both at once; mixing is
     reported at once (retrying cannot help).
 

@@ -7,8 +7,8 @@ its handle lazily and the caller releases it between chunks (a page, a node, a t
 run), so a waiting ingest gets the file between two chunks (the readers' next open waits for it,
 see :mod:`aml_pipeline.tsdb.writer_intent`) and the next chunk sees the new data.
 
-Opening is cheap for the embedded file (an ATTACH to this process's DuckDB instance, well under a
-millisecond; ``bench/tsdb_bench.py`` measures it). For PostgreSQL, MVCC readers never block an
+Opening is cheap for the embedded file (an ATTACH to this process's DuckDB instance, about a
+millisecond with the close; ``bench/tsdb_bench.py`` measures it). For PostgreSQL, MVCC readers never block an
 ingest: a session keeps its one connection for its whole life and ``release`` keeps it too.
 
     with TsdbSession(url) as session:
