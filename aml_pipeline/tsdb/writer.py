@@ -99,6 +99,13 @@ def write_ingest(
     *,
     replace_runs: bool = False,
 ) -> IngestOutcome:
+    """Write one validated ingest through ``db``, inside the adapter's open transaction.
+
+    Run records equal to the stored ones are not rewritten; points already stored are skipped
+    (or, with ``replace_runs``, the stored points of every run in ``points`` are deleted first);
+    the written points get ``seq`` from ``db.next_seq()`` on in row order; every run whose
+    record or points changed gets its next data version and point count.
+    """
     point_run_ids = [str(u) for u in points.run_uniques] if points is not None else []
     stored = db.stored_runs(list(dict.fromkeys([r.run_id for r in runs] + point_run_ids)))
     changed = [r for r in runs if r.run_id not in stored or stored[r.run_id].record != r]
