@@ -26,19 +26,25 @@ def _progress(total: int, desc: str, unit: str = "it"):
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from aml_pipeline.tsdb import open_tsdb
-    from aml_pipeline.tsdb.ingest import ingest_files
+    from aml_pipeline.tsdb.ingest import ingest_into
 
+    if not (args.points or args.runs or args.nodes):
+        args.subparser.error("nothing to ingest: give at least one of --points, --runs, --nodes")
+    if args.replace_run and not args.points:
+        args.subparser.error("--replace-run replaces the points of the runs in --points: give --points")
     url = args.tsdb or config.tsdb_url()
-    with open_tsdb(url, read_only=False) as db, _progress(0, "ingest", "step") as bar:
+    with _progress(0, "ingest", "step") as bar:
 
         def progress(done: int, total: int) -> None:
             bar.total = total
             bar.n = done
             bar.refresh()
 
-        counts = ingest_files(db, points=args.points, runs=args.runs, nodes=args.nodes, progress=progress)
-    print(json.dumps({"tsdb": db.url, **counts}))
+        summary = ingest_into(
+            url, points=args.points, runs=args.runs, nodes=args.nodes, progress=progress,
+            replace_runs=args.replace_run, lock_timeout_s=args.lock_timeout_s,
+        )
+    print(json.dumps(summary))
     return 0
 
 
@@ -341,7 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--points", help="points file: run_id, node_id, ts, value, state")
     i.add_argument("--runs", help="runs file: run_id, line_id, product_id, recipe_id, started_at, ended_at, ...")
     i.add_argument("--nodes", help="nodes file: node_id, unit, range_lo, range_hi")
-    i.set_defaults(func=cmd_ingest)
+    i.add_argument(
+        "--replace-run", action="store_true",
+        help="replace all stored points of every run in --points by the file's points (one transaction); "
+        "without it, points already stored are skipped",
+    )
+    i.add_argument("--lock-timeout-s", type=float, default=10.0, help="wait this long for readers of an embedded TSDB file (default 10)")
+    i.set_defaults(func=cmd_ingest, subparser=i)
 
     b = sub.add_parser("build", help="build and publish a dataset snapshot through its Dagster assets")
     b.add_argument("spec", help="dataset spec (YAML)")

@@ -105,11 +105,21 @@ class DiskFullError(AmlError):
     code = "DISK_FULL"
 
 
-def disk_full(err: OSError, path: object, *, needed_bytes: int | None = None) -> DiskFullError | None:
-    """The :class:`DiskFullError` for ``err`` if it is an out-of-space error, else None."""
-    import errno
+def disk_full(err: BaseException, path: object, *, needed_bytes: int | None = None) -> DiskFullError | None:
+    """The :class:`DiskFullError` for ``err`` if it is an out-of-space error, else None.
 
-    if getattr(err, "errno", None) not in (errno.ENOSPC, errno.EDQUOT):
+    Besides an ``OSError`` with ``errno`` ENOSPC/EDQUOT this recognises a database's report of
+    one: PostgreSQL's SQLSTATE 53100 (``disk_full``), and DuckDB's IOException or "Failed to
+    commit" error, which carry no errno, only the C library's text for it."""
+    import errno
+    import os
+
+    out_of_space = (
+        getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        or getattr(err, "sqlstate", None) == "53100"
+        or any(os.strerror(code) in str(err) for code in (errno.ENOSPC, errno.EDQUOT))
+    )
+    if not out_of_space:
         return None
     need = f"; this step needed about {needed_bytes / 1e6:.1f} MB more" if needed_bytes else ""
     return DiskFullError(f"{path}: no space left on the device{need}; free space or point it elsewhere")

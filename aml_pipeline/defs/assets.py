@@ -32,7 +32,6 @@ from aml_pipeline.pipeline.dataset import (
     plan_dataset,
     save_plan,
 )
-from aml_pipeline.pipeline.incremental import tsdb_run_versions
 from aml_pipeline.pipeline.plots import dataset_overview_markdown, run_traces_markdown
 from aml_pipeline.pipeline.publish import Catalog
 from aml_pipeline.pipeline.runs import check_nodes_known, clean_run, fetch_run, window_run
@@ -148,14 +147,22 @@ class RunStages:
         self.key = lambda name: dg.AssetKey([spec.id, name])  # noqa: E731
 
     def execute(self) -> Iterator[Any]:
+        run_ids = list(self.context.partition_keys)
+        if "raw_node_series" not in self.selected:
+            yield from self._execute(run_ids, None)
+            return
+        # The TSDB handle is held for at most about half a second at a time, between pages, so an
+        # ingest into the embedded file can run while a long backfill builds.
+        with self.tsdb.brief() as db:
+            yield from self._execute(run_ids, db)
+
+    def _execute(self, run_ids: list[str], db) -> Iterator[Any]:
         spec, context = self.spec, self.context
-        run_ids = list(context.partition_keys)
-        fetching = "raw_node_series" in self.selected
+        fetching = db is not None
         if fetching:
-            with self.tsdb.open() as db:
-                catalog = check_nodes_known(spec, db.list_nodes())
-                in_scope = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
-                versions = tsdb_run_versions(db, run_ids)
+            catalog = check_nodes_known(spec, db.list_nodes())
+            in_scope = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
+            versions = db.run_versions(run_ids)
         done: dict[str, dict[str, dict[str, Any]]] = {}  # run -> asset -> metadata
         versions_out: dict[str, dict[str, str]] = {}
         failed: list[tuple[str, BaseException]] = []
@@ -163,11 +170,10 @@ class RunStages:
             done[run_id], versions_out[run_id] = {}, {}
             try:
                 if fetching:
-                    with self.tsdb.open() as db:
-                        # A partition outside the scope (or unfinished) is looked up, to fail naming why.
-                        run = in_scope.get(run_id) or db.get_run(run_id)
-                        raw = fetch_run(db, spec, run, self.ds, catalog, page_limit=self.tsdb.page_limit,
-                                        tsdb_version=versions.get(run_id))
+                    # A partition outside the scope (or unfinished) is looked up, to fail naming why.
+                    run = in_scope.get(run_id) or db.get_run(run_id)
+                    raw = fetch_run(db, spec, run, self.ds, catalog, page_limit=self.tsdb.page_limit,
+                                    tsdb_version=versions.get(run_id))
                     done[run_id]["raw_node_series"] = self._raw_metadata(run_id, raw)
                     versions_out[run_id]["raw_node_series"] = raw.data_version
                     progress.report("raw_node_series", i, len(run_ids), run_id)

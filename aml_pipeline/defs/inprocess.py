@@ -31,7 +31,7 @@ from aml_pipeline.defs.shared_env import default_shared_env_resources
 from aml_pipeline.defs.sources import tsdb_points
 from aml_pipeline.errors import AmlError, BuildError
 from aml_pipeline.pipeline.build import run_scope
-from aml_pipeline.pipeline.incremental import stale_runs, tsdb_run_versions
+from aml_pipeline.pipeline.incremental import stale_runs
 from aml_pipeline.pipeline.runs import check_nodes_known
 from aml_pipeline.spec import DatasetSpec, parse_spec
 from aml_pipeline.tsdb import open_tsdb
@@ -119,7 +119,7 @@ def materialize_dataset(
     with open_tsdb(tsdb_url) as db:
         catalog = check_nodes_known(spec, db.list_nodes())
         runs = db.list_runs(run_scope(spec), finished_only=True)
-        versions = tsdb_run_versions(db, [r.run_id for r in runs])
+        versions = db.run_versions([r.run_id for r in runs])
     if not runs:
         raise BuildError(f"spec {spec.id!r}: no finished runs in scope {run_scope(spec)}", code="NO_RUNS")
     store = StoreResource(home=str(home), datasets_dir=str(datasets_dir) if datasets_dir else None)

@@ -18,6 +18,7 @@ from aml_pipeline import config
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import TsdbPort, open_tsdb
 from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT
+from aml_pipeline.tsdb.session import BriefHandle, TsdbSession
 
 
 class TsdbResource(dg.ConfigurableResource):
@@ -35,6 +36,14 @@ class TsdbResource(dg.ConfigurableResource):
             yield tsdb
         finally:
             tsdb.close()
+
+
+    @contextmanager
+    def brief(self, hold_s: float = 0.5) -> Iterator[BriefHandle]:
+        """For long work: a handle held at most about ``hold_s`` at a time (reopened between pages),
+        so an ingest into the embedded file can run while a long backfill builds."""
+        with TsdbSession(self.url) as session:
+            yield BriefHandle(session, hold_s)
 
 
 class StoreResource(dg.ConfigurableResource):

@@ -17,7 +17,7 @@ from aml_pipeline import config
 from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, plan_run_batches, range_tags, run_partitions
 from aml_pipeline.defs.resources import StoreResource, TsdbResource
 from aml_pipeline.pipeline.build import run_scope
-from aml_pipeline.pipeline.incremental import inputs_key, stale_runs, tsdb_run_versions
+from aml_pipeline.pipeline.incremental import inputs_key, stale_runs
 from aml_pipeline.pipeline.runs import check_nodes_known
 from aml_pipeline.pipeline.versions import stage_versions
 from aml_pipeline.spec import DatasetSpec
@@ -51,7 +51,7 @@ def new_run_sensor(spec: DatasetSpec) -> dg.SensorDefinition:
         with tsdb.open() as db:
             catalog = check_nodes_known(spec, db.list_nodes())
             runs = db.list_runs(run_scope(spec), finished_only=True)
-            versions = tsdb_run_versions(db, [r.run_id for r in runs])
+            versions = db.run_versions([r.run_id for r in runs])
         known = context.instance.get_dynamic_partitions(runs_def.name)
         known_set = set(known)
         new = [r.run_id for r in runs if r.run_id not in known_set]

@@ -33,7 +33,7 @@ from aml_pipeline.pipeline.dataset import (
     save_plan,
     write_snapshot_files,
 )
-from aml_pipeline.pipeline.incremental import inputs_key, stale_runs, stages_from, tsdb_run_versions
+from aml_pipeline.pipeline.incremental import inputs_key, stale_runs, stages_from
 from aml_pipeline.pipeline.publish import Catalog, CatalogEntry, publish_staged, set_current, staging_dir
 from aml_pipeline.pipeline.runs import check_nodes_known, clean_run, fetch_run, window_run
 from aml_pipeline.pipeline.store import DatasetStore
@@ -257,7 +257,7 @@ def _build(spec, tsdb, store, datasets_root, page_limit, progress, full) -> Publ
     runs = tsdb.list_runs(run_scope(spec), finished_only=True)
     if not runs:
         raise BuildError(f"spec {spec.id!r}: no finished runs in scope {run_scope(spec)}", code="NO_RUNS")
-    versions = tsdb_run_versions(tsdb, [r.run_id for r in runs])
+    versions = tsdb.run_versions([r.run_id for r in runs])
     todo = (
         dict.fromkeys((r.run_id for r in runs), "raw")
         if full

@@ -20,7 +20,7 @@ from aml_pipeline.pipeline.runs import catalog_ranges
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.pipeline.versions import RUN_STAGES, stage_versions
 from aml_pipeline.spec import DatasetSpec
-from aml_pipeline.tsdb.port import Node, Run, TsdbPort
+from aml_pipeline.tsdb.port import Node, Run
 
 
 def first_stale_stage(
@@ -68,12 +68,6 @@ def stale_runs(
         if stage is not None:
             out[run.run_id] = stage
     return out
-
-
-def tsdb_run_versions(tsdb: TsdbPort, run_ids: Sequence[str]) -> dict[str, str]:
-    """The runs' versions in the TSDB (TEMPORARY: until the adapters' run_versions lands)."""
-    fn = getattr(tsdb, "run_versions", None)
-    return dict(fn(run_ids)) if callable(fn) else {}
 
 
 def stages_from(stage: str) -> tuple[str, ...]:

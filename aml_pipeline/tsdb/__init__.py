@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aml_pipeline.errors import TsdbError
 from aml_pipeline.tsdb.port import (
+    DEFAULT_LOCK_TIMEOUT_S,
     Cursor,
     Node,
     NodeSeries,
@@ -14,6 +15,7 @@ from aml_pipeline.tsdb.port import (
     TsdbPort,
     fetch_node_series,
 )
+from aml_pipeline.tsdb.session import TsdbSession
 
 __all__ = [
     "Cursor",
@@ -24,26 +26,30 @@ __all__ = [
     "Run",
     "RunScope",
     "TsdbPort",
+    "TsdbSession",
     "fetch_node_series",
     "open_tsdb",
     "printable_url",
 ]
 
 
-def open_tsdb(url: str, *, read_only: bool = True) -> TsdbPort:
+def open_tsdb(url: str, *, read_only: bool = True, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> TsdbPort:
     """Open the adapter for ``url``: ``duckdb:///path/file.duckdb`` or ``postgresql://...``.
 
     ``read_only`` matters for the embedded file: many read-only processes may share it, a
-    writer (ingest) needs it alone.
+    writer (ingest) needs it alone. ``lock_timeout_s``: how long to wait for the other side
+    (a reader for a writer's turn, a writer for the readers to let go; PostgreSQL: an ingest
+    for another one to commit) before ``TSDB_BUSY``. For long work in chunks use
+    :class:`TsdbSession`, which holds a handle per chunk only.
     """
     if url.startswith("duckdb://"):
         from aml_pipeline.tsdb.duckdb import DuckDBTsdb
 
-        return DuckDBTsdb(url, read_only=read_only)
+        return DuckDBTsdb(url, read_only=read_only, lock_timeout_s=lock_timeout_s)
     if url.startswith(("postgresql://", "postgres://")):
         from aml_pipeline.tsdb.postgres import PostgresTsdb
 
-        return PostgresTsdb(url, read_only=read_only)
+        return PostgresTsdb(url, read_only=read_only, lock_timeout_s=lock_timeout_s)
     raise TsdbError(
         f"unsupported TSDB URL {url!r}: use duckdb:///path/to/file.duckdb or postgresql://user@host/db",
         code="TSDB_URL_INVALID",

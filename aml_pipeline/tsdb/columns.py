@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from aml_pipeline.errors import IngestError, InvalidIdError
+from aml_pipeline.errors import IngestError, InvalidIdError, TsdbError
 from aml_pipeline.ids import check_external_id
 from aml_pipeline.tsdb.port import EVIDENCE_SOURCES, Cursor, Node, Page, PointColumns, Run
 
@@ -166,6 +166,16 @@ def nodes_table(nodes: list[Node]) -> pa.Table | None:
             "range_hi": pa.array([opt_float(n.range_hi) for n in nodes], type=pa.float64()),
         }
     )
+
+
+def check_schema_version(version: int, newest: int, where: str, kind: str) -> None:
+    """Refuse a TSDB schema version this code cannot read: newer than ``newest``, or below 1."""
+    if not 1 <= version <= newest:
+        raise TsdbError(
+            f"{where} has TSDB schema version {version}, this aml_pipeline reads versions 1 to "
+            f"{newest}" + ("; upgrade aml_pipeline" if version > newest else f"; re-ingest into a new {kind}"),
+            code="TSDB_SCHEMA_VERSION",
+        )
 
 
 def check_id(value: Any, what: str) -> None:

@@ -10,9 +10,14 @@ URL
 Schema (version :data:`SCHEMA_VERSION`, recorded in ``schema_version``)
     ``runs(run_id PK, run_key, line_id, product_id, recipe_id, recipe_version, recipe_content_hash,
     started_at, ended_at, evidence_source, context_confirmed)``,
+    ``run_state(run_key PK, data_version, point_count)`` (version 2: maintained by every ingest,
+    see :mod:`aml_pipeline.tsdb.versions`),
     ``nodes(node_id PK, node_key, unit, range_lo, range_hi)``,
     ``points(run_key, node_key, ts, value, state, seq)`` and the view
     ``points_by_id(run_id, node_id, ts, value, state, seq)`` for people querying the file.
+    A version-1 file is migrated in place, in one transaction, by the first read-write open;
+    read-only handles read it as it is (their :meth:`DuckDBTsdb.run_versions` then counts the
+    run's points, and gives what the migration will store).
 
     Points carry small integer surrogate keys instead of the run/node id strings: DuckDB's zone
     maps keep only an 8-byte prefix of string min/max, so plant ids that share a prefix
@@ -22,24 +27,39 @@ Schema (version :data:`SCHEMA_VERSION`, recorded in ``schema_version``)
     insert, so one series occupies few, contiguous row groups.
 
 Concurrency
-    DuckDB locks the file: many read-only connections (in as many processes) or one read-write
-    connection. An open that finds the file locked is retried for ``lock_timeout_s`` and then
-    fails with :class:`TsdbBusyError`. Note that a read-only instance holds its shared lock
-    until :meth:`DuckDBTsdb.close`, so keep read-only instances short-lived (a build step, not a
-    whole server). Within one process DuckDB refuses to mix read-only and read-write handles
-    on the same file; that is reported at once (retrying cannot help).
+    DuckDB locks the file: many read-only processes or one read-write one. A writer first takes
+    its place in the queue (:mod:`aml_pipeline.tsdb.writer_intent`), then waits for the readers
+    to close; new readers wait while a writer waits or writes. Either side gives up after
+    ``lock_timeout_s`` with :class:`TsdbBusyError`. Readers should therefore hold a handle for
+    a chunk of work, not a whole build (:class:`~aml_pipeline.tsdb.session.TsdbSession`);
+    opening and closing one costs about a millisecond: read-only handles ATTACH the file to
+    one in-memory DuckDB instance per process instead of starting a database each time (~10 ms).
+    Within one process a file is either written or read, never both at once; mixing is
+    reported at once (retrying cannot help).
+
+Memory
+    The readers' DuckDB instance gets ``memory_limit`` = 1/:data:`READER_MEMORY_SHARE` of the
+    build's budget (``AML_MEMORY_MB``, :func:`aml_pipeline.config.memory_budget_mb`), at least
+    :data:`READER_MEMORY_MIN_MB`, read once when the instance starts. A page needs little (a page of
+    200 000 ordered rows runs in 16 MB; results are materialised outside the limit); the rest
+    of the budget is the build's. Without a limit DuckDB caches every block it reads, up to 80 %
+    of RAM. A query that does not fit fails with ``TSDB_OUT_OF_MEMORY`` naming the budget;
+    nothing retries with more memory.
 
 ``seq`` is a global ingestion sequence: the points of one ingest get ``max(seq) + 1 + row
-index`` in the order they were given (file row order).
+index`` in the order they were given (file row order), counting only the points written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +67,18 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from aml_pipeline.config import memory_budget_mb
 from aml_pipeline.errors import (
     IngestError,
     TsdbBusyError,
     TsdbError,
     UnknownNodeError,
     UnknownRunError,
+    disk_full,
 )
 from aml_pipeline.tsdb.columns import (
-    PreparedPoints,
+    check_schema_version,
     clamp_i64,
-    codes_to_keys,
     empty_page,
     nodes_table,
     opt_float,
@@ -67,6 +88,7 @@ from aml_pipeline.tsdb.columns import (
     sorted_by_ts_seq,
 )
 from aml_pipeline.tsdb.port import (
+    DEFAULT_LOCK_TIMEOUT_S,
     DEFAULT_PAGE_LIMIT,
     Cursor,
     Node,
@@ -75,16 +97,29 @@ from aml_pipeline.tsdb.port import (
     Run,
     RunScope,
 )
+from aml_pipeline.tsdb.versions import migrated_version
+from aml_pipeline.tsdb.writer import PointRows, RunState, StoredRun, write_ingest
+from aml_pipeline.tsdb.writer_intent import (
+    drop_writer_intent,
+    hold_writer_intent,
+    pass_reader_gate,
+    writer_handles_here,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 URL_PREFIX = "duckdb://"
-# DuckDB's memory limit for read-only handles (see DuckDBTsdb.__init__), in MB: what a page query
-# needs (measured: pages of 1 M ordered rows run within 16 MB; results are materialised outside
-# the limit). A query that still runs out of it is retried with the limit doubled, up to the max.
-READ_ONLY_MEMORY_LIMIT_MB = 16
-READ_ONLY_MEMORY_LIMIT_MAX_MB = 16 * 1024
+READER_MEMORY_SHARE = 16
+READER_MEMORY_MIN_MB = 16
+# A prefetched slice (DuckDBTsdb.prefetch) holds at most 1/PREFETCH_MEMORY_SHARE of the budget.
+PREFETCH_MEMORY_SHARE = 8
+_PREFETCH_BYTES_PER_POINT = 36  # node_key, ts, value, seq (8 bytes each) and state (4)
+# Points one page query reads at most (more if the page limit is larger); see query_page.
+_WINDOW_ROWS = 65_536
+_SERIES = "run_key = ? AND node_key = ?"
 
-_DDL = (
+# Version 1: every table but run_state. Kept as it was: a fresh file is created at version 1 and
+# migrated, the same path every version-1 file takes.
+_DDL_V1 = (
     """CREATE TABLE IF NOT EXISTS schema_version (
         version INTEGER NOT NULL,
         applied_at_ms BIGINT NOT NULL
@@ -123,6 +158,13 @@ _DDL = (
         SELECT r.run_id, n.node_id, p.ts, p.value, p.state, p.seq
         FROM points p JOIN runs r USING (run_key) JOIN nodes n USING (node_key)""",
 )
+_DDL_V2 = (
+    """CREATE TABLE run_state (
+        run_key INTEGER PRIMARY KEY,
+        data_version VARCHAR NOT NULL,
+        point_count BIGINT NOT NULL
+    )""",
+)
 
 _RUN_COLUMNS = (
     "run_id, line_id, product_id, recipe_id, recipe_version, recipe_content_hash, "
@@ -138,6 +180,80 @@ _INGEST_LOCKS_GUARD = threading.Lock()
 def _ingest_lock(path: Path) -> threading.Lock:
     with _INGEST_LOCKS_GUARD:
         return _INGEST_LOCKS.setdefault(str(path), threading.Lock())
+
+
+def reader_memory_limit_mb() -> int:
+    """DuckDB's memory limit for the read-only handles of this process (see the module docstring)."""
+    return max(READER_MEMORY_MIN_MB, memory_budget_mb() // READER_MEMORY_SHARE)
+
+
+class _Readers:
+    """Read-only access through one in-memory DuckDB instance per process (per memory limit):
+    each file is ATTACHed once while any handle of this process reads it, DETACHed (its lock
+    released) when the last one closes."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._instances: dict[int, duckdb.DuckDBPyConnection] = {}
+        self._attached: dict[str, list[Any]] = {}  # path -> [alias, handles, instance]
+
+    def attach(self, path: Path) -> tuple[duckdb.DuckDBPyConnection, int]:
+        """A cursor whose default database is ``path`` (attached read-only), and the limit."""
+        with self._guard:
+            entry = self._attached.get(str(path))
+            if entry is None:
+                limit = reader_memory_limit_mb()
+                instance = self._instances.get(limit)
+                if instance is None:
+                    # threads=1: pages are small scans, each answered in the calling thread.
+                    # No temp directory: a query that does not fit in the limit fails instead of
+                    # spilling next to the database.
+                    instance = duckdb.connect(
+                        ":memory:",
+                        config={"threads": 1, "memory_limit": f"{limit}MiB", "temp_directory": ""},
+                    )
+                    self._instances[limit] = instance
+                alias = "aml_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
+                instance.execute(f'ATTACH ? AS "{alias}" (READ_ONLY)', [str(path)])
+                entry = self._attached[str(path)] = [alias, 0, instance, limit]
+            entry[1] += 1
+            alias, instance, limit = entry[0], entry[2], entry[3]
+        try:
+            cursor = instance.cursor()
+            cursor.execute(f'USE "{alias}"')
+        except BaseException:
+            self.detach(path)
+            raise
+        return cursor, limit
+
+    def detach(self, path: Path) -> None:
+        with self._guard:
+            entry = self._attached.get(str(path))
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del self._attached[str(path)]
+            entry[2].execute(f'DETACH "{entry[0]}"')
+
+    def reading_here(self, path: Path) -> bool:
+        with self._guard:
+            return str(path) in self._attached
+
+    def forget_in_child(self) -> None:
+        """After fork(): a DuckDB instance must not be used by two processes; the child starts
+        its own (the parent's stay referenced, never closed or destroyed, in the child). DuckDB's
+        process-wide file registry is copied too, so a file the parent had open at the fork is
+        refused in the child ("already open in this process"): start workers with spawn, as
+        Dagster's executors do by default."""
+        self._inherited = (self._instances, self._attached)
+        self._guard = threading.Lock()
+        self._instances, self._attached = {}, {}
+
+
+_READERS = _Readers()
+os.register_at_fork(after_in_child=_READERS.forget_in_child)
 
 
 def parse_duckdb_url(url: str) -> Path:
@@ -173,96 +289,147 @@ class DuckDBTsdb:
 
     One connection per instance, used under a lock (DuckDB connections are not safe for
     concurrent use from several threads). ``read_only=False`` creates the file and its schema
-    if needed; ``read_only=True`` requires an existing, initialised file.
+    if needed (or migrates a version-1 file); ``read_only=True`` requires an existing,
+    initialised file.
     """
 
-    def __init__(self, url: str, read_only: bool = True, *, lock_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, read_only: bool = True, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+    ) -> None:
         self.url = url
         self.path = parse_duckdb_url(url)
         self.read_only = bool(read_only)
         self.lock_timeout_s = float(lock_timeout_s)
+        self.created_file = False  # this handle created the file (see discard())
+        self._created_dirs: list[Path] = []
+        self.schema_version = SCHEMA_VERSION
+        self.memory_limit_mb: int | None = None
         self._lock = threading.RLock()
         self._run_keys: dict[str, int] = {}
         self._node_keys: dict[str, int] = {}
+        self._prefetched: dict[tuple[str, str, int, int], tuple[np.ndarray, ...]] = {}
+        self._spans: dict[tuple[int, int], int] = {}  # per series: the last time window that fit
+        self._run_points: dict[int, int] = {}  # run_key -> its point count (read-only, version 2)
+        self._con: duckdb.DuckDBPyConnection | None = None
         if self.read_only and not self.path.exists():
             raise TsdbError(
                 f"{self.path}: no TSDB file there yet; ingest data first "
                 "(aml-pipeline ingest ..., or aml-pipeline demo for a simulated plant)",
                 code="TSDB_EMPTY",
             )
-        if not self.read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._prefetched: dict[tuple[str, str, int, int], tuple[np.ndarray, ...]] = {}
-        self._con: duckdb.DuckDBPyConnection | None = self._connect()
+        deadline = time.monotonic() + max(0.0, self.lock_timeout_s)
+        if self.read_only:
+            self._con = self._open_reader(deadline)
+            try:
+                self._check_reader_schema()
+            except BaseException:
+                self._release()
+                raise
+            return
         try:
+            self._created_dirs = [d for d in self.path.parents if not d.exists()]  # innermost first
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            hold_writer_intent(self.path, deadline, self.lock_timeout_s)
+        except OSError as e:
+            raise self._os_error(e, "cannot create") from None
+        try:
+            self.created_file = not self.path.exists()
+            self._con = self._open_writer(deadline)
             self._init_schema()
-            if self.read_only:
-                # DuckDB keeps every table block it has read cached until its memory limit (80 %
-                # of RAM by default), so a build's memory would grow with the data it reads. A
-                # reader needs no more than one page's blocks at a time.
-                self._set_memory_limit(READ_ONLY_MEMORY_LIMIT_MB)
-        except BaseException:
-            self._con.close()
-            self._con = None
+        except BaseException as e:
+            self._release(remove_files=self.created_file)
+            full = disk_full(e, _path_in(e) or self.path)
+            if full is not None:
+                raise full from None
             raise
 
     # ---- lifecycle -------------------------------------------------------------------------
-    def _set_memory_limit(self, mb: int) -> None:
-        self._memory_limit_mb = int(mb)
-        self._c.execute(f"SET memory_limit = '{int(mb)}MB'")
+    def _open_reader(self, deadline: float) -> duckdb.DuckDBPyConnection:
+        if writer_handles_here(self.path):
+            raise self._mixed_modes()
 
-    def _read(self, sql: str, params: list[Any]) -> dict[str, np.ndarray]:
-        """``execute(sql, params).fetchnumpy()``; on a read-only handle, a query that runs out
-        of the (deliberately small) memory limit is retried with the limit doubled."""
-        while True:
-            try:
-                return self._c.execute(sql, params).fetchnumpy()
-            except duckdb.OutOfMemoryException:
-                limit = getattr(self, "_memory_limit_mb", None)
-                if not self.read_only or limit is None or limit >= READ_ONLY_MEMORY_LIMIT_MAX_MB:
-                    raise
-                self._set_memory_limit(min(2 * limit, READ_ONLY_MEMORY_LIMIT_MAX_MB))
+        def attach() -> duckdb.DuckDBPyConnection:
+            # Every attempt passes the gate: a writer that got the file between our gate and our
+            # open is queued ahead of us.
+            pass_reader_gate(self.path, deadline, self.lock_timeout_s)
+            cursor, self.memory_limit_mb = _READERS.attach(self.path)
+            return cursor
 
-    def _connect(self) -> duckdb.DuckDBPyConnection:
-        deadline = time.monotonic() + max(0.0, self.lock_timeout_s)
-        delay = 0.05
+        return self._open(deadline, attach)
+
+    def _open_writer(self, deadline: float) -> duckdb.DuckDBPyConnection:
+        if _READERS.reading_here(self.path):
+            raise self._mixed_modes()
+        # Readers still holding the file finish their chunk; our intent keeps new ones out.
+        return self._open(deadline, lambda: duckdb.connect(str(self.path), read_only=False))
+
+    def _open(self, deadline: float, connect: Any) -> duckdb.DuckDBPyConnection:
+        """``connect()`` again and again while another process holds DuckDB's file lock, until
+        ``deadline``; every other failure is reported at once."""
         mode = "read-only" if self.read_only else "read-write"
+        delay = 0.02
         while True:
             try:
-                return duckdb.connect(str(self.path), read_only=self.read_only)
+                return connect()
+            except duckdb.ResourceInUseException:
+                raise self._mixed_modes() from None
             except duckdb.ConnectionException as e:
                 if "different configuration" in str(e):
-                    raise TsdbBusyError(
-                        f"{self.path} is already open in this process in another mode; close "
-                        f"that handle before opening it {mode} (DuckDB allows either many "
-                        "read-only handles or read-write ones, not both)"
-                    ) from None
+                    raise self._mixed_modes() from None
                 raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
             except duckdb.IOException as e:
                 text = str(e)
                 if "lock" not in text.lower():
                     if "database does not exist" in text:
                         raise TsdbError(
-                            f"{self.path}: no TSDB file there yet; ingest data first",
-                            code="TSDB_EMPTY",
+                            f"{self.path}: no TSDB file there yet; ingest data first", code="TSDB_EMPTY"
                         ) from None
                     raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    holder = _lock_holder(text)
-                    raise TsdbBusyError(
-                        f"{self.path} is in use by another process (a build reading it, or "
-                        "another ingest); try again when it finishes "
-                        f"(waited {self.lock_timeout_s:g} s to open it {mode}{holder})"
-                    ) from None
+                    raise self._busy(mode, text) from None
                 time.sleep(min(delay, remaining))
-                delay = min(delay * 2, 0.5)
+                delay = min(delay * 2, 0.2)
             except duckdb.Error as e:
                 raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
 
+    def _busy(self, mode: str, text: str) -> TsdbBusyError:
+        return TsdbBusyError(
+            f"{self.path} is in use by another process (a build reading it, or another ingest); "
+            f"try again when it finishes (waited {self.lock_timeout_s:g} s to open it {mode}"
+            f"{_lock_holder(text)})"
+        )
+
+    def _mixed_modes(self) -> TsdbBusyError:
+        mode = "read-only" if self.read_only else "read-write"
+        return TsdbBusyError(
+            f"{self.path} is already open in this process in another mode; close that handle "
+            f"before opening it {mode} (a file is either read, by many handles, or written, "
+            "not both at once)"
+        )
+
+    def _os_error(self, e: OSError, what: str) -> Exception:
+        full = disk_full(e, self.path)
+        return full if full is not None else TsdbError(f"{self.path}: {what} ({_one_line(e)})")
+
+    def _check_reader_schema(self) -> None:
+        try:
+            version = self._c.execute("SELECT max(version) FROM schema_version").fetchall()[0][0]
+        except duckdb.CatalogException:
+            version = None
+        except duckdb.Error as e:
+            raise TsdbError(f"{self.path}: cannot read the TSDB schema ({_one_line(e)})") from None
+        if version is None:
+            raise TsdbError(
+                f"{self.path} holds no TSDB schema yet (an empty or foreign DuckDB file); "
+                "ingest data first (aml-pipeline ingest ..., or aml-pipeline demo)",
+                code="TSDB_EMPTY",
+            )
+        check_schema_version(int(version), SCHEMA_VERSION, str(self.path), "file")
+        self.schema_version = int(version)
+
     def _init_schema(self) -> None:
-        con = self._con
-        assert con is not None
+        con = self._c
         has_table = con.execute(
             "SELECT count(*) FROM information_schema.tables "
             "WHERE table_schema = 'main' AND table_name = 'schema_version'"
@@ -271,17 +438,12 @@ class DuckDBTsdb:
         if has_table:
             version = con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0]
         if version is None:
-            if self.read_only:
-                raise TsdbError(
-                    f"{self.path} holds no TSDB schema yet (an empty or foreign DuckDB file); "
-                    "ingest data first (aml-pipeline ingest ..., or aml-pipeline demo)",
-                    code="TSDB_EMPTY",
-                )
             clashing = [
                 r[0]
                 for r in con.execute(
                     "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
-                    "AND table_name IN ('runs', 'nodes', 'points', 'points_by_id') ORDER BY 1"
+                    "AND table_name IN ('runs', 'nodes', 'points', 'points_by_id', 'run_state') "
+                    "ORDER BY 1"
                 ).fetchall()
             ]
             if clashing:
@@ -290,36 +452,72 @@ class DuckDBTsdb:
                     "but no aml_pipeline schema_version); refusing to change it, use a new file",
                     code="TSDB_SCHEMA_VERSION",
                 )
-            con.execute("BEGIN TRANSACTION")
-            try:
-                for ddl in _DDL:
+        else:
+            check_schema_version(int(version), SCHEMA_VERSION, str(self.path), "file")
+            if version == SCHEMA_VERSION:
+                return
+        with _transaction(con):
+            if version is None:
+                for ddl in _DDL_V1:
                     con.execute(ddl)
-                con.execute(
-                    "INSERT INTO schema_version VALUES (?, ?)",
-                    [SCHEMA_VERSION, int(time.time() * 1000)],
-                )
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            return
-        if version != SCHEMA_VERSION:
-            newer = version > SCHEMA_VERSION
-            raise TsdbError(
-                f"{self.path} has TSDB schema version {version}, this aml_pipeline reads "
-                f"version {SCHEMA_VERSION}"
-                + ("; upgrade aml_pipeline" if newer else "; re-ingest into a new file"),
-                code="TSDB_SCHEMA_VERSION",
-            )
+                con.execute("INSERT INTO schema_version VALUES (1, ?)", [int(time.time() * 1000)])
+            self._migrate_to_v2(con)
+
+    @staticmethod
+    def _migrate_to_v2(con: duckdb.DuckDBPyConnection) -> None:
+        """Version 1 -> 2: ``run_state`` with each run's first data version and point count (one
+        scan of the points, once)."""
+        for ddl in _DDL_V2:
+            con.execute(ddl)
+        rows = con.execute(
+            f"SELECT r.run_key, {', '.join('r.' + c.strip() for c in _RUN_COLUMNS.split(','))}, "
+            "coalesce(c.n, 0), c.lo, c.hi FROM runs r LEFT JOIN "
+            "(SELECT run_key, count(*) AS n, min(seq) AS lo, max(seq) AS hi FROM points GROUP BY run_key) c "
+            "USING (run_key)"
+        ).fetchall()
+        if rows:
+            states = [
+                RunState(int(r[0]), migrated_version(run_from_row(r[1:11]), int(r[11]), r[12], r[13]), int(r[11]))
+                for r in rows
+            ]
+            _Statements(con).save_run_states(states)
+        con.execute("INSERT INTO schema_version VALUES (2, ?)", [int(time.time() * 1000)])
 
     def close(self) -> None:
         with self._lock:
             self._prefetched.clear()
-            if self._con is not None:
-                try:
-                    self._con.close()
-                finally:
-                    self._con = None
+            self._release()
+
+    def discard(self) -> None:
+        """Close; if this handle created the file, remove it again (with its ``.wal``, temporary
+        directory and intent file). For an ingest that failed into a file that did not exist."""
+        with self._lock:
+            self._prefetched.clear()
+            self._release(remove_files=self.created_file)
+
+    def _release(self, *, remove_files: bool = False) -> None:
+        con, self._con = self._con, None
+        try:
+            if con is not None:
+                con.close()
+        finally:
+            if self.read_only:
+                if con is not None:
+                    _READERS.detach(self.path)
+            else:
+                # Only the last handle of this process on the file may remove it.
+                sole = remove_files and writer_handles_here(self.path) == 1
+                if sole:
+                    for leftover in (self.path, self.path.with_name(self.path.name + ".wal")):
+                        leftover.unlink(missing_ok=True)
+                    shutil.rmtree(self.path.with_name(self.path.name + ".tmp"), ignore_errors=True)
+                drop_writer_intent(self.path, remove=sole)
+                if sole:
+                    for d in self._created_dirs:  # the directories made for the file, if empty
+                        try:
+                            d.rmdir()
+                        except OSError:
+                            break
 
     def __enter__(self) -> DuckDBTsdb:
         return self
@@ -337,6 +535,20 @@ class DuckDBTsdb:
         if self._con is None:
             raise TsdbError(f"{self.url}: this TSDB handle is closed")
         return self._con
+
+    def _read(self, sql: str, params: list[Any]) -> dict[str, np.ndarray]:
+        try:
+            return self._c.execute(sql, params).fetchnumpy()
+        except duckdb.OutOfMemoryException as e:
+            if self.memory_limit_mb is None:
+                raise TsdbError(f"{self.path}: out of memory ({_one_line(e)})", code="TSDB_OUT_OF_MEMORY") from None
+            raise TsdbError(
+                f"{self.path}: a query needed more than the {self.memory_limit_mb} MB the TSDB "
+                f"reader may use (1/{READER_MEMORY_SHARE} of the memory budget, at least "
+                f"{READER_MEMORY_MIN_MB} MB; AML_MEMORY_MB={memory_budget_mb()}); raise "
+                "AML_MEMORY_MB or read smaller pages",
+                code="TSDB_OUT_OF_MEMORY",
+            ) from None
 
     # ---- catalog ---------------------------------------------------------------------------
     def list_runs(self, scope: RunScope | None = None, finished_only: bool = True) -> list[Run]:
@@ -404,16 +616,30 @@ class DuckDBTsdb:
     def _run_key(self, run_id: str) -> int:
         key = self._run_keys.get(run_id)
         if key is None:
+            counted = self.read_only and self.schema_version >= 2
             rows = self._c.execute(
-                "SELECT run_key FROM runs WHERE run_id = ?", [run_id]
+                "SELECT r.run_key, s.point_count FROM runs r LEFT JOIN run_state s USING (run_key) WHERE run_id = ?"
+                if counted
+                else "SELECT run_key, NULL FROM runs WHERE run_id = ?",
+                [run_id],
             ).fetchall()
             if not rows:
                 raise UnknownRunError(f"unknown run {run_id!r}: not in {self.url}")
             key = self._run_keys[run_id] = int(rows[0][0])
+            if rows[0][1] is not None:
+                # Nothing changes under a read-only handle: a bound for every series of the run.
+                self._run_points[key] = int(rows[0][1])
         return key
 
     def _node_key(self, node_id: str) -> int:
         key = self._node_keys.get(node_id)
+        if key is None and not self._node_keys:
+            # The node catalog is small and a handle may live for one chunk only: one query for
+            # every key instead of one per node (a third of a chunk's time on the workload).
+            self._node_keys.update(
+                (r[0], int(r[1])) for r in self._c.execute("SELECT node_id, node_key FROM nodes").fetchall()
+            )
+            key = self._node_keys.get(node_id)
         if key is None:
             rows = self._c.execute(
                 "SELECT node_key FROM nodes WHERE node_id = ?", [node_id]
@@ -422,6 +648,30 @@ class DuckDBTsdb:
                 raise UnknownNodeError(f"unknown node {node_id!r}: not in {self.url}")
             key = self._node_keys[node_id] = int(rows[0][0])
         return key
+
+    def run_versions(self, run_ids: Sequence[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(str(r) for r in run_ids))
+        if not ids:
+            return {}
+        with self._lock:
+            con = self._c
+            if self.schema_version >= 2:
+                rows = con.execute(
+                    "SELECT r.run_id, s.data_version FROM runs r JOIN run_state s USING (run_key) "
+                    "WHERE list_contains(?, r.run_id)",
+                    [ids],
+                ).fetchall()
+                return {r[0]: r[1] for r in rows}
+            # Version 1 (read-only): what the migration will store.
+            rows = con.execute(
+                f"SELECT {', '.join('r.' + c.strip() for c in _RUN_COLUMNS.split(','))}, "
+                "coalesce(c.n, 0), c.lo, c.hi FROM runs r LEFT JOIN "
+                "(SELECT run_key, count(*) AS n, min(seq) AS lo, max(seq) AS hi FROM points "
+                " WHERE run_key IN (SELECT run_key FROM runs WHERE list_contains(?, run_id)) "
+                " GROUP BY run_key) c USING (run_key) WHERE list_contains(?, r.run_id)",
+                [ids, ids],
+            ).fetchall()
+        return {r[0]: migrated_version(run_from_row(r[:10]), int(r[10]), r[11], r[12]) for r in rows}
 
     # ---- points ----------------------------------------------------------------------------
     def query_page(
@@ -433,7 +683,15 @@ class DuckDBTsdb:
         cursor: Cursor | None = None,
         limit: int = DEFAULT_PAGE_LIMIT,
     ) -> Page:
-        """Keyset page on ``(ts, seq)``; ``done`` is exact (``limit + 1`` rows are asked for)."""
+        """Keyset page on ``(ts, seq)``; ``done`` is exact (``limit + 1`` rows are looked for).
+
+        No ``ORDER BY ... LIMIT``: DuckDB's top-N scans the rest of the series for every page
+        (quadratic over a long run) and needs far more memory than the page (over 96 MB for
+        200 000 rows). Instead the page is read in time windows, unordered, each at most
+        :data:`_WINDOW_ROWS` or ``limit + 1`` rows, sorted here, until ``limit + 1`` rows are
+        in hand (see :meth:`_first_rows`); zone maps on ``ts`` prune each window to the row
+        groups it overlaps.
+        """
         limit = int(limit)
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
@@ -445,55 +703,107 @@ class DuckDBTsdb:
             run_key = self._run_key(run_id)
             node_key = self._node_key(node_id)
             lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
-            where = "run_key = ? AND node_key = ? AND ts BETWEEN ? AND ?"
             if cursor is not None:
-                # ts >= cursor.ts is folded into the range (so zone maps prune on it); within it,
-                # (ts, seq) > cursor  <=>  ts > cursor.ts OR seq > cursor.seq.
-                lo = max(lo, clamp_i64(cursor.ts))
-                where += " AND (ts > ? OR seq > ?)"
+                lo = max(lo, clamp_i64(cursor.ts))  # (ts, seq) > cursor implies ts >= cursor.ts
             if lo > hi:
                 return empty_page(cursor)
-            params: list[Any] = [run_key, node_key, lo, hi]
-            if cursor is not None:
-                params += [clamp_i64(cursor.ts), clamp_i64(cursor.seq)]
-            cols = None
-            if cursor is None:
-                # First page: most series fit in one page. An unordered LIMIT limit+1 that
-                # returns <= limit rows returned them all, and sorting them here is cheaper
-                # than DuckDB's top-N. Continuation pages go straight to the ordered query.
-                cols = self._read(
-                    f"SELECT ts, value, state, seq FROM points WHERE {where} LIMIT ?",
-                    [*params, limit + 1],
-                )
-                if len(cols["ts"]) > limit:
-                    cols = None
-                else:
-                    cols = sorted_by_ts_seq(cols)
-            if cols is None:
-                cols = self._read(
-                    f"SELECT ts, value, state, seq FROM points WHERE {where} "
-                    "ORDER BY ts, seq LIMIT ?",
-                    [*params, limit + 1],
-                )
-        ts = np.asarray(cols["ts"], dtype=np.int64)
-        value = np.asarray(cols["value"], dtype=np.float64)
-        state = np.asarray(cols["state"], dtype=np.int32)
-        seq = np.asarray(cols["seq"], dtype=np.int64)
+            ts, value, state, seq = self._first_rows(run_key, node_key, lo, hi, cursor, limit + 1)
         done = ts.shape[0] <= limit
         if not done:
             ts, value, state, seq = ts[:limit], value[:limit], state[:limit], seq[:limit]
         next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
         return Page(ts, value, state, seq, next_cursor, done)
 
-    def prefetch(self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int) -> None:
+    def _first_rows(
+        self, run_key: int, node_key: int, lo: int, hi: int, cursor: Cursor | None, want: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The first ``want`` points after ``cursor`` with ``lo <= ts <= hi``, in (ts, seq) order.
+
+        Windows ``[w_lo, w_hi]`` of ts follow each other without overlap, so every point of a
+        timestamp is in one window and sorted windows concatenate in order. A window holding
+        more than ``cap`` points is read again narrower (its rows only told how dense the
+        series is); one holding fewer than needed is kept and the next one is wider. The
+        first window of a series is the whole range: most series fit, in one query.
+        """
+        cap = max(want, _WINDOW_ROWS)
+        series = (run_key, node_key)
+        span = self._spans.get(series)  # None: the whole range
+        parts: list[dict[str, np.ndarray]] = []
+        total = 0
+        w_lo = lo
+        while True:
+            w_hi = hi if span is None else min(hi, w_lo + span)
+            after = cursor if w_lo == lo else None
+            # No LIMIT when the whole run has no more points than that (it costs ~15 % per query).
+            bounded = self._run_points.get(run_key, cap + 1) <= cap
+            cols = self._window(run_key, node_key, w_lo, w_hi, after, None if bounded else cap + 1)
+            n = int(cols["ts"].shape[0])
+            if n > cap:
+                if w_hi > w_lo:
+                    if span is None:  # aim for about `want` points, from where these rows reach
+                        reach = int(cols["ts"].max()) - w_lo + 1
+                        span = max(0, reach * want // (2 * n))
+                    else:
+                        span = (w_hi - w_lo) // 8
+                    continue
+                # More than cap points share one timestamp: order just those, by seq.
+                cols = self._read(
+                    f"SELECT ts, value, state, seq FROM points WHERE {_SERIES} AND ts = ?"
+                    + (" AND (ts > ? OR seq > ?)" if after is not None else "") + " ORDER BY seq LIMIT ?",
+                    [run_key, node_key, w_lo]
+                    + ([clamp_i64(after.ts), clamp_i64(after.seq)] if after is not None else [])
+                    + [want - total],
+                )
+                n = int(cols["ts"].shape[0])
+            else:
+                cols = sorted_by_ts_seq(cols)
+            parts.append(cols)
+            total += n
+            if total >= want or w_hi >= hi:
+                break
+            w_lo = w_hi + 1
+            if span is not None:
+                span = max(1, span) * min(64, max(2, (want - total) // max(n, 1)))
+        if span is not None:
+            self._spans[series] = span
+        if len(parts) == 1:
+            out = parts[0]
+        else:
+            out = {k: np.concatenate([p[k] for p in parts]) for k in ("ts", "value", "state", "seq")}
+        return (
+            np.asarray(out["ts"][:want], dtype=np.int64),
+            np.asarray(out["value"][:want], dtype=np.float64),
+            np.asarray(out["state"][:want], dtype=np.int32),
+            np.asarray(out["seq"][:want], dtype=np.int64),
+        )
+
+    def _window(
+        self, run_key: int, node_key: int, w_lo: int, w_hi: int, after: Cursor | None, limit: int | None
+    ) -> dict[str, np.ndarray]:
+        """Up to ``limit`` (None: all) points with ``w_lo <= ts <= w_hi`` (and after ``after``), unordered."""
+        where = f"{_SERIES} AND ts BETWEEN ? AND ?"
+        params: list[Any] = [run_key, node_key, w_lo, w_hi]
+        if after is not None:
+            # Within ts >= after.ts: (ts, seq) > after  <=>  ts > after.ts OR seq > after.seq.
+            where += " AND (ts > ? OR seq > ?)"
+            params += [clamp_i64(after.ts), clamp_i64(after.seq)]
+        if limit is None:
+            return self._read(f"SELECT ts, value, state, seq FROM points WHERE {where}", params)
+        return self._read(f"SELECT ts, value, state, seq FROM points WHERE {where} LIMIT ?", [*params, limit])
+
+    def prefetch(self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int) -> bool:
         """Read the points of ``node_ids`` in ``run_id`` within ``[from_ms, to_ms]`` in one query
         and serve the next :meth:`query_page` calls for exactly those series from memory.
 
-        Not part of the port: an optional hint the pipeline gives before it reads a run node by
-        node (one scan of the run's row groups instead of one per node). Pages served from
-        memory are what the SQL path returns (same rows, order, limits and cursors). A
-        series is dropped once its last page has been served; a new prefetch replaces the old
-        one. Memory: one run's points of these nodes, which the caller holds anyway.
+        Not part of the port: an optional hint the pipeline may give before it reads a time
+        slice of a run node by node (one query instead of one per node; about twice the points/s
+        on the benchmark workload). Pages served from memory are what the SQL path returns
+        (same rows, order, limits and cursors). A series is dropped once its last page has been
+        served; a new prefetch replaces the old one.
+
+        Bounded: a slice of more than :meth:`prefetch_limit` points (1/:data:`PREFETCH_MEMORY_SHARE`
+        of ``AML_MEMORY_MB``) is not kept, and the pages come from SQL as without the hint. Returns
+        whether the slice is served from memory; ask for a run's time chunk, not a whole run.
         """
         with self._lock:
             self._c  # noqa: B018 - raises if this handle is closed
@@ -507,14 +817,17 @@ class DuckDBTsdb:
                     continue  # query_page reports it when that node is asked for
             lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
             if not keys or lo > hi:
-                return
+                return False
+            max_points = self.prefetch_limit()
             node_list = ", ".join(str(int(k)) for k in keys)  # integers from our own catalog
             cols = self._read(
                 "SELECT node_key, ts, value, state, seq FROM points "
-                f"WHERE run_key = ? AND node_key IN ({node_list}) AND ts BETWEEN ? AND ?",
-                [run_key, lo, hi],
+                f"WHERE run_key = ? AND node_key IN ({node_list}) AND ts BETWEEN ? AND ? LIMIT ?",
+                [run_key, lo, hi, max_points + 1],
             )
         nk = np.asarray(cols["node_key"], dtype=np.int64)
+        if nk.shape[0] > max_points:
+            return False
         ts = np.asarray(cols["ts"], dtype=np.int64)
         value = np.asarray(cols["value"], dtype=np.float64)
         state = np.asarray(cols["state"], dtype=np.int32)
@@ -529,6 +842,12 @@ class DuckDBTsdb:
             for k, node_id in keys.items():
                 a, b = np.searchsorted(nk, k, "left"), np.searchsorted(nk, k, "right")
                 self._prefetched[(node_id, run_id, from_ms, to_ms)] = (ts[a:b], value[a:b], state[a:b], seq[a:b])
+        return True
+
+    @staticmethod
+    def prefetch_limit() -> int:
+        """The most points one :meth:`prefetch` keeps, from the memory budget."""
+        return memory_budget_mb() * 2**20 // PREFETCH_MEMORY_SHARE // _PREFETCH_BYTES_PER_POINT
 
     def _prefetched_page(self, key: tuple[str, str, int, int], cursor: Cursor | None, limit: int) -> Page:
         ts, value, state, seq = self._prefetched[key]
@@ -552,6 +871,7 @@ class DuckDBTsdb:
         runs: Sequence[Run] = (),
         nodes: Sequence[Node] = (),
         points: PointColumns | None = None,
+        replace_runs: bool = False,
     ) -> int:
         if self.read_only:
             raise TsdbError(f"{self.url} is open read-only; open it with read_only=False to ingest")
@@ -561,99 +881,163 @@ class DuckDBTsdb:
         prepared = prepare_points(points) if points is not None and len(points) else None
         with _ingest_lock(self.path), self._lock:
             con = self._c
-            con.execute("BEGIN TRANSACTION")
             try:
-                if nodes_tab is not None:
-                    self._upsert_nodes(con, nodes_tab)
-                if runs_tab is not None:
-                    self._upsert_runs(con, runs_tab)
-                written = 0
-                if prepared is not None:
-                    written = self._append_points(con, prepared)
-                con.execute("COMMIT")
+                with _transaction(con):
+                    outcome = write_ingest(
+                        _Statements(con), runs, runs_tab, nodes_tab, prepared, replace_runs=bool(replace_runs)
+                    )
             except BaseException as e:
-                try:
-                    con.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
                 # Keys assigned inside the rolled-back transaction must not stay cached.
                 self._run_keys.clear()
                 self._node_keys.clear()
                 if isinstance(e, duckdb.Error):
-                    raise IngestError(f"{self.url}: ingest failed, nothing written ({_one_line(e)})") from e
+                    n = prepared.n if prepared is not None else 0
+                    what = f"ingest of {n:,} points and {len(runs)} runs failed, nothing written"
+                    full = disk_full(e, f"{_path_in(e) or self.path}: {what}")
+                    if full is not None:
+                        raise full from None
+                    raise IngestError(f"{self.url}: {what} ({_one_line(e)})") from e
                 raise
-        return written
+        return outcome.written
 
-    @staticmethod
-    def _upsert_nodes(con: duckdb.DuckDBPyConnection, tab: pa.Table) -> None:
-        con.register("_aml_nodes", tab)
-        try:
-            con.execute(
-                """INSERT INTO nodes (node_id, node_key, unit, range_lo, range_hi)
-                SELECT s.node_id,
-                       (SELECT coalesce(max(node_key), 0) FROM nodes) + row_number() OVER (ORDER BY s.ord),
-                       s.unit, s.range_lo, s.range_hi
-                FROM _aml_nodes s
-                ON CONFLICT (node_id) DO UPDATE SET
-                    unit = excluded.unit, range_lo = excluded.range_lo, range_hi = excluded.range_hi"""
-            )
-        finally:
-            con.unregister("_aml_nodes")
 
-    @staticmethod
-    def _upsert_runs(con: duckdb.DuckDBPyConnection, tab: pa.Table) -> None:
-        con.register("_aml_runs", tab)
-        try:
-            con.execute(
-                """INSERT INTO runs (run_id, run_key, line_id, product_id, recipe_id, recipe_version,
-                    recipe_content_hash, started_at, ended_at, evidence_source, context_confirmed)
-                SELECT s.run_id,
-                       (SELECT coalesce(max(run_key), 0) FROM runs) + row_number() OVER (ORDER BY s.ord),
-                       s.line_id, s.product_id, s.recipe_id, s.recipe_version, s.recipe_content_hash,
-                       s.started_at, s.ended_at, s.evidence_source, s.context_confirmed
-                FROM _aml_runs s
-                ON CONFLICT (run_id) DO UPDATE SET
-                    line_id = excluded.line_id, product_id = excluded.product_id,
-                    recipe_id = excluded.recipe_id, recipe_version = excluded.recipe_version,
-                    recipe_content_hash = excluded.recipe_content_hash,
-                    started_at = excluded.started_at, ended_at = excluded.ended_at,
-                    evidence_source = excluded.evidence_source,
-                    context_confirmed = excluded.context_confirmed"""
-            )
-        finally:
-            con.unregister("_aml_runs")
+class _Statements:
+    """:class:`~aml_pipeline.tsdb.writer.IngestStatements` over a DuckDB connection."""
 
-    def _append_points(self, con: duckdb.DuckDBPyConnection, p: PreparedPoints) -> int:
-        run_map = _key_map(con, "runs", "run_id", "run_key", p.run_uniques)
-        node_map = _key_map(con, "nodes", "node_id", "node_key", p.node_uniques)
-        run_keys = codes_to_keys(p, p.run_codes, p.run_uniques, run_map, "run")
-        node_keys = codes_to_keys(p, p.node_codes, p.node_uniques, node_map, "node")
-        base = int(con.execute("SELECT coalesce(max(seq), -1) + 1 FROM points").fetchall()[0][0])
-        n = p.n
-        tab = pa.table(
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def _with(self, name: str, table: pa.Table, sql: str) -> dict[str, np.ndarray]:
+        """Run ``sql`` with ``table`` registered as ``name``; its result as numpy columns."""
+        with _registered(self.con, name, table):
+            return self.con.execute(sql).fetchnumpy()
+
+    def stored_runs(self, run_ids: list[str]) -> dict[str, StoredRun]:
+        if not run_ids:
+            return {}
+        with _registered(self.con, "_aml_ids", pa.table({"id": pa.array(run_ids, type=pa.string())})):
+            rows = self.con.execute(
+                f"SELECT r.run_key, {', '.join('r.' + c.strip() for c in _RUN_COLUMNS.split(','))}, "
+                "coalesce(s.data_version, ''), coalesce(s.point_count, 0) "
+                "FROM runs r JOIN _aml_ids w ON r.run_id = w.id LEFT JOIN run_state s USING (run_key)"
+            ).fetchall()
+        return {r[1]: StoredRun(int(r[0]), run_from_row(r[1:11]), r[11], int(r[12])) for r in rows}
+
+    def upsert_nodes(self, nodes: pa.Table) -> None:
+        self._with(
+            "_aml_nodes",
+            nodes,
+            """INSERT INTO nodes (node_id, node_key, unit, range_lo, range_hi)
+            SELECT s.node_id,
+                   (SELECT coalesce(max(node_key), 0) FROM nodes) + row_number() OVER (ORDER BY s.ord),
+                   s.unit, s.range_lo, s.range_hi
+            FROM _aml_nodes s
+            ON CONFLICT (node_id) DO UPDATE SET
+                unit = excluded.unit, range_lo = excluded.range_lo, range_hi = excluded.range_hi""",
+        )
+
+    def upsert_runs(self, runs: pa.Table) -> None:
+        self._with(
+            "_aml_runs",
+            runs,
+            """INSERT INTO runs (run_id, run_key, line_id, product_id, recipe_id, recipe_version,
+                recipe_content_hash, started_at, ended_at, evidence_source, context_confirmed)
+            SELECT s.run_id,
+                   (SELECT coalesce(max(run_key), 0) FROM runs) + row_number() OVER (ORDER BY s.ord),
+                   s.line_id, s.product_id, s.recipe_id, s.recipe_version, s.recipe_content_hash,
+                   s.started_at, s.ended_at, s.evidence_source, s.context_confirmed
+            FROM _aml_runs s
+            ON CONFLICT (run_id) DO UPDATE SET
+                line_id = excluded.line_id, product_id = excluded.product_id,
+                recipe_id = excluded.recipe_id, recipe_version = excluded.recipe_version,
+                recipe_content_hash = excluded.recipe_content_hash,
+                started_at = excluded.started_at, ended_at = excluded.ended_at,
+                evidence_source = excluded.evidence_source,
+                context_confirmed = excluded.context_confirmed""",
+        )
+
+    def key_maps(self, run_ids: list[str], node_ids: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+        return (
+            _key_map(self.con, "runs", "run_id", "run_key", run_ids),
+            _key_map(self.con, "nodes", "node_id", "node_key", node_ids),
+        )
+
+    def stored_point_rows(self, candidates: pa.Table, run_keys: list[int]) -> np.ndarray:
+        keys = ", ".join(str(int(k)) for k in run_keys)  # integers from our own catalog
+        cols = self._with(
+            "_aml_candidates",
+            candidates,
+            f"""SELECT c.idx FROM _aml_candidates c SEMI JOIN
+                (SELECT run_key, node_key, ts, value, state, (value = 0 AND signbit(value)) AS neg_zero
+                 FROM points WHERE run_key IN ({keys})) p
+            ON p.run_key = c.run_key AND p.node_key = c.node_key AND p.ts = c.ts
+               AND p.state = c.state AND p.value = c.value AND p.neg_zero = c.neg_zero""",
+        )
+        return np.asarray(cols["idx"], dtype=np.int64)
+
+    def delete_points(self, run_keys: list[int]) -> None:
+        if run_keys:
+            keys = ", ".join(str(int(k)) for k in run_keys)  # integers from our own catalog
+            self.con.execute(f"DELETE FROM points WHERE run_key IN ({keys})")
+
+    def next_seq(self) -> int:
+        return int(self.con.execute("SELECT coalesce(max(seq), -1) + 1 FROM points").fetchall()[0][0])
+
+    def append_points(self, rows: PointRows) -> None:
+        table = pa.table(
             {
-                "run_key": pa.array(run_keys, type=pa.int32()),
-                "node_key": pa.array(node_keys, type=pa.int32()),
-                "ts": pa.array(p.ts, type=pa.int64()),
-                "value": pa.array(p.value, type=pa.float64()),
-                "state": pa.array(p.state, type=pa.int32()),
-                "seq": pa.array(np.arange(base, base + n, dtype=np.int64), type=pa.int64()),
+                "run_key": pa.array(rows.run_key, type=pa.int32()),
+                "node_key": pa.array(rows.node_key, type=pa.int32()),
+                "ts": pa.array(rows.ts, type=pa.int64()),
+                "value": pa.array(rows.value, type=pa.float64()),
+                "state": pa.array(rows.state, type=pa.int32()),
+                "seq": pa.array(rows.seq, type=pa.int64()),
             }
         )
-        con.register("_aml_points", tab)
-        try:
-            con.execute(
-                "INSERT INTO points SELECT run_key, node_key, ts, value, state, seq "
-                "FROM _aml_points ORDER BY run_key, node_key, ts, seq"
-            )
-        finally:
-            con.unregister("_aml_points")
-        self._run_keys.update(run_map)
-        self._node_keys.update(node_map)
-        return n
+        self._with(
+            "_aml_points",
+            table,
+            "INSERT INTO points SELECT run_key, node_key, ts, value, state, seq "
+            "FROM _aml_points ORDER BY run_key, node_key, ts, seq",
+        )
+
+    def save_run_states(self, states: list[RunState]) -> None:
+        table = pa.table(
+            {
+                "run_key": pa.array([s.key for s in states], type=pa.int32()),
+                "data_version": pa.array([s.version for s in states], type=pa.string()),
+                "point_count": pa.array([s.points for s in states], type=pa.int64()),
+            }
+        )
+        self._with(
+            "_aml_states",
+            table,
+            """INSERT INTO run_state SELECT run_key, data_version, point_count FROM _aml_states
+            ON CONFLICT (run_key) DO UPDATE SET
+                data_version = excluded.data_version, point_count = excluded.point_count""",
+        )
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+
+class _transaction:
+    """BEGIN ... COMMIT, ROLLBACK on any error (the error itself propagates)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def __enter__(self) -> None:
+        self.con.execute("BEGIN TRANSACTION")
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.con.execute("COMMIT")  # a failing COMMIT has already ended the transaction
+            return
+        try:
+            self.con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # e.g. a failed COMMIT: nothing is left to roll back
 
 
 def _key_map(
@@ -662,14 +1046,26 @@ def _key_map(
     if not ids:
         return {}
     wanted = pa.table({"id": pa.array([str(i) for i in ids], type=pa.string())})
-    con.register("_aml_ids", wanted)
-    try:
+    with _registered(con, "_aml_ids", wanted):
         rows = con.execute(
             f"SELECT t.{id_col}, t.{key_col} FROM {table} t JOIN _aml_ids w ON t.{id_col} = w.id"
         ).fetchall()
-    finally:
-        con.unregister("_aml_ids")
     return {r[0]: int(r[1]) for r in rows}
+
+
+@contextmanager
+def _registered(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> Iterator[None]:
+    """``table`` visible to SQL as ``name`` for the block. After a failed statement the
+    transaction is aborted and unregistering fails too: the statement's error is the one to
+    report, so that second error is dropped."""
+    con.register(name, table)
+    try:
+        yield
+    except BaseException:
+        with suppress(duckdb.Error):
+            con.unregister(name)
+        raise
+    con.unregister(name)
 
 
 def _one_line(e: BaseException) -> str:
@@ -677,8 +1073,15 @@ def _one_line(e: BaseException) -> str:
 
 
 _HOLDER_RE = re.compile(r"Conflicting lock is held in (.+?) \(PID (\d+)\)")
+_FILE_RE = re.compile(r'file "([^"]+)"')
 
 
 def _lock_holder(text: str) -> str:
     m = _HOLDER_RE.search(text)
     return f"; held by PID {m.group(2)} ({m.group(1)})" if m else ""
+
+
+def _path_in(e: BaseException) -> str | None:
+    """The file DuckDB names in an I/O error (the database, its WAL or a temporary file)."""
+    m = _FILE_RE.search(str(e))
+    return m.group(1) if m else None

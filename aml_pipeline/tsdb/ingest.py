@@ -30,6 +30,13 @@ Errors
     counting the header as line 1 and assuming no blank lines; ``row N``, 1-based, for
     Parquet), the column and the problem. :func:`ingest_files` parses and validates every file
     before one ``tsdb.ingest`` call, which is all-or-nothing: nothing is ever half-ingested.
+    :func:`ingest_into` (the CLI's ``ingest``) also removes an embedded TSDB file that it created
+    for an ingest that then failed.
+
+Re-ingesting
+    Points already stored (same run, node, ts, value and state) are skipped and counted
+    (``skipped``), so ingesting a file twice stores it once; ``replace_runs`` instead replaces
+    all stored points of every run the points files name (see :mod:`aml_pipeline.tsdb.writer`).
 
 Validation is vectorised (pyarrow compute, pandas, numpy); Python only loops over the distinct
 ids of a column and, after a vectorised check failed, over one chunk to find the first bad row.
@@ -55,7 +62,7 @@ import pyarrow.parquet as pq
 
 from aml_pipeline.errors import IngestError
 from aml_pipeline.ids import EXTERNAL_ID_RE
-from aml_pipeline.tsdb.port import EVIDENCE_SOURCES, Node, PointColumns, Run, TsdbPort
+from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, EVIDENCE_SOURCES, Node, PointColumns, Run, TsdbPort
 
 PathLike = str | os.PathLike[str]
 Progress = Callable[[int, int], None]
@@ -520,14 +527,17 @@ def ingest_files(
     runs: PathLike | Sequence[PathLike] | None = None,
     nodes: PathLike | Sequence[PathLike] | None = None,
     progress: Progress | None = None,
+    replace_runs: bool = False,
 ) -> dict[str, int]:
     """Read, validate and ingest files in one all-or-nothing ``tsdb.ingest`` call.
 
     Each of ``points``/``runs``/``nodes`` is a path or a list of paths (points files keep their
     order: seq follows it). Points must reference runs and nodes that are in these files or
     already in the database; the error names the points file, row and id otherwise.
-    ``progress(n_done, n_total)`` is called after each file and after the database write
-    (``n_total`` = number of files + 1). Returns ``{"runs", "nodes", "points"}`` counts.
+    ``replace_runs``: the stored points of every run named in the points files are replaced by
+    the files' points (same transaction). ``progress(n_done, n_total)`` is called after each
+    file and after the database write (``n_total`` = number of files + 1). Returns counts:
+    ``runs`` and ``nodes`` read, ``points`` written, ``skipped`` (points already stored).
     """
     point_paths, run_paths, node_paths = _paths(points), _paths(runs), _paths(nodes)
     total = len(point_paths) + len(run_paths) + len(node_paths) + 1
@@ -582,9 +592,37 @@ def ingest_files(
             chunks.append(cols)
             tick()
     merged = _concat(chunks) if chunks else None
-    written = tsdb.ingest(runs=all_runs, nodes=all_nodes, points=merged)
+    written = tsdb.ingest(runs=all_runs, nodes=all_nodes, points=merged, replace_runs=replace_runs)
     tick()
-    return {"runs": len(all_runs), "nodes": len(all_nodes), "points": int(written)}
+    read = len(merged) if merged is not None else 0
+    return {"runs": len(all_runs), "nodes": len(all_nodes), "points": int(written), "skipped": read - int(written)}
+
+
+def ingest_into(
+    url: str,
+    *,
+    points: PathLike | Sequence[PathLike] | None = None,
+    runs: PathLike | Sequence[PathLike] | None = None,
+    nodes: PathLike | Sequence[PathLike] | None = None,
+    progress: Progress | None = None,
+    replace_runs: bool = False,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Open the TSDB at ``url`` for writing, :func:`ingest_files`, close; the counts and the
+    printable ``tsdb`` URL. An ingest that fails into an embedded TSDB file that did not exist
+    before leaves no file behind (the database, its WAL, its lock file)."""
+    from aml_pipeline.tsdb import open_tsdb
+
+    if not (points or runs or nodes):
+        raise IngestError("nothing to ingest: give a points, runs or nodes file")
+    db = open_tsdb(url, read_only=False, lock_timeout_s=lock_timeout_s)
+    try:
+        counts = ingest_files(db, points=points, runs=runs, nodes=nodes, progress=progress, replace_runs=replace_runs)
+    except BaseException:
+        getattr(db, "discard", db.close)()
+        raise
+    db.close()
+    return {"tsdb": db.url, **counts}
 
 
 def _concat(chunks: list[PointColumns]) -> PointColumns:

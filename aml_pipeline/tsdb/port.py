@@ -19,6 +19,8 @@ EvidenceSource = Literal["simulation", "real", "unassessed"]
 EVIDENCE_SOURCES: tuple[str, ...] = ("simulation", "real", "unassessed")
 
 DEFAULT_PAGE_LIMIT = 200_000
+# How long opening a TSDB waits for another process (e.g. an embedded file's writer), in seconds.
+DEFAULT_LOCK_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -153,15 +155,23 @@ class TsdbPort(Protocol):
         """Points of one node in one run with ``from_ms <= ts <= to_ms`` and ``(ts, seq) > cursor``,
         ordered by ``(ts, seq)``, at most ``limit`` of them."""
 
+    def run_versions(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """An opaque data version per run: it changes whenever the run's points change (appended,
+        replaced) or its record changes, and only then. Cheap (no scan of the points). Ids the
+        database does not hold are absent from the result."""
+
     def ingest(
         self,
         *,
         runs: Sequence[Run] = (),
         nodes: Sequence[Node] = (),
         points: PointColumns | None = None,
+        replace_runs: bool = False,
     ) -> int:
-        """Upsert runs and nodes, append points (seq in row order) in one transaction.
-        Returns the number of points written. Nothing is written if anything fails."""
+        """Upsert runs and nodes, append points (seq in row order) in one transaction; points
+        already stored (same run, node, ts, value, state) are skipped. ``replace_runs``: first
+        delete the stored points of every run that has points here. Returns the number of points
+        written. Nothing is written if anything fails."""
 
     def close(self) -> None: ...
 

@@ -14,8 +14,12 @@ Schema (version :data:`SCHEMA_VERSION`, recorded in ``<schema>.schema_version``)
     recipe_content_hash, started_at, ended_at, evidence_source, context_confirmed)``,
     ``nodes(node_key PK, node_id UNIQUE, unit, range_lo, range_hi)``,
     ``points(ts, seq, value, run_key, node_key, state)`` with primary key
-    ``(run_key, node_key, ts, seq)``, ``ingest_state(next_seq, max_ts)`` (one row) and the
-    view ``points_by_id(run_id, node_id, ts, value, state, seq)`` for people querying by id.
+    ``(run_key, node_key, ts, seq)``, ``ingest_state(next_seq, max_ts)`` (one row),
+    ``run_state(run_key PK, data_version, point_count)`` (version 2: each run's data version,
+    :mod:`aml_pipeline.tsdb.versions`) and the view
+    ``points_by_id(run_id, node_id, ts, value, state, seq)`` for people querying by id. A
+    version-1 schema is migrated in place, in one transaction, by the first read-write open;
+    read-only handles read it as it is.
 
     Points carry integer surrogate keys (assigned once, on first insert, never changed) like
     the embedded adapter: 8 bytes per row instead of two id strings, and a narrow index. The
@@ -28,12 +32,16 @@ Schema (version :data:`SCHEMA_VERSION`, recorded in ``<schema>.schema_version``)
     ``(run_key, node_key, ts, seq)``, so a series occupies few, contiguous heap pages.
 
 Ingest
-    One transaction: lock the ``ingest_state`` row (concurrent ingests queue there, so their
-    ``seq`` ranges never interleave), upsert nodes and runs, resolve keys, ``COPY ... FROM
-    STDIN (FORMAT BINARY)`` the points (the COPY buffer is built with numpy), advance
-    ``next_seq`` and ``max_ts``, commit. Anything failing rolls everything back. ``seq`` is
-    ``next_seq + row index`` in the order given (file row order), starting at 0 like the
-    embedded adapter, so the same ingests give the same ``seq`` in both.
+    One transaction (:func:`aml_pipeline.tsdb.writer.write_ingest` decides what it writes): lock
+    the ``ingest_state`` row (concurrent ingests queue there, at most ``lock_timeout_s``, so
+    their ``seq`` ranges never interleave), upsert nodes and changed runs, resolve keys, find
+    the points already stored (the candidates are COPYed into a temporary table and
+    semi-joined with ``points``; only runs that have points are checked), ``COPY ... FROM
+    STDIN (FORMAT BINARY)`` the new points (the COPY buffer is built with numpy), advance
+    ``next_seq`` and ``max_ts``, store the runs' new data versions, commit. Anything failing
+    rolls everything back; a server out of disk space is ``DISK_FULL``. ``seq`` is
+    ``next_seq + row index`` in the order given (file row order) over the points written,
+    starting at 0 like the embedded adapter, so the same ingests give the same ``seq`` in both.
 
 Reads
     A page is ``SELECT ... WHERE run_key = ? AND node_key = ? AND ts BETWEEN ? AND ?
@@ -45,12 +53,15 @@ Reads
     STDOUT`` of the same rows, the reference the benchmark reports the page path against.
 
     ``availability_watermark`` is ``ingest_state.max_ts``, maintained by every ingest in its
-    transaction (O(1) instead of a scan of all points). Points must therefore be written
-    through this adapter, which they must be anyway: it assigns ``seq``.
+    transaction (O(1) instead of a scan of all points; it never decreases, also when
+    ``replace_runs`` removed the latest points). Points must therefore be written through this
+    adapter, which they must be anyway: it assigns ``seq``.
 
 Connections
     One connection per instance (autocommit; ingest opens an explicit transaction), used
-    under a lock, reconnected once if the server dropped it. ``close()`` or ``with``.
+    under a lock, reconnected once if the server dropped it. ``close()`` or ``with``. A
+    :class:`~aml_pipeline.tsdb.session.TsdbSession` keeps its one connection for its whole
+    life: MVCC readers never block an ingest, so there is nothing to release between chunks.
 """
 
 from __future__ import annotations
@@ -66,17 +77,24 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 
 import numpy as np
 import psycopg
+import pyarrow as pa
 from psycopg import pq, sql
 from psycopg.types.numeric import Int4, Int8
 
-from aml_pipeline.errors import IngestError, TsdbError, UnknownNodeError, UnknownRunError
+from aml_pipeline.errors import (
+    IngestError,
+    TsdbBusyError,
+    TsdbError,
+    UnknownNodeError,
+    UnknownRunError,
+    disk_full,
+)
 
 # Validation and the error messages are shared with the embedded adapter on purpose: both
 # adapters must refuse the same inputs with the same words.
 from aml_pipeline.tsdb.columns import (
-    PreparedPoints,
+    check_schema_version,
     clamp_i64,
-    codes_to_keys,
     empty_page,
     nodes_table,
     opt_float,
@@ -84,9 +102,20 @@ from aml_pipeline.tsdb.columns import (
     run_from_row,
     runs_table,
 )
-from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT, Cursor, Node, Page, PointColumns, Run, RunScope
+from aml_pipeline.tsdb.port import (
+    DEFAULT_LOCK_TIMEOUT_S,
+    DEFAULT_PAGE_LIMIT,
+    Cursor,
+    Node,
+    Page,
+    PointColumns,
+    Run,
+    RunScope,
+)
+from aml_pipeline.tsdb.versions import migrated_version
+from aml_pipeline.tsdb.writer import PointRows, RunState, StoredRun, write_ingest
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_SCHEMA = "aml"
 URL_SCHEMES = ("postgresql", "postgres")
 
@@ -98,21 +127,18 @@ _MAX_ROWS_PER_QUERY = 4_000_000
 _COPY_CHUNK_ROWS = 262_144
 _PGCOPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
 _PGCOPY_TRAILER = b"\xff\xff"
-# One binary COPY row of points (ts, seq, value, run_key, node_key, state): field count, then
-# length + big-endian value per field.
-_COPY_ROW = np.dtype(
-    [
-        ("n", ">i2"),
-        ("l_ts", ">i4"), ("ts", ">i8"),
-        ("l_seq", ">i4"), ("seq", ">i8"),
-        ("l_value", ">i4"), ("value", ">f8"),
-        ("l_run", ">i4"), ("run_key", ">i4"),
-        ("l_node", ">i4"), ("node_key", ">i4"),
-        ("l_state", ">i4"), ("state", ">i4"),
-    ]
+# The binary COPY row of points and of the candidates of the stored-points check: the PostgreSQL
+# type of each column, as big-endian numpy dtypes (see _pgcopy_rows).
+_POINT_FIELDS = (("ts", ">i8"), ("seq", ">i8"), ("value", ">f8"), ("run_key", ">i4"), ("node_key", ">i4"), ("state", ">i4"))
+_CANDIDATE_FIELDS = (
+    ("idx", ">i8"), ("run_key", ">i4"), ("node_key", ">i4"), ("ts", ">i8"),
+    ("value", ">f8"), ("state", ">i4"), ("neg_zero", "?"),
 )  # fmt: skip
+_NEG_ZERO = b"\x80" + b"\x00" * 7  # float8send(-0.0)
 
-_DDL = (
+# Version 1 as it was: a fresh schema is created at version 1 and migrated, the path every
+# version-1 schema takes.
+_DDL_V1 = (
     """CREATE TABLE {s}.schema_version (
         version integer NOT NULL,
         applied_at_ms bigint NOT NULL
@@ -159,7 +185,14 @@ _DDL = (
         SELECT r.run_id, n.node_id, p.ts, p.value, p.state, p.seq
         FROM {s}.points p JOIN {s}.runs r USING (run_key) JOIN {s}.nodes n USING (node_key)""",
 )
-_OWN_TABLES = ("schema_version", "ingest_state", "runs", "nodes", "points", "points_by_id")
+_DDL_V2 = (
+    """CREATE TABLE {s}.run_state (
+        run_key integer PRIMARY KEY,
+        data_version text NOT NULL,
+        point_count bigint NOT NULL
+    )""",
+)
+_OWN_TABLES = ("schema_version", "ingest_state", "runs", "nodes", "points", "points_by_id", "run_state")
 
 _RUN_COLUMNS = (
     "run_id, line_id, product_id, recipe_id, recipe_version, recipe_content_hash, "
@@ -263,9 +296,10 @@ def parse_postgres_url(url: str) -> _ParsedUrl:
         else:
             redacted_query.append((key, value))
     secrets = [s for s in dict.fromkeys(secrets) if s]
-    redacted = urlunsplit((parts.scheme, redacted_netloc, parts.path, urlencode(redacted_query), ""))
+    # quote, not quote_plus: libpq decodes %20 but takes "+" literally (options=-c%20x%3Dy).
+    redacted = urlunsplit((parts.scheme, redacted_netloc, parts.path, urlencode(redacted_query, quote_via=quote), ""))
     check_schema_name(schema, redacted)
-    conninfo = urlunsplit((parts.scheme, netloc, parts.path, urlencode(passthrough), ""))
+    conninfo = urlunsplit((parts.scheme, netloc, parts.path, urlencode(passthrough, quote_via=quote), ""))
     return _ParsedUrl(conninfo, schema, redacted, secrets)
 
 
@@ -311,12 +345,18 @@ class PostgresTsdb:
     """:class:`~aml_pipeline.tsdb.port.TsdbPort` over a PostgreSQL schema.
 
     ``read_only=False`` (the default, and what :func:`~aml_pipeline.tsdb.open_tsdb` gives)
-    creates the schema and its tables if they are missing; ``read_only=True`` requires them,
-    sets the session read-only and refuses :meth:`ingest`.
+    creates the schema and its tables if they are missing (or migrates a version-1 schema);
+    ``read_only=True`` requires them, sets the session read-only and refuses :meth:`ingest`.
+    ``lock_timeout_s`` bounds how long an ingest waits for another one to commit.
     """
 
     def __init__(
-        self, url: str, read_only: bool = False, *, connect_timeout_s: float = 10.0
+        self,
+        url: str,
+        read_only: bool = False,
+        *,
+        connect_timeout_s: float = 10.0,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
     ) -> None:
         parsed = parse_postgres_url(url)
         self._parsed = parsed
@@ -324,6 +364,8 @@ class PostgresTsdb:
         self.schema = parsed.schema
         self.read_only = bool(read_only)
         self.connect_timeout_s = float(connect_timeout_s)
+        self.lock_timeout_s = float(lock_timeout_s)
+        self.schema_version = SCHEMA_VERSION
         self._lock = threading.RLock()
         self._run_keys: dict[str, int] = {}
         self._node_keys: dict[str, int] = {}
@@ -403,40 +445,86 @@ class PostgresTsdb:
                 f"COPY {s}.points (ts, seq, value, run_key, node_key, state) "
                 "FROM STDIN (FORMAT BINARY)"
             ),
+            stored_runs=(
+                f"SELECT r.run_key, {', '.join('r.' + c.strip() for c in _RUN_COLUMNS.split(','))}, "
+                f"coalesce(s.data_version, ''), coalesce(s.point_count, 0) FROM {s}.runs r "
+                f"LEFT JOIN {s}.run_state s USING (run_key) WHERE r.run_id = ANY(%s::text[])"
+            ),
+            run_versions=(
+                f"SELECT r.run_id, s.data_version FROM {s}.runs r JOIN {s}.run_state s "
+                "USING (run_key) WHERE r.run_id = ANY(%s::text[])"
+            ),
+            # Each run's point count and seq range: what a version-1 schema can say about it.
+            v1_runs=(
+                f"SELECT r.run_key, {', '.join('r.' + c.strip() for c in _RUN_COLUMNS.split(','))}, "
+                f"coalesce(c.n, 0), c.lo, c.hi FROM {s}.runs r LEFT JOIN ("
+                f"SELECT p.run_key, count(*) AS n, min(p.seq) AS lo, max(p.seq) AS hi FROM {s}.points p "
+                f"WHERE p.run_key IN (SELECT run_key FROM {s}.runs WHERE %(all)s OR run_id = ANY(%(ids)s::text[])) "
+                "GROUP BY p.run_key) c USING (run_key) "
+                "WHERE %(all)s OR r.run_id = ANY(%(ids)s::text[])"
+            ),
+            save_states=(
+                f"INSERT INTO {s}.run_state (run_key, data_version, point_count) "
+                "SELECT * FROM unnest(%s::int4[], %s::text[], %s::int8[]) "
+                "ON CONFLICT (run_key) DO UPDATE SET data_version = excluded.data_version, "
+                "point_count = excluded.point_count"
+            ),
+            delete_points=f"DELETE FROM {s}.points WHERE run_key = ANY(%s::int4[])",
+            # ON COMMIT DROP: the table lives as long as the ingest transaction.
+            candidates_table=(
+                "CREATE TEMPORARY TABLE IF NOT EXISTS aml_candidates (idx int8, run_key int4, "
+                "node_key int4, ts int8, value float8, state int4, neg_zero bool) ON COMMIT DROP"
+            ),
+            copy_candidates=(
+                "COPY aml_candidates (idx, run_key, node_key, ts, value, state, neg_zero) "
+                "FROM STDIN (FORMAT BINARY)"
+            ),
+            # NaN = NaN and -0.0 = 0.0 for float8 '='; neg_zero tells the zeros apart. A plain
+            # join, not EXISTS: a candidate stored twice comes back twice, which costs nothing,
+            # while EXISTS made PostgreSQL de-duplicate all of points first.
+            stored_candidates=(
+                "SELECT count(*)::int8, string_agg(int8send(c.idx), '') FROM aml_candidates c "
+                f"JOIN {s}.points p ON p.run_key = c.run_key AND p.node_key = c.node_key "
+                "AND p.ts = c.ts AND p.state = c.state AND p.value = c.value "
+                "AND (float8send(p.value) = %s) = c.neg_zero "
+                # only the runs concerned: with a few late points the plan is index probes
+                "WHERE p.run_key = ANY(%s::int4[])"
+            ),
         )
 
     def _init_schema(self) -> None:
         conn = self._conn
         assert conn is not None
         version = self._schema_version(conn)
-        if version is None:
-            if self.read_only:
-                raise TsdbError(
-                    f"{self.url}: schema {self.schema!r} holds no TSDB yet; ingest data first "
-                    "(aml-pipeline ingest --tsdb ..., or aml-pipeline demo)",
-                    code="TSDB_EMPTY",
-                )
-            try:
-                with conn.transaction():
-                    # Two processes creating the same schema at once: the second waits here,
-                    # then finds the version the first one recorded.
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(self.schema)])
-                    version = self._schema_version(conn)
-                    if version is None:
-                        self._create_schema(conn)
-                        return
-            except psycopg.Error as e:
-                raise TsdbError(
-                    f"{self.url}: cannot create the TSDB schema {self.schema!r} ({self._scrub(e)})"
-                ) from None
-        if version != SCHEMA_VERSION:
-            newer = version > SCHEMA_VERSION
+        if version is None and self.read_only:
             raise TsdbError(
-                f"{self.url}: schema {self.schema!r} has TSDB schema version {version}, this "
-                f"aml_pipeline reads version {SCHEMA_VERSION}"
-                + ("; upgrade aml_pipeline" if newer else "; re-ingest into a new schema"),
-                code="TSDB_SCHEMA_VERSION",
+                f"{self.url}: schema {self.schema!r} holds no TSDB yet; ingest data first "
+                "(aml-pipeline ingest --tsdb ..., or aml-pipeline demo)",
+                code="TSDB_EMPTY",
             )
+        if version is not None:
+            check_schema_version(version, SCHEMA_VERSION, f"{self.url}: schema {self.schema!r}", "schema")
+            if version == SCHEMA_VERSION or self.read_only:
+                self.schema_version = version
+                return
+        try:
+            with conn.transaction():
+                # Two processes creating or migrating the same schema at once: the second waits
+                # here, then finds the version the first one recorded.
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(self.schema)])
+                version = self._schema_version(conn)
+                if version is None:
+                    self._create_schema(conn)
+                    version = 1
+                if version == 1:
+                    self._migrate_to_v2(conn)
+        except psycopg.Error as e:
+            full = disk_full(e, f"{self.url} (PostgreSQL server: {self._scrub(e)})")
+            if full is not None:
+                raise full from None
+            raise TsdbError(
+                f"{self.url}: cannot create or migrate the TSDB schema {self.schema!r} ({self._scrub(e)})"
+            ) from None
 
     def _schema_version(self, conn: psycopg.Connection) -> int | None:
         try:
@@ -455,6 +543,7 @@ class PostgresTsdb:
         return None if row is None or row[0] is None else int(row[0])
 
     def _create_schema(self, conn: psycopg.Connection) -> None:
+        """Version 1 of the schema (then migrated like any version-1 schema)."""
         exists = conn.execute(
             "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s", [self.schema]
         ).fetchone()
@@ -479,11 +568,25 @@ class PostgresTsdb:
             # Only when missing: CREATE SCHEMA needs CREATE on the database even with IF NOT
             # EXISTS, which a role given just a pre-made schema does not have.
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema)))
-        for ddl in _DDL:
+        for ddl in _DDL_V1:
             conn.execute(sql.SQL(ddl).format(s=sql.Identifier(self.schema)))
         conn.execute(
-            f"INSERT INTO {self._s}.schema_version (version, applied_at_ms) VALUES (%s, %s)",
-            [SCHEMA_VERSION, int(time.time() * 1000)],
+            f"INSERT INTO {self._s}.schema_version (version, applied_at_ms) VALUES (1, %s)",
+            [int(time.time() * 1000)],
+        )
+
+    def _migrate_to_v2(self, conn: psycopg.Connection) -> None:
+        """Version 1 -> 2: ``run_state`` with each run's first data version and point count (one
+        pass over the points, once)."""
+        for ddl in _DDL_V2:
+            conn.execute(sql.SQL(ddl).format(s=sql.Identifier(self.schema)))
+        rows = conn.execute(self._q["v1_runs"], {"all": True, "ids": []}).fetchall()
+        _Statements(self, conn, next_seq=0).save_run_states(
+            [RunState(int(r[0]), migrated_version(run_from_row(r[1:11]), int(r[11]), r[12], r[13]), int(r[11])) for r in rows]
+        )
+        conn.execute(
+            f"INSERT INTO {self._s}.schema_version (version, applied_at_ms) VALUES (2, %s)",
+            [int(time.time() * 1000)],
         )
 
     def close(self) -> None:
@@ -743,6 +846,19 @@ class PostgresTsdb:
             seconds = time.perf_counter() - start
         return rows, seconds
 
+    # ---- versions ------------------------------------------------------------------------------
+    def run_versions(self, run_ids: Sequence[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(str(r) for r in run_ids))
+        if not ids:
+            return {}
+        with self._lock, self._reading("reading run versions"):
+            conn = self._c
+            if self.schema_version >= 2:
+                return dict(conn.execute(self._q["run_versions"], [ids]).fetchall())
+            # Version 1 (read-only): what the migration will store.
+            rows = conn.execute(self._q["v1_runs"], {"all": False, "ids": ids}).fetchall()
+        return {r[1]: migrated_version(run_from_row(r[1:11]), int(r[11]), r[12], r[13]) for r in rows}
+
     # ---- ingest --------------------------------------------------------------------------------
     def ingest(
         self,
@@ -750,6 +866,7 @@ class PostgresTsdb:
         runs: Sequence[Run] = (),
         nodes: Sequence[Node] = (),
         points: PointColumns | None = None,
+        replace_runs: bool = False,
     ) -> int:
         if self.read_only:
             raise TsdbError(f"{self.url} is open read-only; open it with read_only=False to ingest")
@@ -757,81 +874,42 @@ class PostgresTsdb:
         runs_tab = runs_table(runs)
         nodes_tab = nodes_table(nodes)
         prepared = prepare_points(points) if points is not None and len(points) else None
+        n = prepared.n if prepared is not None else 0
+        what = f"ingest of {n:,} points and {len(runs)} runs failed, nothing written"
         with self._lock:
             conn = self._c
-            run_map: dict[str, int] = {}
-            node_map: dict[str, int] = {}
             try:
                 with conn.transaction():
+                    # Wait for another ingest's commit at most lock_timeout_s, then give up.
+                    conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        [f"{max(1, int(self.lock_timeout_s * 1000))}ms"],
+                    )
                     next_seq = int(conn.execute(self._q["lock_state"]).fetchone()[0])
-                    if nodes_tab is not None:
-                        conn.execute(
-                            self._q["upsert_nodes"],
-                            [nodes_tab.column(c).to_pylist() for c in ("node_id", "unit", "range_lo", "range_hi")],
-                        )
-                    if runs_tab is not None:
-                        conn.execute(
-                            self._q["upsert_runs"],
-                            [
-                                runs_tab.column(c).to_pylist()
-                                for c in (
-                                    "run_id", "line_id", "product_id", "recipe_id", "recipe_version",
-                                    "recipe_content_hash", "started_at", "ended_at",
-                                    "evidence_source", "context_confirmed",
-                                )
-                            ],
-                        )  # fmt: skip
-                    written = 0
-                    if prepared is not None:
-                        run_map, node_map, written = self._append_points(conn, prepared, next_seq)
+                    statements = _Statements(self, conn, next_seq)
+                    outcome = write_ingest(
+                        statements, runs, runs_tab, nodes_tab, prepared, replace_runs=bool(replace_runs)
+                    )
+                    statements.advance()
             except psycopg.Error as e:
                 self._run_keys.clear()
                 self._node_keys.clear()
-                if conn.broken:
-                    raise TsdbError(
-                        f"{self.url}: ingest failed, nothing written (connection lost: {self._scrub(e)})"
+                if isinstance(e, psycopg.errors.LockNotAvailable):
+                    raise TsdbBusyError(
+                        f"{self.url}: another ingest holds the TSDB; {what} (waited "
+                        f"{self.lock_timeout_s:g} s for it to commit)"
                     ) from None
-                raise IngestError(
-                    f"{self.url}: ingest failed, nothing written ({self._scrub(e)})"
-                ) from None
+                full = disk_full(e, f"{self.url} (PostgreSQL server: {self._scrub(e)}): {what}")
+                if full is not None:
+                    raise full from None
+                if conn.broken:
+                    raise TsdbError(f"{self.url}: {what} (connection lost: {self._scrub(e)})") from None
+                raise IngestError(f"{self.url}: {what} ({self._scrub(e)})") from None
             except BaseException:
                 self._run_keys.clear()
                 self._node_keys.clear()
                 raise
-            self._run_keys.update(run_map)
-            self._node_keys.update(node_map)
-        return written
-
-    def _append_points(
-        self, conn: psycopg.Connection, p: PreparedPoints, next_seq: int
-    ) -> tuple[dict[str, int], dict[str, int], int]:
-        run_map = self._key_map(conn, "run_keys", p.run_uniques)
-        node_map = self._key_map(conn, "node_keys", p.node_uniques)
-        run_keys = codes_to_keys(p, p.run_codes, p.run_uniques, run_map, "run")
-        node_keys = codes_to_keys(p, p.node_codes, p.node_uniques, node_map, "node")
-        n = p.n
-        seq = np.arange(next_seq, next_seq + n, dtype=np.int64)
-        # Stable sort: equal (run, node, ts) keep row order, i.e. seq order.
-        order = np.lexsort((p.ts, node_keys, run_keys))
-        with conn.cursor() as cur, cur.copy(self._q["copy_points"]) as copy:
-            copy.write(_PGCOPY_HEADER)
-            for start in range(0, n, _COPY_CHUNK_ROWS):
-                idx = order[start : start + _COPY_CHUNK_ROWS]
-                rows = np.empty(idx.shape[0], dtype=_COPY_ROW)
-                rows["n"] = 6
-                rows["l_ts"] = rows["l_seq"] = rows["l_value"] = 8
-                rows["l_run"] = rows["l_node"] = rows["l_state"] = 4
-                rows["ts"] = p.ts[idx]
-                rows["seq"] = seq[idx]
-                rows["value"] = p.value[idx]
-                rows["run_key"] = run_keys[idx]
-                rows["node_key"] = node_keys[idx]
-                rows["state"] = p.state[idx]
-                copy.write(rows.view(np.uint8).data)
-            copy.write(_PGCOPY_TRAILER)
-        max_ts = int(p.ts.max())
-        conn.execute(self._q["advance_state"], [Int8(n), Int8(max_ts)])
-        return run_map, node_map, n
+        return outcome.written
 
     def _key_map(self, conn: psycopg.Connection, query: str, ids: list[Any]) -> dict[str, int]:
         if not ids:
@@ -839,6 +917,114 @@ class PostgresTsdb:
         wanted = [i for i in ids if isinstance(i, str)]
         rows = conn.execute(self._q[query], [wanted]).fetchall()
         return {r[0]: int(r[1]) for r in rows}
+
+
+class _Statements:
+    """:class:`~aml_pipeline.tsdb.writer.IngestStatements` over one PostgreSQL transaction that
+    holds the ``ingest_state`` row lock (``next_seq`` was read under it)."""
+
+    def __init__(self, db: PostgresTsdb, conn: psycopg.Connection, next_seq: int) -> None:
+        self.db, self.conn, self.q = db, conn, db._q
+        self._next_seq = next_seq
+        self._written = 0
+        self._max_ts: int | None = None
+
+    def stored_runs(self, run_ids: list[str]) -> dict[str, StoredRun]:
+        if not run_ids:
+            return {}
+        rows = self.conn.execute(self.q["stored_runs"], [run_ids]).fetchall()
+        return {r[1]: StoredRun(int(r[0]), run_from_row(r[1:11]), r[11], int(r[12])) for r in rows}
+
+    def upsert_nodes(self, nodes: pa.Table) -> None:
+        self.conn.execute(
+            self.q["upsert_nodes"],
+            [nodes.column(c).to_pylist() for c in ("node_id", "unit", "range_lo", "range_hi")],
+        )
+
+    def upsert_runs(self, runs: pa.Table) -> None:
+        self.conn.execute(
+            self.q["upsert_runs"],
+            [
+                runs.column(c).to_pylist()
+                for c in (
+                    "run_id", "line_id", "product_id", "recipe_id", "recipe_version",
+                    "recipe_content_hash", "started_at", "ended_at", "evidence_source", "context_confirmed",
+                )
+            ],
+        )  # fmt: skip
+
+    def key_maps(self, run_ids: list[str], node_ids: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+        return self.db._key_map(self.conn, "run_keys", run_ids), self.db._key_map(self.conn, "node_keys", node_ids)
+
+    def stored_point_rows(self, candidates: pa.Table, run_keys: list[int]) -> np.ndarray:
+        self.conn.execute(self.q["candidates_table"])
+        found: list[np.ndarray] = []
+        # Chunks bound the temporary table and the aggregated answer (PostgreSQL values < 1 GB).
+        for start in range(0, candidates.num_rows, _MAX_ROWS_PER_QUERY):
+            chunk = candidates.slice(start, _MAX_ROWS_PER_QUERY)
+            self.conn.execute("TRUNCATE aml_candidates")
+            with self.conn.cursor() as cur, cur.copy(self.q["copy_candidates"]) as copy:
+                _copy_write(copy, _CANDIDATE_FIELDS, {f: chunk.column(f).to_numpy() for f, _ in _CANDIDATE_FIELDS})
+            self.conn.execute("ANALYZE aml_candidates")  # a temporary table has no statistics
+            with self.conn.cursor(binary=True) as cur:
+                count, packed = cur.execute(self.q["stored_candidates"], [_NEG_ZERO, run_keys]).fetchone()
+            if count:
+                found.append(np.frombuffer(packed, ">i8").astype(np.int64))
+        return np.concatenate(found) if found else np.empty(0, np.int64)
+
+    def delete_points(self, run_keys: list[int]) -> None:
+        if run_keys:
+            self.conn.execute(self.q["delete_points"], [run_keys])
+
+    def next_seq(self) -> int:
+        return self._next_seq + self._written
+
+    def append_points(self, rows: PointRows) -> None:
+        # Stable sort: equal (run, node, ts) keep row order, i.e. seq order.
+        order = np.lexsort((rows.ts, rows.node_key, rows.run_key))
+        columns = {f: getattr(rows, f) for f, _ in _POINT_FIELDS}
+        with self.conn.cursor() as cur, cur.copy(self.q["copy_points"]) as copy:
+            _copy_write(copy, _POINT_FIELDS, columns, order)
+        self._written += len(rows)
+        top = int(rows.ts.max())
+        self._max_ts = top if self._max_ts is None else max(self._max_ts, top)
+
+    def save_run_states(self, states: list[RunState]) -> None:
+        self.conn.execute(
+            self.q["save_states"],
+            [[s.key for s in states], [s.version for s in states], [s.points for s in states]],
+        )
+
+    def advance(self) -> None:
+        if self._written:
+            self.conn.execute(self.q["advance_state"], [Int8(self._written), Int8(self._max_ts)])
+
+
+def _copy_write(
+    copy: Any,
+    fields: tuple[tuple[str, str], ...],
+    columns: dict[str, np.ndarray],
+    order: np.ndarray | None = None,
+) -> None:
+    """Write ``columns`` (rows in ``order``) to a ``COPY ... FROM STDIN (FORMAT BINARY)``: a
+    numpy record per row (field count, then length and big-endian value per field), built
+    chunk by chunk; no Python object per row."""
+    row = np.dtype(
+        [("n", ">i2")]
+        + [item for name, dt in fields for item in ((f"l_{name}", ">i4"), (name, dt))]
+    )
+    n = next(iter(columns.values())).shape[0]
+    copy.write(_PGCOPY_HEADER)
+    for start in range(0, n, _COPY_CHUNK_ROWS):
+        stop = min(n, start + _COPY_CHUNK_ROWS)
+        idx = slice(start, stop) if order is None else order[start:stop]
+        chunk = np.empty(stop - start, dtype=row)
+        chunk["n"] = len(fields)
+        for name, dt in fields:
+            chunk[f"l_{name}"] = np.dtype(dt).itemsize
+            chunk[name] = columns[name][idx]
+        copy.write(chunk.view(np.uint8).data)
+    copy.write(_PGCOPY_TRAILER)
 
 
 # ---- helpers -----------------------------------------------------------------------------------

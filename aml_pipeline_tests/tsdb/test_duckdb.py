@@ -14,7 +14,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from aml_pipeline.errors import IngestError, TsdbBusyError, TsdbError
+from aml_pipeline.errors import AmlError, IngestError, TsdbBusyError, TsdbError
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline.tsdb.duckdb import SCHEMA_VERSION, DuckDBTsdb, parse_duckdb_url
 from aml_pipeline.tsdb.port import Node, PointColumns, Run, fetch_node_series
@@ -167,7 +167,8 @@ def test_ingest_waits_for_a_reader_in_another_process_then_reports_busy(child_sc
     with DuckDBTsdb(url, read_only=False, lock_timeout_s=5.0) as db:
         assert checksum(db) == expected
         runs, nodes, points = small_dataset(n_runs=1, n_points=10)
-        assert db.ingest(points=points) == len(points)
+        points = PointColumns(points.run_id, points.node_id, points.ts, points.value + 1000.0, points.state)
+        assert db.ingest(points=points) == len(points)  # new values: not skipped as stored
 
 
 def test_ingest_waits_and_succeeds_when_the_reader_finishes_in_time(child_script, populated):
@@ -286,9 +287,10 @@ def test_schema_is_created_once_and_versioned(tmp_path):
         DuckDBTsdb(url, read_only=False).close()
     con = duckdb.connect(str(tmp_path / "sub" / "dir" / "tsdb.duckdb"), read_only=True)
     try:
-        assert con.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        # created at version 1 and migrated, the path every version-1 file takes
+        assert con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall() == [(1,), (SCHEMA_VERSION,)]
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        assert {"schema_version", "runs", "nodes", "points", "points_by_id"} <= tables
+        assert {"schema_version", "runs", "run_state", "nodes", "points", "points_by_id"} <= tables
     finally:
         con.close()
     with DuckDBTsdb(url) as db:
@@ -412,3 +414,87 @@ def test_ingest_error_messages_name_the_offender(tmp_path):
                 )
             )
         assert db.point_count() == 0
+
+
+# ---- schema version 1 -> 2 -----------------------------------------------------------------
+
+# Schema version 1 exactly as aml_pipeline created it before run versions existed, with data.
+V1_FILE = (
+    "CREATE TABLE schema_version (version INTEGER NOT NULL, applied_at_ms BIGINT NOT NULL)",
+    """CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, run_key INTEGER NOT NULL UNIQUE,
+        line_id VARCHAR NOT NULL, product_id VARCHAR NOT NULL, recipe_id VARCHAR NOT NULL,
+        recipe_version INTEGER, recipe_content_hash VARCHAR, started_at BIGINT NOT NULL, ended_at BIGINT,
+        evidence_source VARCHAR NOT NULL CHECK (evidence_source IN ('simulation', 'real', 'unassessed')),
+        context_confirmed BOOLEAN NOT NULL DEFAULT FALSE, CHECK (ended_at IS NULL OR ended_at >= started_at))""",
+    """CREATE TABLE nodes (node_id VARCHAR PRIMARY KEY, node_key INTEGER NOT NULL UNIQUE,
+        unit VARCHAR NOT NULL DEFAULT '', range_lo DOUBLE, range_hi DOUBLE)""",
+    """CREATE TABLE points (run_key INTEGER NOT NULL, node_key INTEGER NOT NULL, ts BIGINT NOT NULL,
+        value DOUBLE NOT NULL, state INTEGER NOT NULL, seq BIGINT NOT NULL)""",
+    """CREATE OR REPLACE VIEW points_by_id AS SELECT r.run_id, n.node_id, p.ts, p.value, p.state, p.seq
+        FROM points p JOIN runs r USING (run_key) JOIN nodes n USING (node_key)""",
+    "INSERT INTO schema_version VALUES (1, 0)",
+    """INSERT INTO runs VALUES ('R1', 1, 'L1', 'P1', 'R1', 1, 'h', 0, 1000000, 'simulation', true),
+        ('R2', 2, 'L1', 'P1', 'R1', 1, 'h', 0, NULL, 'simulation', true),
+        ('R3', 3, 'L1', 'P1', 'R1', NULL, NULL, 0, 10, 'unassessed', false)""",
+    "INSERT INTO nodes VALUES ('A', 1, '', NULL, NULL), ('B', 2, 'bar', 0, 1)",
+    "INSERT INTO points VALUES (1, 1, 10, 1.0, 0, 0), (1, 1, 20, 2.0, 0, 1), (2, 1, 10, 3.0, 0, 2), (1, 2, 10, 4.0, 1, 3)",
+)
+
+
+def test_a_version_1_file_is_read_as_it_is_then_migrated_in_place(tmp_path):
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    for ddl in V1_FILE:
+        con.execute(ddl)
+    con.close()
+
+    def versions_recorded() -> list[int]:
+        with duckdb.connect(str(path), read_only=True) as c:
+            return [r[0] for r in c.execute("SELECT version FROM schema_version ORDER BY 1").fetchall()]
+
+    with DuckDBTsdb(url_of(path)) as ro:  # a build on an old file keeps working
+        assert ro.schema_version == 1
+        old = ro.run_versions(["R1", "R2", "R3", "NOPE"])
+        assert set(old) == {"R1", "R2", "R3"} and len(set(old.values())) == 3
+        assert fetch_node_series(ro, "A", "R1", 0, FAR).value.tolist() == [1.0, 2.0]
+    assert versions_recorded() == [1]  # reading did not migrate
+
+    with DuckDBTsdb(url_of(path), read_only=False) as rw:  # the first writer migrates
+        assert rw.schema_version == 2
+        assert rw.run_versions(["R1", "R2", "R3"]) == old  # migrating makes no run stale
+        assert rw.ingest(points=PointColumns(
+            np.array(["R1", "R2", "R1"], dtype=object), np.array(["A", "A", "A"], dtype=object),
+            np.array([10, 10, 30]), np.array([1.0, 3.0, 5.0]), np.zeros(3, np.int32),
+        )) == 1  # two were stored already
+        after = rw.run_versions(["R1", "R2", "R3"])
+        assert after["R1"] != old["R1"] and after["R2"] == old["R2"] and after["R3"] == old["R3"]
+        assert fetch_node_series(rw, "A", "R1", 0, FAR).seq.tolist() == [0, 1, 4]
+    assert versions_recorded() == [1, 2]
+    with duckdb.connect(str(path), read_only=True) as c:
+        assert dict(c.execute("SELECT run_key, point_count FROM run_state").fetchall()) == {1: 4, 2: 1, 3: 0}
+
+
+def test_a_failed_migration_leaves_version_1(tmp_path, monkeypatch):
+    from aml_pipeline.tsdb import duckdb as adapter
+
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    for ddl in V1_FILE:
+        con.execute(ddl)
+    con.close()
+
+    def broken(self, states):
+        raise duckdb.IOException('Could not write file "x": No space left on device')
+
+    monkeypatch.setattr(adapter._Statements, "save_run_states", broken)
+    with pytest.raises(AmlError) as info:
+        DuckDBTsdb(url_of(path), read_only=False)
+    assert info.value.code == "DISK_FULL"
+    assert path.exists()  # an existing file is never removed
+    with duckdb.connect(str(path), read_only=True) as c:
+        assert c.execute("SELECT max(version) FROM schema_version").fetchall() == [(1,)]
+        tables = {r[0] for r in c.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        assert "run_state" not in tables
+    monkeypatch.undo()
+    with DuckDBTsdb(url_of(path), read_only=False) as rw:
+        assert rw.schema_version == 2

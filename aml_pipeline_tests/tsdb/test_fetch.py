@@ -56,7 +56,10 @@ class Keyset:
     def availability_watermark(self):
         return None
 
-    def ingest(self, *, runs=(), nodes=(), points=None):
+    def run_versions(self, run_ids):
+        return {}
+
+    def ingest(self, *, runs=(), nodes=(), points=None, replace_runs=False):
         return 0
 
     def close(self):

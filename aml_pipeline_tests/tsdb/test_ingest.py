@@ -70,7 +70,7 @@ def files(tmp_path):
 def test_csv_round_trip(db, files):
     calls = []
     counts = ingest_files(db, **files, progress=lambda done, total: calls.append((done, total)))
-    assert counts == {"runs": 2, "nodes": 2, "points": 6}
+    assert counts == {"runs": 2, "nodes": 2, "points": 6, "skipped": 0}
     assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert db.get_run("B1") == Run("B1", "L1", "P100", "R7", 3, "abc", T0, T0 + 1_200_000, "simulation", True)
     assert db.get_run("B2") == Run("B2", "L1", "P100", "R7", None, None, T0 + 3_600_000, None, "real", False)
@@ -173,7 +173,7 @@ def test_parquet_with_typed_and_string_columns(tmp_path, db):
         runs=tmp_path / "runs.parquet",
         nodes=tmp_path / "nodes.pq",
     )
-    assert counts == {"runs": 1, "nodes": 1, "points": 5}
+    assert counts == {"runs": 1, "nodes": 1, "points": 5, "skipped": 0}
     assert db.get_run("B1") == Run("B1", "L", "P", "R", 2, None, T0, None, "unassessed", True)
     assert db.list_nodes() == [Node("A", "", None, 3.5)]
     s = fetch_node_series(db, "A", "B1", 0, FAR)
@@ -194,7 +194,7 @@ def test_simulated_plant_files_round_trip(tmp_path, db, fmt):
     assert read_runs(paths["runs"]) == plant.runs
     assert read_nodes(paths["nodes"]) == plant.nodes
     counts = ingest_files(db, **paths)
-    assert counts == {"runs": 3, "nodes": len(plant.nodes), "points": len(plant.points)}
+    assert counts == {"runs": 3, "nodes": len(plant.nodes), "points": len(plant.points), "skipped": 0}
     assert db.list_runs(finished_only=False) == plant.runs
 
 
@@ -343,7 +343,7 @@ def test_points_must_reference_known_runs_and_nodes_nothing_half_ingested(tmp_pa
     unknown_node = write(tmp_path / "points4.csv", "run_id,node_id,ts,value,state\nB1,TI101,1,1,0\nB1,XX9,1,1,0\n")
     with pytest.raises(IngestError, match=r"points4\.csv: line 3, column 'node_id': node 'XX9'"):
         ingest_files(db, points=unknown_node)
-    assert ingest_files(db, points=files["points"]) == {"runs": 0, "nodes": 0, "points": 6}
+    assert ingest_files(db, points=files["points"]) == {"runs": 0, "nodes": 0, "points": 6, "skipped": 0}
 
 
 def test_the_same_run_in_two_runs_files_is_refused(tmp_path, db, files):

@@ -339,3 +339,172 @@ def test_data_persists_for_a_read_only_handle(tsdb_factory):
     assert [r.run_id for r in ro.list_runs()] == ["R1"]
     assert fetch_node_series(ro, "A", "R1", 0, FAR).value.tolist() == [2.0]
     assert ro.availability_watermark() == 1
+
+
+# ---- per-run data versions ------------------------------------------------------------------
+
+
+def test_run_versions_change_for_the_run_whose_points_change_and_only_for_it(tricky):
+    before = tricky.run_versions(["R1", "R2", "R3"])
+    assert set(before) == {"R1", "R2", "R3"} and len(set(before.values())) == 3
+    assert all(isinstance(v, str) and v for v in before.values())
+    assert tricky.ingest(points=pts([("R2", "B", 60, 1.5)])) == 1  # a late point for R2
+    after = tricky.run_versions(["R1", "R2", "R3"])
+    assert after["R2"] != before["R2"]
+    assert after["R1"] == before["R1"] and after["R3"] == before["R3"]
+    # asked again, nothing changed: the same strings
+    assert tricky.run_versions(["R3", "R1", "R2", "R1"]) == after
+
+
+def test_run_versions_unknown_ids_are_absent(tricky):
+    assert tricky.run_versions([]) == {}
+    got = tricky.run_versions(["R1", "NOPE", "ALSO_NOPE"])
+    assert set(got) == {"R1"}
+    with pytest.raises(KeyError):
+        got["NOPE"]
+
+
+def test_run_record_changes_change_the_version_identical_upserts_do_not(catalog):
+    v0 = catalog.run_versions(["rd", "ra"])
+    catalog.ingest(runs=[RUNS[3], RUNS[0]])  # the same records again
+    assert catalog.run_versions(["rd", "ra"]) == v0
+    catalog.ingest(runs=[run("rd", 3000, 4000, product_id="P2")])  # rd finishes
+    v1 = catalog.run_versions(["rd", "ra"])
+    assert v1["rd"] != v0["rd"] and v1["ra"] == v0["ra"]
+    for change in (
+        dict(context_confirmed=False),
+        dict(recipe_version=2),
+        dict(recipe_content_hash="other"),
+        dict(evidence_source="real"),
+    ):
+        before = catalog.run_versions(["ra"])["ra"]
+        changed = Run(**{**RUNS[0].__dict__, **change})
+        catalog.ingest(runs=[changed])
+        assert catalog.get_run("ra") == changed
+        assert catalog.run_versions(["ra"])["ra"] != before, change
+
+
+def test_a_failed_ingest_changes_no_version(tricky):
+    before = tricky.run_versions(["R1", "R2"])
+    with pytest.raises(IngestError):
+        tricky.ingest(points=pts([("R1", "A", 99, 1.0), ("GHOST", "A", 5, 1.0)]))
+    assert tricky.run_versions(["R1", "R2"]) == before
+
+
+def test_run_versions_survive_reopening_the_database(tsdb_factory):
+    db = tsdb_factory()
+    db.ingest(runs=[run("R1")], nodes=[Node("A")], points=pts([("R1", "A", 1, 2.0)]))
+    v = db.run_versions(["R1"])
+    db.close()
+    assert tsdb_factory(read_only=True).run_versions(["R1"]) == v
+
+
+# ---- idempotent ingest ----------------------------------------------------------------------
+
+
+def test_reingesting_the_same_points_writes_nothing_and_keeps_versions(tricky):
+    before_versions = tricky.run_versions(["R1", "R2", "R3"])
+    before_series = fetch_node_series(tricky, "A", "R1", 0, FAR)
+    assert tricky.ingest(points=pts(BATCH1)) == 0
+    assert tricky.ingest(points=pts(BATCH2 + BATCH1)) == 0
+    assert tricky.ingest(
+        runs=[run("R1", 0, 1000), run("R2", 0, 1000)], nodes=[Node("A", "degC", 0.0, 100.0)], points=pts(BATCH2)
+    ) == 0
+    assert tricky.run_versions(["R1", "R2", "R3"]) == before_versions
+    after = fetch_node_series(tricky, "A", "R1", 0, FAR)
+    for col in ("ts", "value", "state", "seq"):
+        assert np.array_equal(getattr(after, col), getattr(before_series, col)), col
+
+
+def test_only_new_points_are_written_with_seq_in_file_order(tricky):
+    top = int(fetch_node_series(tricky, "A", "R1", 0, FAR).seq.max())
+    b_top = int(fetch_node_series(tricky, "B", "R1", 0, FAR).seq.max())
+    rows = [
+        ("R1", "A", 30, 1.0),  # stored
+        ("R1", "A", 30, 1.5),  # new value at a stored ts
+        ("R1", "A", 10, 3.0, 1),  # stored (state 1)
+        ("R1", "A", 10, 3.0, 0),  # new: another state
+        ("R1", "A", 70, 20.0),  # new ts
+        ("R1", "B", 10, 101.0),  # stored
+    ]
+    assert tricky.ingest(points=pts(rows)) == 3
+    s = fetch_node_series(tricky, "A", "R1", 0, FAR)
+    new = {float(v): int(q) for v, q, st in zip(s.value, s.seq, s.state) if q > max(top, b_top)}
+    assert sorted(new) == [1.5, 3.0, 20.0]
+    assert new[1.5] < new[3.0] < new[20.0]  # row order
+    assert min(new.values()) == max(top, b_top) + 1  # seq continues right after the last one
+    assert len(s) == len(EXPECTED) + 3
+
+
+def test_nan_equals_nan_and_negative_zero_differs_from_zero_when_skipping(tsdb_factory):
+    db = tsdb_factory()
+    values = [float("nan"), 0.0, -0.0, float("inf"), float("-inf"), 1.25]
+    db.ingest(runs=[run("R1")], nodes=[Node("A")], points=pts([("R1", "A", 1, v) for v in values[:2]]))
+    # NaN is stored already: skipped; -0.0 is not 0.0: written; so are the rest
+    assert db.ingest(points=pts([("R1", "A", 1, v) for v in values])) == 4
+    assert db.ingest(points=pts([("R1", "A", 1, v) for v in values])) == 0
+    s = fetch_node_series(db, "A", "R1", 0, FAR)
+    assert len(s) == 6
+    zeros = s.value[s.value == 0]
+    assert sorted(np.signbit(zeros).tolist()) == [False, True]
+    # a NaN with another bit pattern is still NaN
+    other_nan = np.frombuffer(np.array([0x7FF8000000000123], dtype=np.uint64).tobytes(), dtype=np.float64)
+    assert np.isnan(other_nan[0])
+    assert db.ingest(points=pts([("R1", "A", 1, float(other_nan[0]))])) == 0
+
+
+def test_duplicates_inside_one_ingest_are_all_written_once(tsdb_factory):
+    db = tsdb_factory()
+    db.ingest(runs=[run("R1")], nodes=[Node("A")])
+    rows = [("R1", "A", 5, 1.0), ("R1", "A", 5, 1.0), ("R1", "A", 6, 2.0)]
+    assert db.ingest(points=pts(rows)) == 3  # a file stores what it holds
+    v = db.run_versions(["R1"])
+    assert db.ingest(points=pts(rows)) == 0  # and stores nothing the second time
+    assert db.run_versions(["R1"]) == v
+    assert len(fetch_node_series(db, "A", "R1", 0, FAR)) == 3
+
+
+def test_replace_runs_replaces_the_points_of_the_runs_in_the_file_only(tricky):
+    before = tricky.run_versions(["R1", "R2", "R3"])
+    r2 = fetch_node_series(tricky, "A", "R2", 0, FAR)
+    top = max(int(fetch_node_series(tricky, n, "R1", 0, FAR).seq.max()) for n in ("A", "B"))
+    new_rows = [("R1", "A", 15, 1.0), ("R1", "A", 5, 2.0), ("R1", "A", 15, 3.0)]
+    assert tricky.ingest(points=pts(new_rows), replace_runs=True) == 3
+    a = fetch_node_series(tricky, "A", "R1", 0, FAR)
+    assert a.ts.tolist() == [5, 15, 15] and a.value.tolist() == [2.0, 1.0, 3.0]
+    assert a.seq.min() > top and a.seq.tolist() == [top + 2, top + 1, top + 3]
+    assert len(fetch_node_series(tricky, "B", "R1", 0, FAR)) == 0  # R1's B points went too
+    r2_after = fetch_node_series(tricky, "A", "R2", 0, FAR)  # R2 is untouched
+    assert r2_after.value.tolist() == r2.value.tolist() and r2_after.seq.tolist() == r2.seq.tolist()
+    after = tricky.run_versions(["R1", "R2", "R3"])
+    assert after["R1"] != before["R1"] and after["R2"] == before["R2"] and after["R3"] == before["R3"]
+    # replacing again with the same points: still a replacement (new seq), a new version
+    assert tricky.ingest(points=pts(new_rows), replace_runs=True) == 3
+    assert tricky.run_versions(["R1"])["R1"] != after["R1"]
+    assert len(fetch_node_series(tricky, "A", "R1", 0, FAR)) == 3
+
+
+def test_a_failed_replace_deletes_nothing(tricky):
+    before = fetch_node_series(tricky, "A", "R1", 0, FAR)
+    with pytest.raises(IngestError):
+        tricky.ingest(points=pts([("R1", "A", 1, 1.0), ("R1", "GHOST_NODE", 1, 1.0)]), replace_runs=True)
+    after = fetch_node_series(tricky, "A", "R1", 0, FAR)
+    assert after.value.tolist() == before.value.tolist() == EXPECTED
+
+
+def test_the_same_ingest_history_gives_the_same_versions(tsdb_factory):
+    """Versions hash what was ingested, not keys or seq: a database rebuilt from the same files
+    (here: a second, fresh one) reports the same versions."""
+    first = tsdb_factory()
+    history = [
+        dict(runs=[run("R1"), run("R2")], nodes=[Node("A"), Node("B")]),
+        dict(points=pts([("R1", "A", 1, 1.0), ("R2", "B", 1, 2.0), ("R1", "B", 2, 3.0)])),
+        dict(runs=[run("R2", 0, 2000)]),
+        dict(points=pts([("R1", "A", 1, 1.0), ("R2", "A", 9, 9.0)])),
+    ]
+    for step in history:
+        first.ingest(**step)
+    versions = first.run_versions(["R1", "R2"])
+    first.ingest(runs=[run("R3")], nodes=[Node("C")], points=pts([("R3", "C", 1, 1.0)]))
+    assert first.run_versions(["R1", "R2"]) == versions  # another run's ingest changes neither
+    assert versions["R1"] != versions["R2"]

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from aml_pipeline.errors import IngestError, TsdbError, UnknownRunError
+from aml_pipeline.errors import DiskFullError, IngestError, TsdbBusyError, TsdbError, UnknownRunError
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline.tsdb import postgres as pg_adapter
 from aml_pipeline.tsdb.port import Cursor, Node, PointColumns, Run, fetch_node_series
@@ -183,9 +183,9 @@ def test_schema_is_created_once_and_versioned(url, schema, admin):
     for _ in range(3):
         PostgresTsdb(url).close()
     ident = sql.Identifier(schema)
-    versions = admin.execute(sql.SQL("SELECT version FROM {}.schema_version").format(ident)).fetchall()
-    assert versions == [(SCHEMA_VERSION,)]
-    assert {"schema_version", "ingest_state", "runs", "nodes", "points", "points_by_id"} <= _tables(admin, schema)
+    versions = admin.execute(sql.SQL("SELECT version FROM {}.schema_version ORDER BY 1").format(ident)).fetchall()
+    assert versions == [(1,), (SCHEMA_VERSION,)]  # created at version 1 and migrated, like any version-1 schema
+    assert {"schema_version", "ingest_state", "runs", "run_state", "nodes", "points", "points_by_id"} <= _tables(admin, schema)
     with PostgresTsdb(url, read_only=True) as db:
         assert db.list_runs() == [] and db.list_nodes() == [] and db.availability_watermark() is None
 
@@ -207,18 +207,18 @@ def test_concurrent_first_opens_create_the_schema_once(url, schema, admin):
     for t in threads:
         t.join()
     assert errors == []
-    count = admin.execute(
-        sql.SQL("SELECT count(*) FROM {}.schema_version").format(sql.Identifier(schema))
-    ).fetchone()[0]
-    assert count == 1
+    versions = admin.execute(
+        sql.SQL("SELECT version FROM {}.schema_version ORDER BY 1").format(sql.Identifier(schema))
+    ).fetchall()
+    assert versions == [(1,), (SCHEMA_VERSION,)]  # created and migrated once
 
 
-@pytest.mark.parametrize(("delta", "advice"), [(1, "upgrade aml_pipeline"), (-1, "re-ingest")])
-def test_other_schema_versions_are_refused(url, schema, admin, delta, advice):
+@pytest.mark.parametrize(("version", "advice"), [(SCHEMA_VERSION + 1, "upgrade aml_pipeline"), (0, "re-ingest")])
+def test_other_schema_versions_are_refused(url, schema, admin, version, advice):
     PostgresTsdb(url).close()
     admin.execute(
         sql.SQL("UPDATE {}.schema_version SET version = %s").format(sql.Identifier(schema)),
-        [SCHEMA_VERSION + delta],
+        [version],
     )
     for read_only in (True, False):
         with pytest.raises(TsdbError, match=advice) as info:
@@ -393,6 +393,13 @@ def test_seq_and_keys_match_the_embedded_adapter(url, tmp_path):
                 for f in ("ts", "value", "state", "seq"):
                     np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
         assert pg.availability_watermark() == dd.availability_watermark()
+        # versions hash what was ingested: the same history gives the same versions in both
+        ids = [r.run_id for r in runs]
+        assert pg.run_versions(ids) == dd.run_versions(ids) and len(pg.run_versions(ids)) == len(runs)
+        for db in (pg, dd):
+            db.ingest(points=points([("R0", "N0", 5, 9.0), ("R1", "N1", 5, 9.0)]), replace_runs=True)
+            assert db.ingest(points=pts) == 2 * len(nodes) * 20  # R0's and R1's points again; R2's skipped
+        assert pg.run_versions(ids) == dd.run_versions(ids)
 
 
 def test_concurrent_ingests_get_disjoint_contiguous_seq_ranges(url):
@@ -487,3 +494,100 @@ def test_copy_reference_counts_the_same_rows(url):
         with pytest.raises(ValueError):
             db.copy_reference(fmt="csv")
         assert db.list_runs(finished_only=False)  # the connection is usable afterwards
+
+
+# ---- schema version 1 -> 2 -----------------------------------------------------------------
+
+# The tables of schema version 1 exactly as aml_pipeline created them before run versions existed.
+V1_DDL = (
+    "CREATE SCHEMA {s}",
+    "CREATE TABLE {s}.schema_version (version integer NOT NULL, applied_at_ms bigint NOT NULL)",
+    "CREATE TABLE {s}.ingest_state (id boolean PRIMARY KEY DEFAULT true CHECK (id), next_seq bigint NOT NULL, max_ts bigint)",
+    "INSERT INTO {s}.ingest_state (id, next_seq, max_ts) VALUES (true, 0, NULL)",
+    """CREATE TABLE {s}.runs (run_key integer PRIMARY KEY, run_id text NOT NULL UNIQUE, line_id text NOT NULL,
+        product_id text NOT NULL, recipe_id text NOT NULL, recipe_version integer, recipe_content_hash text,
+        started_at bigint NOT NULL, ended_at bigint,
+        evidence_source text NOT NULL CHECK (evidence_source IN ('simulation', 'real', 'unassessed')),
+        context_confirmed boolean NOT NULL DEFAULT false, CHECK (ended_at IS NULL OR ended_at >= started_at))""",
+    """CREATE TABLE {s}.nodes (node_key integer PRIMARY KEY, node_id text NOT NULL UNIQUE,
+        unit text NOT NULL DEFAULT '', range_lo double precision, range_hi double precision)""",
+    """CREATE TABLE {s}.points (ts bigint NOT NULL, seq bigint NOT NULL, value double precision NOT NULL,
+        run_key integer NOT NULL, node_key integer NOT NULL, state integer NOT NULL,
+        CONSTRAINT points_pkey PRIMARY KEY (run_key, node_key, ts, seq))""",
+    """CREATE VIEW {s}.points_by_id AS SELECT r.run_id, n.node_id, p.ts, p.value, p.state, p.seq
+        FROM {s}.points p JOIN {s}.runs r USING (run_key) JOIN {s}.nodes n USING (node_key)""",
+    "INSERT INTO {s}.schema_version VALUES (1, 0)",
+    """INSERT INTO {s}.runs VALUES (1, 'R1', 'L1', 'P1', 'R1', 1, 'h', 0, 1000000, 'simulation', true),
+        (2, 'R2', 'L1', 'P1', 'R1', 1, 'h', 0, NULL, 'simulation', true),
+        (3, 'R3', 'L1', 'P1', 'R1', NULL, NULL, 0, 10, 'unassessed', false)""",
+    "INSERT INTO {s}.nodes VALUES (1, 'A', '', NULL, NULL), (2, 'B', 'bar', 0, 1)",
+    """INSERT INTO {s}.points (ts, seq, value, run_key, node_key, state) VALUES
+        (10, 0, 1.0, 1, 1, 0), (20, 1, 2.0, 1, 1, 0), (10, 2, 3.0, 2, 1, 0), (10, 3, 4.0, 1, 2, 1)""",
+    "UPDATE {s}.ingest_state SET next_seq = 4, max_ts = 20",
+)
+
+
+def test_a_version_1_schema_is_read_as_it_is_then_migrated_in_place(url, schema, admin):
+    ident = sql.Identifier(schema)
+    with admin.transaction():
+        for ddl in V1_DDL:
+            admin.execute(sql.SQL(ddl).format(s=ident))
+
+    def versions_recorded() -> list[int]:
+        rows = admin.execute(sql.SQL("SELECT version FROM {}.schema_version ORDER BY 1").format(ident)).fetchall()
+        return [r[0] for r in rows]
+
+    with PostgresTsdb(url, read_only=True) as ro:  # a build on an old schema keeps working
+        assert ro.schema_version == 1
+        old = ro.run_versions(["R1", "R2", "R3", "NOPE"])
+        assert set(old) == {"R1", "R2", "R3"} and len(set(old.values())) == 3
+        assert fetch_node_series(ro, "A", "R1", 0, FAR).value.tolist() == [1.0, 2.0]
+    assert versions_recorded() == [1]  # reading did not migrate
+
+    with PostgresTsdb(url) as rw:  # the first read-write open migrates, in one transaction
+        assert rw.schema_version == 2
+        assert rw.run_versions(["R1", "R2", "R3"]) == old  # migrating makes no run stale
+        assert rw.ingest(points=points([("R1", "A", 10, 1.0), ("R2", "A", 10, 3.0)])) == 0  # stored already
+        assert rw.ingest(points=points([("R1", "A", 30, 5.0)])) == 1
+        after = rw.run_versions(["R1", "R2", "R3"])
+        assert after["R1"] != old["R1"] and after["R2"] == old["R2"] and after["R3"] == old["R3"]
+        assert fetch_node_series(rw, "A", "R1", 0, FAR).seq.tolist() == [0, 1, 4]
+    assert versions_recorded() == [1, 2]
+    counts = dict(admin.execute(sql.SQL("SELECT run_key, point_count FROM {}.run_state").format(ident)).fetchall())
+    assert counts == {1: 4, 2: 1, 3: 0}
+
+
+def test_a_failed_migration_leaves_version_1(url, schema, admin, monkeypatch):
+    ident = sql.Identifier(schema)
+    with admin.transaction():
+        for ddl in V1_DDL:
+            admin.execute(sql.SQL(ddl).format(s=ident))
+
+    def broken(self, states):
+        raise psycopg.errors.DiskFull("could not extend file: No space left on device")
+
+    monkeypatch.setattr(pg_adapter._Statements, "save_run_states", broken)
+    with pytest.raises(DiskFullError) as info:
+        PostgresTsdb(url)
+    assert info.value.one_line().startswith(f"DISK_FULL: {redact_url(url)} (PostgreSQL server: ")
+    assert not admin.execute(
+        "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = 'run_state'", [schema]
+    ).fetchone()
+    monkeypatch.undo()
+    with PostgresTsdb(url) as rw:
+        assert rw.schema_version == 2
+
+
+def test_an_ingest_waits_for_another_ones_commit_at_most_its_lock_timeout(url, schema, admin):
+    with PostgresTsdb(url) as db:
+        db.ingest(runs=[run("R1")], nodes=[Node("A")])
+    ident = sql.Identifier(schema)
+    with psycopg.connect(admin.info.dsn, autocommit=False) as other:
+        other.execute(sql.SQL("SELECT next_seq FROM {}.ingest_state FOR UPDATE").format(ident))  # an ingest in progress
+        with PostgresTsdb(url, lock_timeout_s=0.3) as db:
+            with pytest.raises(TsdbBusyError, match="another ingest") as info:
+                db.ingest(points=points([("R1", "A", 1, 1.0)]))
+            assert info.value.code == "TSDB_BUSY"
+            other.rollback()
+            assert db.ingest(points=points([("R1", "A", 1, 1.0)])) == 1
