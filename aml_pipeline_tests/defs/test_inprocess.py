@@ -108,3 +108,62 @@ def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp
     assert out[1][1] == [f"{spec.id}__build"]  # one chunk: run stages and dataset in one Dagster run
     # Two workers: the runs in two Dagster runs of the run stages (in parallel), then the dataset.
     assert out[2][1] == [f"{spec.id}__rebuild", f"{spec.id}__runs", f"{spec.id}__runs"]
+
+
+# ---- late points: one run, and only that run, is rebuilt (both TSDB adapters) ----------------------
+
+import uuid  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from aml_pipeline.defs.sensors import new_run_sensor  # noqa: E402
+from aml_pipeline.defs.resources import StoreResource, TsdbResource  # noqa: E402
+from aml_pipeline.tsdb import PointColumns, open_tsdb  # noqa: E402
+from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema  # noqa: E402
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def plant_tsdb(request, dagster_plant, tmp_path):
+    if request.param == "duckdb":
+        url = f"duckdb:///{tmp_path / 'tsdb.duckdb'}"
+    else:
+        server = request.getfixturevalue("postgres_url")
+        schema = f"t_{uuid.uuid4().hex[:16]}"
+        url = with_schema(server, schema)
+        request.addfinalizer(lambda: drop_schema(server, schema))
+    with open_tsdb(url, read_only=False) as db:
+        db.ingest(runs=dagster_plant.runs, nodes=dagster_plant.nodes, points=dagster_plant.points)
+    return url
+
+
+def test_late_points_rebuild_that_run_and_only_that_run(dagster_spec, dagster_plant, plant_tsdb, tmp_path):
+    resources = {"tsdb": TsdbResource(url=plant_tsdb), "store": StoreResource(home=str(tmp_path / "aml"))}
+    finished = [r for r in dagster_plant.runs if r.ended_at is not None]
+    with dg.DagsterInstance.ephemeral() as instance:
+        first = _build(dagster_spec, resources, instance)
+        assert first["materialized"] == dict.fromkeys(RUN_ASSETS, len(finished))
+        sensor = new_run_sensor(dagster_spec)
+        assert isinstance(sensor(dg.build_sensor_context(instance=instance, resources=resources)), dg.SkipReason)
+
+        # Late points for one run that was already built (inside its time window).
+        late = finished[2]
+        ts = np.arange(late.started_at + 1500, late.started_at + 6500, 1000, dtype=np.int64)
+        node = dagster_spec.node_ids[0]
+        with open_tsdb(plant_tsdb, read_only=False) as db:
+            written = db.ingest(points=PointColumns(
+                run_id=np.array([late.run_id] * ts.size, dtype=object), node_id=np.array([node] * ts.size, dtype=object),
+                ts=ts, value=np.full(ts.size, 42.0), state=np.zeros(ts.size, np.int32),
+            ))
+        assert written == ts.size
+
+        # The sensor requests that run alone, and the build rebuilds it alone, then republishes.
+        tick = sensor(dg.build_sensor_context(instance=instance, resources=resources))
+        assert [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"])
+                for r in tick.run_requests] == [(late.run_id, late.run_id)]
+        store = resources["store"].dataset_store(dagster_spec.id)
+        before = store.read_meta(late.run_id, "raw")["points"][node]
+        again = _build(dagster_spec, resources, instance)
+        assert again["materialized"] == dict.fromkeys(RUN_ASSETS, 1)
+        assert store.read_meta(late.run_id, "raw")["points"][node] == before + ts.size
+        assert _build(dagster_spec, resources, instance)["materialized"] == dict.fromkeys(RUN_ASSETS, 0)
