@@ -61,3 +61,41 @@ def store_dir(home: Path | None = None) -> Path:
 def datasets_dir(home: Path | None = None) -> Path:
     """Published snapshots and their catalog."""
     return (home or aml_home()) / "datasets"
+
+
+# Runs per Dagster run when a backfill covers many run partitions (see docs/deployment.md).
+DEFAULT_BACKFILL_RUNS_PER_CHUNK = 50
+
+
+def backfill_runs_per_chunk() -> int:
+    """How many run partitions one Dagster run of a backfill covers (``AML_BACKFILL_RUNS_PER_CHUNK``,
+    default 50). A crash loses at most one chunk; each chunk pays one run's start-up."""
+    raw = os.environ.get("AML_BACKFILL_RUNS_PER_CHUNK", "").strip()
+    if not raw:
+        return DEFAULT_BACKFILL_RUNS_PER_CHUNK
+    try:
+        runs = int(raw)
+    except ValueError:
+        runs = 0
+    if runs < 1:
+        from aml_pipeline.errors import AmlError
+
+        raise AmlError(
+            f"AML_BACKFILL_RUNS_PER_CHUNK={raw!r} must be a whole number of runs >= 1", code="CONFIG_INVALID"
+        )
+    return runs
+
+
+EXECUTORS = ("multiprocess", "celery")
+
+
+def executor_name() -> str:
+    """Where Dagster runs the steps (``AML_EXECUTOR``): ``multiprocess`` (default: Dagster's own
+    executor, one process per step on the run's host) or ``celery`` (Celery workers on any host;
+    see docs/deployment.md)."""
+    name = os.environ.get("AML_EXECUTOR", "").strip().lower() or "multiprocess"
+    if name not in EXECUTORS:
+        from aml_pipeline.errors import AmlError
+
+        raise AmlError(f"AML_EXECUTOR={name!r} must be one of {', '.join(EXECUTORS)}", code="CONFIG_INVALID")
+    return name

@@ -36,7 +36,7 @@ from aml_pipeline.pipeline.runs import (
     window_run,
 )
 from aml_pipeline.spec import DatasetSpec
-from aml_pipeline.defs.partitions import run_partitions
+from aml_pipeline.defs.partitions import run_backfill_policy, run_partitions
 from aml_pipeline.defs.resources import StoreResource, TsdbResource
 
 TSDB_POINTS = dg.AssetKey(["tsdb", "points"])
@@ -121,7 +121,7 @@ def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     key = lambda name: dg.AssetKey([spec.id, name])  # noqa: E731
     run_asset = dict(
         partitions_def=runs,
-        backfill_policy=dg.BackfillPolicy.single_run(),
+        backfill_policy=run_backfill_policy(),
         code_version=code_version,
         group_name=group,
     )
