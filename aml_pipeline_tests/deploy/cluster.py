@@ -58,6 +58,19 @@ BIN = Path(sys.executable).parent
 LOCATION = "aml_pipeline"
 # A busy 2-core machine loads the code location in several processes at once.
 LOAD_TIMEOUT = 420
+# The deployment tests' plant: the simulator leaves the last run unfinished, so 8 finished runs,
+# backfilled three per chunk: ceil(8 / 3) = 3 Dagster runs.
+SEEDED = 9
+RUNS_PER_CHUNK = 3
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+
+
+def chunk_range(run: Mapping[str, Any]) -> tuple[str, str]:
+    """(first, last) run partition of a chunk's Dagster run (tags as a list or a mapping)."""
+    tags = run["tags"]
+    tags = {t["key"]: t["value"] for t in tags} if isinstance(tags, list) else tags
+    return tags[RANGE_START], tags[RANGE_END]
 
 
 class Service(DagsterDev):

@@ -18,26 +18,23 @@ import math
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from aml_pipeline.defs.assets import RUN_ASSETS
 from aml_pipeline_tests.dagster_server import wait_for
-from aml_pipeline_tests.deploy.cluster import DEPLOY, Deployment, deployment
+from aml_pipeline_tests.deploy.cluster import (
+    DEPLOY,
+    RANGE_START,
+    RUNS_PER_CHUNK,
+    SEEDED,
+    Deployment,
+    chunk_range,
+    deployment,
+)
 
 pytestmark = pytest.mark.timeout(2400)
-
-RUNS_PER_CHUNK = 3
-SEEDED = 9  # the simulator leaves the last run unfinished: 8 finished runs
-RANGE_START = "dagster/asset_partition_range_start"
-RANGE_END = "dagster/asset_partition_range_end"
-
-
-def chunk_range(run: dict[str, Any]) -> tuple[str, str]:
-    tags = {t["key"]: t["value"] for t in run["tags"]} if isinstance(run["tags"], list) else run["tags"]
-    return tags[RANGE_START], tags[RANGE_END]
 
 
 def raw_step_process(d: Deployment, backfill_id: str, first_run: str, spared: set[str]) -> tuple[str, int] | None:
