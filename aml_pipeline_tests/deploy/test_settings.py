@@ -208,3 +208,53 @@ def test_init_instance_stores_the_pool_limits(postgres_url, tmp_path, monkeypatc
         assert limits({"AML_TSDB_URL": "postgresql://aml@db/plant"}) == {"aml_tsdb": 4, "aml_shared_env": 1}
         assert limits({"AML_TSDB_URL": "duckdb:///srv/aml/tsdb.duckdb"}) == {"aml_tsdb": 1, "aml_shared_env": 1}
         assert limits({"AML_TSDB_URL": "postgresql://aml@db/plant", "AML_TSDB_POOL_LIMIT": "6"})["aml_tsdb"] == 6
+
+
+# ---- the deployment's files --------------------------------------------------------------------
+
+
+def _env_references(node) -> set[str]:
+    """Names of the environment variables a Dagster YAML file reads (``{env: NAME}``)."""
+    if isinstance(node, dict):
+        if set(node) == {"env"}:
+            return {node["env"]}
+        return set().union(*(_env_references(v) for v in node.values())) if node else set()
+    if isinstance(node, list):
+        return set().union(*(_env_references(v) for v in node)) if node else set()
+    return set()
+
+
+def test_the_example_environment_sets_every_variable_the_files_read_and_no_secret() -> None:
+    assigned = {
+        line.split("=", 1)[0]
+        for line in (DEPLOY / "aml.env.example").read_text().splitlines()
+        if line and not line.startswith("#") and "=" in line
+    }
+    read = _env_references(yaml.safe_load((DEPLOY / "dagster.yaml").read_text()))
+    read |= _env_references(yaml.safe_load((DEPLOY / "workspace.yaml").read_text()))
+    secrets = {"DAGSTER_PG_PASSWORD", "PGPASSWORD"}
+    assert read - secrets <= assigned, sorted(read - secrets - assigned)
+    assert not assigned & secrets, sorted(assigned & secrets)
+    assert "AML_TSDB_POOL_LIMIT" in assigned  # read by init-instance.sh
+    # The Helm values talk to PostgreSQL the way deploy/dagster.yaml does.
+    helm = yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
+    scheme = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())["storage"]["postgres"]["postgres_db"]["scheme"]
+    assert helm["postgresql"]["postgresqlScheme"] == scheme
+
+
+def test_with_credentials_exports_each_systemd_credential(tmp_path) -> None:
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "DAGSTER_PG_PASSWORD").write_text("s3cret word")
+    (creds / "PGPASSWORD").write_text("other")
+    script = DEPLOY / "systemd" / "with-credentials"
+    env = {"PATH": os.environ["PATH"], "CREDENTIALS_DIRECTORY": str(creds)}
+    shown = subprocess.run(
+        [str(script), sys.executable, "-c", "import os; print(os.environ['DAGSTER_PG_PASSWORD'] + '|' + os.environ['PGPASSWORD'])"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert shown.returncode == 0 and shown.stdout.strip() == "s3cret word|other", shown
+
+    (creds / "not-a-name").write_text("x")
+    refused = subprocess.run([str(script), "true"], env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "not-a-name" in refused.stderr, refused
