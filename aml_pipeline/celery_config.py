@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from aml_pipeline.config import whole_number_env
 from aml_pipeline.errors import AmlError
 
 BROKER_ENV = "AML_CELERY_BROKER_URL"
@@ -46,16 +47,9 @@ def backend_url() -> str:
 
 
 def visibility_timeout_s() -> int:
-    raw = os.environ.get(VISIBILITY_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_VISIBILITY_TIMEOUT_S
-    try:
-        seconds = int(raw)
-    except ValueError:
-        seconds = 0
-    if seconds < 1:
-        raise AmlError(f"{VISIBILITY_TIMEOUT_ENV}={raw!r} must be a whole number of seconds >= 1", code="CONFIG_INVALID")
-    return seconds
+    return whole_number_env(
+        VISIBILITY_TIMEOUT_ENV, DEFAULT_VISIBILITY_TIMEOUT_S, minimum=1, unit="a whole number of seconds"
+    )
 
 
 def celery_settings() -> dict[str, Any]:
