@@ -15,8 +15,12 @@ from dagster_celery.make_app import make_app
 from dagster_celery.tasks import create_task
 
 from aml_pipeline.celery_config import backend_url, broker_url, celery_settings
+from aml_pipeline.errors import AmlError
 
-app = make_app(
-    CeleryExecutor.for_cli(broker=broker_url(), backend=backend_url(), config_source=celery_settings()).app_args()
-)
+try:
+    _executor = CeleryExecutor.for_cli(broker=broker_url(), backend=backend_url(), config_source=celery_settings())
+except AmlError as e:
+    # A worker started without its settings: one line naming the variable, no traceback.
+    raise SystemExit(e.one_line()) from None
+app = make_app(_executor.app_args())
 execute_plan = create_task(app)

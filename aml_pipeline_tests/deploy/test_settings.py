@@ -258,3 +258,14 @@ def test_with_credentials_exports_each_systemd_credential(tmp_path) -> None:
     (creds / "not-a-name").write_text("x")
     refused = subprocess.run([str(script), "true"], env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "not-a-name" in refused.stderr, refused
+
+
+def test_a_worker_started_without_its_broker_says_so_in_one_line(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "AML_"))}
+    started = subprocess.run(
+        [str(BIN / "celery"), "-A", "aml_pipeline.workers", "worker"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=120,
+    )
+    assert started.returncode != 0
+    assert "Traceback" not in started.stderr, started.stderr
+    assert started.stderr.strip().splitlines()[-1].startswith("CONFIG_INVALID: AML_CELERY_BROKER_URL is not set"), started.stderr
