@@ -39,35 +39,24 @@ DEFAULT_MEMORY_MB = 1024
 def memory_budget_mb() -> int:
     """The memory budget of one build process (``AML_MEMORY_MB``, default 1024): runs are
     processed in chunks sized from it, and the embedded TSDB's cache takes a share of it."""
-    raw = os.environ.get("AML_MEMORY_MB", "").strip()
+    return whole_number_env("AML_MEMORY_MB", DEFAULT_MEMORY_MB, minimum=64, unit="an integer number of megabytes")
+
+
+def whole_number_env(name: str, default: int, *, minimum: int, unit: str) -> int:
+    """The integer in environment variable ``name`` (``default`` when unset or empty); anything
+    else than a whole number >= ``minimum`` is a CONFIG_INVALID error naming the variable."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_MEMORY_MB
+        return default
     try:
-        mb = int(raw)
+        value = int(raw)
     except ValueError:
-        mb = 0
-    if mb < 64:
+        value = minimum - 1
+    if value < minimum:
         from aml_pipeline.errors import AmlError
 
-        raise AmlError(f"AML_MEMORY_MB={raw!r} must be an integer number of megabytes >= 64", code="CONFIG_INVALID")
-    return mb
-
-
-DEFAULT_BACKFILL_CHUNK_RUNS = 64
-
-
-def backfill_chunk_runs() -> int:
-    """Runs per Dagster run when run partitions are backfilled (``AML_BACKFILL_CHUNK_RUNS``,
-    default 64): a crash loses at most one chunk, and each chunk's partitions are recorded as
-    soon as it ends."""
-    raw = os.environ.get("AML_BACKFILL_CHUNK_RUNS", "").strip()
-    if not raw:
-        return DEFAULT_BACKFILL_CHUNK_RUNS
-    if not raw.isdigit() or int(raw) < 1:
-        from aml_pipeline.errors import AmlError
-
-        raise AmlError(f"AML_BACKFILL_CHUNK_RUNS={raw!r} must be a positive integer", code="CONFIG_INVALID")
-    return int(raw)
+        raise AmlError(f"{name}={raw!r} must be {unit} >= {minimum}", code="CONFIG_INVALID")
+    return value
 
 
 def store_dir(home: Path | None = None) -> Path:
@@ -78,3 +67,30 @@ def store_dir(home: Path | None = None) -> Path:
 def datasets_dir(home: Path | None = None) -> Path:
     """Published snapshots and their catalog."""
     return (home or aml_home()) / "datasets"
+
+
+# Runs per Dagster run when a backfill covers many run partitions (see docs/deployment.md).
+DEFAULT_BACKFILL_RUNS_PER_CHUNK = 50
+
+
+def backfill_runs_per_chunk() -> int:
+    """How many run partitions one Dagster run of a backfill covers (``AML_BACKFILL_RUNS_PER_CHUNK``,
+    default 50). A crash loses at most one chunk; each chunk pays one run's start-up."""
+    return whole_number_env(
+        "AML_BACKFILL_RUNS_PER_CHUNK", DEFAULT_BACKFILL_RUNS_PER_CHUNK, minimum=1, unit="a whole number of runs"
+    )
+
+
+EXECUTORS = ("multiprocess", "celery")
+
+
+def executor_name() -> str:
+    """Where Dagster runs the steps (``AML_EXECUTOR``): ``multiprocess`` (default: Dagster's own
+    executor, one process per step on the run's host) or ``celery`` (Celery workers on any host;
+    see docs/deployment.md)."""
+    name = os.environ.get("AML_EXECUTOR", "").strip().lower() or "multiprocess"
+    if name not in EXECUTORS:
+        from aml_pipeline.errors import AmlError
+
+        raise AmlError(f"AML_EXECUTOR={name!r} must be one of {', '.join(EXECUTORS)}", code="CONFIG_INVALID")
+    return name

@@ -19,7 +19,7 @@ import numpy as np
 
 from aml_pipeline import config, progress
 from aml_pipeline.core.clean import CLEAN_CAUSES
-from aml_pipeline.defs.partitions import RUN_ASSETS, run_partitions
+from aml_pipeline.defs.partitions import RUN_ASSETS, run_backfill_policy, run_partitions
 from aml_pipeline.defs.resources import StoreResource, TsdbResource
 from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.build import publish_dataset, run_scope
@@ -120,7 +120,7 @@ def run_stage_assets(spec: DatasetSpec) -> dg.AssetsDefinition:
         specs=specs,
         check_specs=check_specs,
         can_subset=True,
-        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=config.backfill_chunk_runs()),
+        backfill_policy=run_backfill_policy(),
         pool="aml_tsdb",
     )
     def run_stages(context: dg.AssetExecutionContext, tsdb: TsdbResource, store: StoreResource):

@@ -2,7 +2,7 @@
 
 The same definitions the UI shows, executed in this process under their named jobs:
 ``<spec>__runs`` for the run stages, over contiguous ranges of at most
-``AML_BACKFILL_CHUNK_RUNS`` partitions (the backfill chunks), then ``<spec>__rebuild`` for the
+``AML_BACKFILL_RUNS_PER_CHUNK`` partitions (the backfill chunks), then ``<spec>__rebuild`` for the
 dataset. Incremental: only runs with a stale stage are materialised, from that stage on, and the
 rebuild publishes nothing when nothing changed (:mod:`aml_pipeline.pipeline.incremental`).
 """
@@ -140,7 +140,7 @@ def materialize_dataset(
                 else stale_runs(spec, store.dataset_store(spec.id), runs, tsdb_versions=versions, catalog=catalog)
             )
             materialized = dict.fromkeys(RUN_ASSETS, 0)
-            chunk_runs = config.backfill_chunk_runs()
+            chunk_runs = config.backfill_runs_per_chunk()
             if workers > 1 and todo:
                 chunk_runs = max(1, min(chunk_runs, -(-len(todo) // workers)))
             batches = plan_run_batches(keys, todo, chunk_runs)

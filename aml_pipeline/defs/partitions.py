@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
+from aml_pipeline import config
 from aml_pipeline.pipeline.incremental import contiguous_ranges, stages_from
 from aml_pipeline.pipeline.versions import RUN_STAGES
 
@@ -21,6 +22,7 @@ def run_partitions(spec_id: str) -> dg.DynamicPartitionsDefinition:
     return dg.DynamicPartitionsDefinition(name=f"{spec_id}__runs")
 
 
+from aml_pipeline import config
 def range_tags(run_ids: Sequence[str]) -> dict[str, str]:
     """Tags of a Dagster run over the contiguous partitions ``run_ids``."""
     return {RANGE_START_TAG: run_ids[0], RANGE_END_TAG: run_ids[-1]}

@@ -3,7 +3,7 @@
 Every tick compares the runs in scope with the stored run stages (:mod:`aml_pipeline.pipeline.
 incremental`): new runs, runs with late points (their TSDB version changed) and runs whose spec
 stages changed are requested, from their first stale stage on, in contiguous partition ranges of
-at most ``AML_BACKFILL_CHUNK_RUNS`` runs per Dagster run (the range tags single-run backfills
+at most ``AML_BACKFILL_RUNS_PER_CHUNK`` runs per Dagster run (the range tags single-run backfills
 use), never one Dagster run per partition. A run whose build failed is requested again on a
 later tick, at most ``MAX_ATTEMPTS`` times, then reported in the tick's log and skip reason until
 its data or its spec changes.
@@ -79,7 +79,7 @@ def new_run_sensor(spec: DatasetSpec) -> dg.SensorDefinition:
 
         fingerprints = stage_versions(spec)
         requests = []
-        for names, chunk in plan_run_batches(order, wanted, config.backfill_chunk_runs()):
+        for names, chunk in plan_run_batches(order, wanted, config.backfill_runs_per_chunk()):
             attempt = 1 + max(attempts.get(r, 0) for r in chunk)
             # Same inputs, same key: a repeated tick launches nothing twice; new data, new key.
             digest = inputs_key(fingerprints.windows, names, [(r, versions.get(r)) for r in chunk])[:12]

@@ -172,7 +172,7 @@ def _tick(sensor, instance, resources, cursor=None):
 
 
 def test_sensor_adds_finished_runs_and_requests_them_in_ranges(dagster_spec, dagster_plant, instance, resources, monkeypatch):
-    monkeypatch.setenv("AML_BACKFILL_CHUNK_RUNS", "2")
+    monkeypatch.setenv("AML_BACKFILL_RUNS_PER_CHUNK", "2")
     sensor = new_run_sensor(dagster_spec)
     assert sensor.name == f"{dagster_spec.id}__new_runs"
     finished = finished_runs(dagster_plant)
@@ -184,7 +184,7 @@ def test_sensor_adds_finished_runs_and_requests_them_in_ranges(dagster_spec, dag
     [add] = result.dynamic_partitions_requests
     assert add.partitions_def_name == run_partitions(dagster_spec.id).name
     assert sorted(add.partition_keys) == sorted(finished)
-    # Contiguous ranges of at most 2 runs (AML_BACKFILL_CHUNK_RUNS), each a Dagster run over the
+    # Contiguous ranges of at most 2 runs (AML_BACKFILL_RUNS_PER_CHUNK), each a Dagster run over the
     # three run stages; no run in progress; every finished run exactly once.
     ranges = [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in result.run_requests]
     covered = []

@@ -9,7 +9,7 @@ aml_pipeline.definitions`` on a free loopback port, and through its GraphQL API:
    the rebuild job, the new-run sensor (stopped by default) and the schedule;
 2. the finished runs added as dynamic partitions (``addDynamicPartition``) and read back;
 3. a partition backfill of the run assets over a non-contiguous selection of runs (the daemon
-   launches one run per contiguous range: ``BackfillPolicy.single_run()``), waited for, and exactly
+   launches one run per contiguous range of at most ``AML_BACKFILL_RUNS_PER_CHUNK`` runs), waited for, and exactly
    those partitions materialised, each with its own metadata;
 4. the ``reactor_a__rebuild`` job launched and waited for; the manifest's materialisation carries
    its sha256, its blocking checks passed, and ``current`` points at the published snapshot.
@@ -304,8 +304,8 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
         assert n["groupName"] == SPEC_ID, n
         assert n["isPartitioned"] and n["isMaterializable"], n
         assert n["partitionDefinition"] == {"type": "DYNAMIC", "name": partitions_def}, n
-        # Backfills in chunks of at most AML_BACKFILL_CHUNK_RUNS runs per Dagster run.
-        assert n["backfillPolicy"] == {"policyType": "MULTI_RUN", "maxPartitionsPerRun": 64}, n
+        # Backfills in chunks of at most AML_BACKFILL_RUNS_PER_CHUNK (default 50) runs per Dagster run.
+        assert n["backfillPolicy"] == {"policyType": "MULTI_RUN", "maxPartitionsPerRun": 50}, n
     for name in DATASET_ASSETS:
         n = nodes[(SPEC_ID, name)]
         assert n["groupName"] == SPEC_ID, n

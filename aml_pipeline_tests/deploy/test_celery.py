@@ -1,0 +1,143 @@
+"""Steps on Celery workers: the same snapshot bytes as one process, even when a worker dies mid-chunk.
+
+The deployment of ``cluster.py`` with ``AML_EXECUTOR=celery``: PostgreSQL (instance storage and
+the TSDB), ``redis-server`` (broker and result backend), two Celery workers
+(``celery -A aml_pipeline.workers worker``), the code server (which starts the run workers), the
+webserver and the daemon, each a separate process sharing only the databases and the artifact
+store directory, as hosts would. Eight finished runs, three runs per chunk.
+
+1. The run assets are backfilled through the daemon (GraphQL ``launchPartitionBackfill``) with
+   the TSDB's points table locked, so every fetch waits inside its query. Once every raw step a
+   worker has taken is waiting there, the worker running one chunk's raw step is SIGKILLed with
+   its whole process group (as if its host died), and the lock is released.
+2. The step is not lost: it is acknowledged only when it ends, so the broker delivers it again
+   (Redis: once the visibility timeout, 20 s here, has passed) and the surviving worker runs it;
+   the chunk's Dagster run waits for it and succeeds. No Dagster run is retried: the run never
+   failed. The other chunks are recorded as soon as they end, each partition once, by its
+   chunk's run.
+3. The dataset assets (the rebuild job, also on the workers) publish a snapshot whose bytes equal
+   the single-process build's (``materialize_dataset`` in this process, same TSDB): every array,
+   spec.json, report.json and the manifest apart from ``provenance.capturedAt``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aml_pipeline.defs.assets import RUN_ASSETS
+from aml_pipeline.defs.inprocess import materialize_dataset
+from aml_pipeline_tests.dagster_server import wait_for
+from aml_pipeline_tests.deploy.cluster import RUNS_PER_CHUNK, SEEDED, Deployment, chunk_range, deployment
+from aml_pipeline_tests.pipeline.test_cross_adapter import ARRAYS, snapshot_files, without_captured_at
+
+pytestmark = pytest.mark.timeout(2400)
+
+VISIBILITY_TIMEOUT_S = 20
+WORKERS = 2
+
+
+def step_executions(run: dict[str, Any], step: str) -> list[str]:
+    """The Celery workers that started ``step`` in this run, in order (one entry per delivery)."""
+    return [
+        {m["label"]: m.get("text") for m in e["metadataEntries"]}["Celery worker"]
+        for e in run["eventConnection"]["events"]
+        if e["__typename"] == "EngineEvent" and (e.get("stepKey") or "").endswith(step)
+        and "in celery worker" in e["message"]
+    ]
+
+
+def raw_step_waiting(d: Deployment, backfill_id: str) -> tuple[str, str] | None:
+    """(Dagster run, worker) of a chunk's raw step running on a worker, once every raw step the
+    workers have taken is waiting inside its fetch."""
+    taken = []
+    for r in d.backfill(backfill_id)["runs"]:
+        run = d.run(r["runId"])
+        taken += [(run["runId"], w) for w in step_executions(run, "raw_node_series")]
+    if taken and d.fetches_waiting() >= len(taken):
+        return taken[0]
+    return None
+
+
+def test_celery_workers_build_the_same_bytes_and_survive_a_killed_worker(tmp_path: Path, postgres_url: str) -> None:
+    with deployment(
+        tmp_path / "cluster", postgres_url, seeded_runs=SEEDED, runs_per_chunk=RUNS_PER_CHUNK,
+        max_concurrent_runs=3, tsdb_pool_limit=4, workers=WORKERS,
+        extra_env={"AML_CELERY_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S)},
+    ) as d:
+        finished = d.finished
+        chunks = [finished[i:i + RUNS_PER_CHUNK] for i in range(0, len(finished), RUNS_PER_CHUNK)]
+        d.add_run_partitions(finished)
+
+        # 1. The backfill, and a worker killed while its chunk's fetch waits.
+        with d.points_locked():
+            backfill_id = d.launch_backfill(finished, "test: Celery workers, one killed")
+            hit_run, hit_worker = wait_for(
+                lambda: raw_step_waiting(d, backfill_id), timeout=900,
+                what="a raw step waiting in its fetch on a worker", diagnostics=lambda: d.backfill_diagnostics(backfill_id),
+            )
+            victim = next(w for w in d.workers if hit_worker.startswith(f"{w.name}@"))
+            victim.kill()
+        survivor = next(w for w in d.workers if w is not victim)
+
+        hit = chunk_range(d.run(hit_run))
+        lost = next(c for c in chunks if (c[0], c[-1]) == hit)
+        others = [r for c in chunks if c is not lost for r in c]
+
+        # 2. The other chunks end and are recorded while the killed step waits for redelivery.
+        def others_done() -> tuple[dict[str, Any], list[str]] | None:
+            runs = [d.run(r["runId"]) for r in d.backfill(backfill_id)["runs"]]
+            if all(r["status"] == "SUCCESS" for r in runs if r["runId"] != hit_run) and len(runs) == len(chunks):
+                return d.run(hit_run), d.materialized("run_windows")
+            return None
+
+        hit_then, recorded = wait_for(
+            others_done, timeout=900, what="the chunks on the surviving worker",
+            diagnostics=lambda: d.backfill_diagnostics(backfill_id),
+        )
+        assert set(others) <= set(recorded), (recorded, others)
+        if hit_then["status"] != "SUCCESS":
+            assert not set(lost) & set(recorded), (recorded, lost, hit_then["status"])
+
+        backfill = d.wait_for_backfill(backfill_id)
+        diagnostics = d.backfill_diagnostics(backfill_id)
+        assert backfill["status"] == "COMPLETED_SUCCESS", diagnostics
+        runs = {r["runId"]: d.run(r["runId"]) for r in backfill["runs"]}
+        # ceil(8 / 3) chunks, each one Dagster run; none retried by Dagster.
+        assert sorted(chunk_range(r) for r in runs.values()) == sorted((c[0], c[-1]) for c in chunks), diagnostics
+        assert all(r["status"] == "SUCCESS" and "dagster/parent_run_id" not in r["tags"] for r in runs.values()), diagnostics
+        # The killed worker's step was delivered again, to the survivor, in the same Dagster run.
+        executions = step_executions(runs[hit_run], "raw_node_series")
+        assert [w.split("@")[0] for w in executions] == [victim.name, survivor.name], executions
+        # Each partition recorded once, by its own chunk's run, before that run ended.
+        run_of = {p: rid for rid, r in runs.items() for p in finished if chunk_range(r)[0] <= p <= chunk_range(r)[1]}
+        for asset in RUN_ASSETS:
+            events = d.materializations(asset)
+            assert sorted(e["partition"] for e in events) == finished, (asset, events)
+            for e in events:
+                assert e["runId"] == run_of[e["partition"]], (asset, e)
+                assert int(e["timestamp"]) <= runs[e["runId"]]["endTime"] * 1000, (asset, e)
+
+        # 3. The dataset assets, then the bytes against one process on the same data.
+        rebuild = d.launch_job(f"{d.spec.id}__rebuild")
+        status = d.webserver.wait_for_run(rebuild, 900)
+        assert status == "SUCCESS", f"{d.webserver.run_failures(rebuild)}\n{d.diagnostics()}"
+        assert survivor.name in {w.split("@")[0] for w in step_executions(d.run(rebuild), "dataset_manifest")}
+        deployed = (d.root / "aml" / "datasets" / d.spec.id / "current").resolve()
+
+        reference = materialize_dataset(d.spec, tsdb_url=d.tsdb_url, home=tmp_path / "one_process")
+        single = Path(reference["snapshotDir"])
+
+    a, b = snapshot_files(single), snapshot_files(deployed)
+    assert sorted(a) == sorted(b)
+    for name in ARRAYS:
+        assert len(a[f"arrays/{name}"]) > 0, name
+    assert without_captured_at(a.pop("manifest.json")) == without_captured_at(b.pop("manifest.json"))
+    # The digest file covers the manifest (capturedAt); its digests of every other file agree.
+    da, db = (json.loads(files.pop("sha256.json"))["files"] for files in (a, b))
+    assert {k: v for k, v in da.items() if k != "manifest.json"} == {k: v for k, v in db.items() if k != "manifest.json"}
+    for name in a:
+        assert a[name] == b[name], f"{name} differs between the Celery deployment and one process"
