@@ -17,7 +17,7 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from aml_pipeline import config, progress
+from aml_pipeline import progress
 from aml_pipeline.core.clean import CLEAN_CAUSES
 from aml_pipeline.defs.partitions import RUN_ASSETS, run_backfill_policy, run_partitions
 from aml_pipeline.defs.resources import StoreResource, TsdbResource

@@ -22,7 +22,6 @@ def run_partitions(spec_id: str) -> dg.DynamicPartitionsDefinition:
     return dg.DynamicPartitionsDefinition(name=f"{spec_id}__runs")
 
 
-from aml_pipeline import config
 def range_tags(run_ids: Sequence[str]) -> dict[str, str]:
     """Tags of a Dagster run over the contiguous partitions ``run_ids``."""
     return {RANGE_START_TAG: run_ids[0], RANGE_END_TAG: run_ids[-1]}
@@ -39,3 +38,10 @@ def plan_run_batches(
         names = [ASSET_OF_STAGE[s] for s in stages_from(stage)]
         batches += [(names, chunk) for chunk in contiguous_ranges(partition_keys, runs, chunk_runs)]
     return batches
+
+
+def run_backfill_policy() -> dg.BackfillPolicy:
+    """Backfills of the run assets in chunks of ``AML_BACKFILL_RUNS_PER_CHUNK`` runs per Dagster
+    run: each chunk is recorded when it ends, so a crash loses at most one chunk, and chunks run
+    side by side up to the run queue's limit."""
+    return dg.BackfillPolicy.multi_run(config.backfill_runs_per_chunk())
