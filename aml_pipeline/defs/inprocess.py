@@ -196,8 +196,9 @@ def one_planned_event_per_asset() -> Iterator[None]:
     """Dagster's own switch (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``): a run over a
     range of partitions records one "materialisation planned" event per asset instead of one per
     partition (half of a chunk's events; the cost is that partitions of a failed chunk show as
-    missing rather than failed in the UI, while the run itself shows the failure). Deployments set
-    it in the daemon's and webserver's environment (docs/deployment.md)."""
+    missing rather than failed in the UI, while the run itself shows the failure). Only this
+    process's builds use it; a deployment's daemon keeps Dagster's default (failed partitions
+    marked as failed)."""
     name = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
     before = os.environ.get(name)
     os.environ[name] = before or "true"

@@ -56,7 +56,7 @@ def raw_step_waiting(d: Deployment, backfill_id: str) -> tuple[str, str] | None:
     taken = []
     for r in d.backfill(backfill_id)["runs"]:
         run = d.run(r["runId"])
-        taken += [(run["runId"], w) for w in step_executions(run, "raw_node_series")]
+        taken += [(run["runId"], w) for w in step_executions(run, "run_stages")]
     if taken and d.fetches_waiting() >= len(taken):
         return taken[0]
     return None
@@ -110,7 +110,7 @@ def test_celery_workers_build_the_same_bytes_and_survive_a_killed_worker(tmp_pat
         assert sorted(chunk_range(r) for r in runs.values()) == sorted((c[0], c[-1]) for c in chunks), diagnostics
         assert all(r["status"] == "SUCCESS" and "dagster/parent_run_id" not in r["tags"] for r in runs.values()), diagnostics
         # The killed worker's step was delivered again, to the survivor, in the same Dagster run.
-        executions = step_executions(runs[hit_run], "raw_node_series")
+        executions = step_executions(runs[hit_run], "run_stages")
         assert [w.split("@")[0] for w in executions] == [victim.name, survivor.name], executions
         # Each partition recorded once, by its own chunk's run, before that run ended.
         run_of = {p: rid for rid, r in runs.items() for p in finished if chunk_range(r)[0] <= p <= chunk_range(r)[1]}

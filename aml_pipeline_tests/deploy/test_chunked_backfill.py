@@ -46,7 +46,7 @@ def raw_step_process(d: Deployment, backfill_id: str, first_run: str, spared: se
             continue
         run = d.run(r["runId"])
         for e in run["eventConnection"]["events"]:
-            if e["__typename"] == "StepWorkerStartedEvent" and (e.get("stepKey") or "").endswith("raw_node_series"):
+            if e["__typename"] == "StepWorkerStartedEvent" and (e.get("stepKey") or "").endswith("run_stages"):
                 pid = {m["label"]: m.get("text") for m in e["metadataEntries"]}["pid"]
                 started.append((run, int(pid)))
     ours = [(run["runId"], pid) for run, pid in started if run["tags"][RANGE_START] == first_run]

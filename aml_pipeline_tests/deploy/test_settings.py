@@ -43,7 +43,7 @@ def test_run_assets_backfill_in_chunks_of_the_configured_size(monkeypatch) -> No
     assert run_backfill_policy() == dg.BackfillPolicy.multi_run(50)
 
     monkeypatch.setenv("AML_BACKFILL_RUNS_PER_CHUNK", "7")
-    assets = {a.key.path[-1]: a for a in dataset_assets(load_spec(DEMO_SPEC))}
+    assets = {k.path[-1]: a for a in dataset_assets(load_spec(DEMO_SPEC)) for k in a.keys}
     for name in RUN_ASSETS:
         assert assets[name].backfill_policy == dg.BackfillPolicy.multi_run(7), name
     for name in DATASET_ASSETS:  # not partitioned: no chunks
