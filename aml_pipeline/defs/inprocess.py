@@ -248,10 +248,17 @@ def _execute_parallel(
         }}},
     }
 
+    # The chunk runs are driven from threads; Dagster configures Python logging from the
+    # instance's settings at every run start (logging.config.dictConfig), which deadlocks against
+    # another thread's run logging at the same moment. The runs therefore go through the same
+    # storage without the instance's settings (telemetry, pool limits, python_logs: nothing a
+    # one-off CLI build needs); the steps' processes get that instance too.
+    quiet = dg.DagsterInstance.from_ref(instance.get_ref()._replace(settings={}))
+
     def one(batch: tuple[list[str], list[str]]) -> None:
         names, chunk = batch
         result = dg.execute_job(
-            job, instance, run_config=run_config, tags=range_tags(chunk),
+            job, quiet, run_config=run_config, tags=range_tags(chunk),
             asset_selection=[dg.AssetKey([spec.id, n]) for n in names],
         )
         if not result.success:

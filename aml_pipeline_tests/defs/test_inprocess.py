@@ -96,8 +96,12 @@ def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp
     spec = parse_spec(plant_spec_dict(dagster_plant, "dg_par", history_steps=20, horizon_steps=10))  # v1: hash reproducible
     out = {}
     for workers in (1, 2):
-        (tmp_path / f"instance{workers}").mkdir()
-        with dg.DagsterInstance.local_temp(str(tmp_path / f"instance{workers}")) as instance:
+        home = tmp_path / f"instance{workers}"
+        home.mkdir()
+        # An instance with settings, as a user's DAGSTER_HOME has (Dagster configures logging
+        # from them at every run start).
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\npython_logs:\n  python_log_level: INFO\n")
+        with dg.DagsterInstance.from_config(str(home)) as instance:
             summary = materialize_dataset(
                 spec, tsdb_url=dagster_plant_url, home=tmp_path / f"home{workers}", instance=instance, workers=workers,
             )
