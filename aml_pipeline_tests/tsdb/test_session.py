@@ -269,3 +269,47 @@ def test_a_forked_child_does_not_keep_the_writers_turn(url):
         os.write(w, b"x")
         os.close(w)
         os.waitpid(pid, 0)
+
+
+def test_a_brief_handle_lets_an_ingest_in_while_a_long_fetch_runs(url, tmp_path):
+    """What the run stages hold while they fetch (BriefHandle): a handle reopened between pages
+    once held for ``hold_s``, so an ingest from another process gets the file during a long fetch
+    (a handle held for the whole fetch would make it fail with TSDB_BUSY)."""
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from aml_pipeline.tsdb.session import BriefHandle
+
+    late = plant_points("R0", 300, t0=10**8, seed=2)
+    pq.write_table(
+        pa.table({"run_id": late.run_id.astype(str), "node_id": late.node_id.astype(str), "ts": late.ts,
+                  "value": late.value, "state": late.state}),
+        tmp_path / "late.parquet",
+    )  # fmt: skip
+    session = TsdbSession(url, lock_timeout_s=60)
+    brief = BriefHandle(session, hold_s=0.05)
+    fetched: list[int] = []
+
+    def fetch() -> None:  # slow on purpose: many small pages, several passes
+        for _ in range(6):
+            fetched.append(sum(len(fetch_node_series(brief, n, "R0", -FAR, FAR, page_limit=500)) for n in NODES))
+
+    reader = threading.Thread(target=fetch)
+    reader.start()
+    while session.opens < 2:
+        time.sleep(0.01)
+    ingest = subprocess.run(
+        [sys.executable, "-m", "aml_pipeline.cli", "ingest", "--tsdb", url, "--points", str(tmp_path / "late.parquet"),
+         "--lock-timeout-s", "10"],
+        capture_output=True, text=True, cwd=str(REPO),
+        env=dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")),
+    )  # fmt: skip
+    done_at_ingest = len(fetched)
+    reader.join()
+    session.close()
+    assert ingest.returncode == 0, ingest.stderr
+    assert done_at_ingest < len(fetched) == 6  # the fetch was still going when the ingest ran
+    assert session.opens > 6  # reopened between pages, not once per pass
+    assert fetched[-1] == len(NODES) * POINTS_PER_NODE + len(late)  # a later pass sees the new points
