@@ -14,6 +14,7 @@ Running out of space is reported as ``DISK_FULL`` naming the path; nothing parti
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -222,6 +223,13 @@ class NpyAppender:
 
 def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     """Shape, dtype and data offset of a C-ordered ``.npy`` file."""
+    st = os.stat(path)
+    # Stage files are replaced by rename, never rewritten: (inode, mtime, size) names one version.
+    return _npy_header(str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_header(path: str, ino: int, mtime_ns: int, size: int) -> tuple[tuple[int, ...], np.dtype, int]:
     with open(path, "rb") as f:
         version = npy.read_magic(f)
         if version == (1, 0):

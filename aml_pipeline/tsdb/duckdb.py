@@ -791,7 +791,9 @@ class DuckDBTsdb:
             return self._read(f"SELECT ts, value, state, seq FROM points WHERE {where}", params)
         return self._read(f"SELECT ts, value, state, seq FROM points WHERE {where} LIMIT ?", [*params, limit])
 
-    def prefetch(self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int) -> bool:
+    def prefetch(
+        self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int, *, max_points: int | None = None
+    ) -> bool:
         """Read the points of ``node_ids`` in ``run_id`` within ``[from_ms, to_ms]`` in one query
         and serve the next :meth:`query_page` calls for exactly those series from memory.
 
@@ -801,9 +803,9 @@ class DuckDBTsdb:
         (same rows, order, limits and cursors). A series is dropped once its last page has been
         served; a new prefetch replaces the old one.
 
-        Bounded: a slice of more than :meth:`prefetch_limit` points (1/:data:`PREFETCH_MEMORY_SHARE`
-        of ``AML_MEMORY_MB``) is not kept, and the pages come from SQL as without the hint. Returns
-        whether the slice is served from memory; ask for a run's time chunk, not a whole run.
+        Bounded: a slice of more than ``max_points`` (at most :meth:`prefetch_limit` points,
+        1/:data:`PREFETCH_MEMORY_SHARE` of ``AML_MEMORY_MB``) is not kept, and the pages come from
+        SQL as without the hint. Returns whether the slice is served from memory.
         """
         with self._lock:
             self._c  # noqa: B018 - raises if this handle is closed
@@ -818,7 +820,7 @@ class DuckDBTsdb:
             lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
             if not keys or lo > hi:
                 return False
-            max_points = self.prefetch_limit()
+            max_points = self.prefetch_limit() if max_points is None else min(int(max_points), self.prefetch_limit())
             node_list = ", ".join(str(int(k)) for k in keys)  # integers from our own catalog
             cols = self._read(
                 "SELECT node_key, ts, value, state, seq FROM points "

@@ -150,6 +150,16 @@ class BriefHandle:
     def run_versions(self, *args, **kwargs):
         return self._call("run_versions", *args, **kwargs)
 
+    def prefetch(self, *args, **kwargs) -> bool:
+        """The embedded adapter's optional hint (False where the adapter has none). Served pages
+        stay with the handle, so the handle is kept until they are read."""
+        handle = self.session.acquire()
+        fn = getattr(handle, "prefetch", None)
+        if not callable(fn):
+            return False
+        self._since = time.monotonic()
+        return fn(*args, **kwargs)
+
     def release(self) -> None:
         """Let go of the handle now (e.g. at the end of a step)."""
         self.session.release()
