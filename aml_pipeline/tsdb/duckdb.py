@@ -108,7 +108,7 @@ from aml_pipeline.tsdb.writer_intent import (
 
 SCHEMA_VERSION = 2
 URL_PREFIX = "duckdb://"
-READER_MEMORY_SHARE = 16
+READER_MEMORY_SHARE = 32
 READER_MEMORY_MIN_MB = 16
 # A prefetched slice (DuckDBTsdb.prefetch) holds at most 1/PREFETCH_MEMORY_SHARE of the budget.
 PREFETCH_MEMORY_SHARE = 8

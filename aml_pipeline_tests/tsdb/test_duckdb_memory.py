@@ -51,7 +51,7 @@ def duckdb_limit_mib(db: DuckDBTsdb) -> float:
     return float(value) * {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}[unit]
 
 
-@pytest.mark.parametrize(("budget", "expected"), [(None, 64), ("64", 16), ("512", 32), ("4096", 256)])
+@pytest.mark.parametrize(("budget", "expected"), [(None, 32), ("64", 16), ("512", 16), ("1024", 32), ("4096", 128)])
 def test_the_reader_memory_limit_is_a_share_of_the_budget(url, monkeypatch, budget, expected):
     if budget is None:
         monkeypatch.delenv("AML_MEMORY_MB", raising=False)
@@ -81,7 +81,7 @@ def test_a_query_that_does_not_fit_fails_naming_the_budget_then_fits_with_a_larg
         assert "\n" not in err.one_line()
         # the handle is still fine for what fits
         assert len(fetch_node_series(db, "A", "R", 0, FAR)) == 150_000
-    monkeypatch.setenv("AML_MEMORY_MB", "2048")
+    monkeypatch.setenv("AML_MEMORY_MB", "4096")
     with DuckDBTsdb(url) as db:
         assert db.memory_limit_mb == 128
         page = db.query_page("C", "R", 0, FAR, None, 250_000)
