@@ -15,6 +15,8 @@ Two kinds of pieces:
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from aml_pipeline import config
 
 GRID_BLOCK_BYTES = 8 << 20
@@ -40,22 +42,26 @@ def clean_chunk_points(budget_mb: int | None = None) -> int:
     return max(1 << 16, (mb << 20) // (CLEAN_BUDGET_SHARE * CLEAN_BYTES_PER_POINT))
 
 
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+def release_freed_memory() -> bool:
+    """Give the heap's free pages back to the OS (glibc ``malloc_trim``); False where unavailable.
 
-
-def return_freed_blocks_to_the_os(threshold_bytes: int = 128 << 10) -> bool:
-    """Make glibc give every freed block of ``threshold_bytes`` or more back to the OS at once.
-
-    Streaming a run allocates and frees many chunk-sized arrays. glibc raises its mmap threshold
-    after such frees, so later chunks come from the heap, which it does not shrink: the process's
-    memory then creeps up with the number of chunks, i.e. with the run's length (measured: a
-    16-day run peaked 1.33x a 2-day one; 1.19x with this). Fixing the threshold keeps large arrays
-    in their own mappings, released when freed. Linux/glibc only; elsewhere nothing happens.
+    Streaming a run allocates and frees chunk-sized arrays over and over. glibc keeps freed
+    blocks in its heap for reuse (fast: no page faults the next time), but fragmentation lets the
+    resident size creep up with the number of chunks, i.e. with the run's length. The stages
+    trim after each node that took more than one chunk (page, block), which bounds it (measured:
+    a 16-day run peaked 1.33x a 2-day one without it); a node of one chunk leaves nothing the
+    next node would not reuse, and trimming there too cost about 15 % of a build of short runs
+    in page faults (as did a fixed mmap threshold: every large array in its own mapping).
     """
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False
+
+
+@lru_cache(maxsize=1)
+def _malloc_trim():
     try:
         import ctypes
 
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
+        return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
-        return False
+        return None

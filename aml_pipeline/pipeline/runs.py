@@ -21,7 +21,7 @@ from aml_pipeline.core.grid import GridAligner, grid_span
 from aml_pipeline.core.traces import RunTraces, TraceAccumulator
 from aml_pipeline.core.windows import StartFinder, explain_no_windows
 from aml_pipeline.errors import BuildError, UnknownNodeError
-from aml_pipeline.pipeline.chunks import clean_chunk_points, grid_block_rows
+from aml_pipeline.pipeline.chunks import clean_chunk_points, grid_block_rows, release_freed_memory
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.pipeline.versions import chain_version, stage_versions
 from aml_pipeline.spec import DatasetSpec
@@ -109,6 +109,8 @@ def fetch_run(
                 n += len(page)
             points[node_id], pages[node_id] = n, queries
             offsets.append(offsets[-1] + n)
+            if queries > 1:
+                release_freed_memory()
         run_record = dataclasses.asdict(run)
         ranges = catalog_ranges(spec, catalog)
         content.update(json.dumps([run_record, ranges, offsets], sort_keys=True).encode())
@@ -224,6 +226,8 @@ def clean_run(spec: DatasetSpec, run_id: str, store: DatasetStore, *, chunk_poin
             emit(aligner.feed(kept.ts, kept.value))
             emit(aligner.finish())
             counts[node.node_id] = dict(cleaner.counts)
+            if offsets[j + 1] - offsets[j] > chunk:
+                release_freed_memory()
             # An empty grid has nothing usable (1.0), like core.grid.missing_ratio.
             missing[node.node_id] = nan_rows / rows if rows else 1.0
         fingerprint = stage_versions(spec).grid
@@ -298,6 +302,8 @@ def window_run(spec: DatasetSpec, run_id: str, store: DatasetStore) -> WindowsSu
         found = finder.finish()
         starts.append(found)
         windows += found.size
+        if rows > block_rows:
+            release_freed_memory()
         reason = None
         if windows == 0:
             reason = explain_no_windows(rows, spec.history_steps, spec.horizon_steps, nonfinite, spec.node_ids)

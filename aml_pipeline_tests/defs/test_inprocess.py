@@ -37,10 +37,14 @@ def test_a_rebuild_with_nothing_new_materialises_and_publishes_nothing(dagster_s
     n = len([r for r in dagster_plant.runs if r.ended_at is not None])
     first = _build(dagster_spec, resources, instance)
     assert first["materialized"] == dict.fromkeys(RUN_ASSETS, n) and first["published"] is True
+    seconds = first["seconds"]  # the run stages are timed apart even inside the one __build run
+    assert 0 < seconds["runStages"] < seconds["total"] and seconds["dataset"] == pytest.approx(
+        seconds["total"] - seconds["runStages"], abs=0.002)
     before = _snapshots(resources, dagster_spec)
 
     again = _build(dagster_spec, resources, instance)
     assert again["materialized"] == dict.fromkeys(RUN_ASSETS, 0)
+    assert "runStages" not in again["seconds"]  # no run stage ran
     assert again["published"] is False and again["snapshotDir"] == first["snapshotDir"]
     assert again["sha256"] == first["sha256"] and again["current"] is True
     assert _snapshots(resources, dagster_spec) == before  # no new directory, not a byte more
