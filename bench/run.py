@@ -416,6 +416,8 @@ def render(d: dict[str, Any]) -> str:
         L.append(f"{'stage':<12}{'seconds':>10}{'points/s':>14}{'share':>8}   (library build, per-stage median of {st['total_seconds']['repeat']})")
         for r in st["stages"]:
             extra = f"   {r['mb_per_s']:.0f} MB/s of arrays" if r.get("mb_per_s") else ""
+            if r.get("overlapped"):
+                extra += "   (in a thread, beside clean and windows of the previous run)"
             L.append(f"{r['stage']:<12}{r['seconds']:>10.3f}{_fmt(r['points_per_s']):>14}{_fmt((r['share'] or 0) * 100, 1) + '%':>8}{extra}")
         L.append(f"{'total':<12}{st['total_seconds']['median']:>10.3f}   {st['windows']:,} windows, {st['output_bytes'] / 1e6:.0f} MB of arrays")
     elif st:

@@ -15,6 +15,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,17 +264,31 @@ def _build(spec, tsdb, store, datasets_root, page_limit, progress, full) -> Publ
         if full
         else stale_runs(spec, store, runs, tsdb_versions=versions, catalog=catalog)
     )
-    for i, run in enumerate(runs):
-        stage = todo.get(run.run_id)
-        if stage is not None:
-            stages = stages_from(stage)
-            if "raw" in stages:
-                fetch_run(tsdb, spec, run, store, catalog, page_limit=page_limit, tsdb_version=versions.get(run.run_id))
-            if "grid" in stages:
-                clean_run(spec, run.run_id, store)
-            window_run(spec, run.run_id, store)
-        if progress:
-            progress(run.run_id, i + 1, len(runs))
+    def fetch(run):
+        return fetch_run(tsdb, spec, run, store, catalog, page_limit=page_limit, tsdb_version=versions.get(run.run_id))
+
+    fetching = [r for r in runs if r.run_id in todo and "raw" in stages_from(todo[r.run_id])]
+    # The next run is fetched while this one is cleaned and windowed: the database and numpy
+    # release the GIL, so the two overlap on two cores. One fetch at a time, so the TSDB handle
+    # is never used by two threads at once and at most one more run is in flight.
+    with ThreadPoolExecutor(1, thread_name_prefix="fetch") as pool:
+        fetched = {}
+        if fetching:
+            fetched[fetching[0].run_id] = pool.submit(fetch, fetching[0])
+        ahead = iter(fetching[1:])
+        for i, run in enumerate(runs):
+            stage = todo.get(run.run_id)
+            if stage is not None:
+                stages = stages_from(stage)
+                if "raw" in stages:
+                    fetched.pop(run.run_id).result()
+                    if (following := next(ahead, None)) is not None:
+                        fetched[following.run_id] = pool.submit(fetch, following)
+                if "grid" in stages:
+                    clean_run(spec, run.run_id, store)
+                window_run(spec, run.run_id, store)
+            if progress:
+                progress(run.run_id, i + 1, len(runs))
     plan = plan_dataset(spec, [r.run_id for r in runs], store)
     save_plan(spec, plan, store)
     norm, _ = fit_or_reuse_normalization(spec, plan, store)
