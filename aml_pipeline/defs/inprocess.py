@@ -53,8 +53,8 @@ def sync_run_partitions(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids
     return instance.get_dynamic_partitions(name)
 
 
-def user_error(exc: BaseException) -> AmlError | None:
-    """The AmlError behind a Dagster step failure, if a user error caused it."""
+def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception behind it (Dagster's ``user_exception``, causes, contexts), once each."""
     seen = set()
     stack: list[BaseException | None] = [exc]
     while stack:
@@ -62,24 +62,17 @@ def user_error(exc: BaseException) -> AmlError | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, AmlError):
-            return e
+        yield e
         stack.extend([getattr(e, "user_exception", None), e.__cause__, e.__context__])
-    return None
+
+
+def user_error(exc: BaseException) -> AmlError | None:
+    """The AmlError behind a Dagster step failure, if a user error caused it."""
+    return next((e for e in _exception_chain(exc) if isinstance(e, AmlError)), None)
 
 
 def _failure_description(exc: BaseException) -> str | None:
-    seen = set()
-    stack: list[BaseException | None] = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, dg.Failure) and e.description:
-            return e.description
-        stack.extend([getattr(e, "user_exception", None), e.__cause__, e.__context__])
-    return None
+    return next((e.description for e in _exception_chain(exc) if isinstance(e, dg.Failure) and e.description), None)
 
 
 def dataset_job_definitions(spec: DatasetSpec, resources: dict[str, Any]) -> dg.Definitions:

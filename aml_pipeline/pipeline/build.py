@@ -264,26 +264,27 @@ def _build(spec, tsdb, store, datasets_root, page_limit, progress, full) -> Publ
         if full
         else stale_runs(spec, store, runs, tsdb_versions=versions, catalog=catalog)
     )
-    def fetch(run):
-        return fetch_run(tsdb, spec, run, store, catalog, page_limit=page_limit, tsdb_version=versions.get(run.run_id))
-
-    fetching = [r for r in runs if r.run_id in todo and "raw" in stages_from(todo[r.run_id])]
     # The next run is fetched while this one is cleaned and windowed: the database and numpy
-    # release the GIL, so the two overlap on two cores. One fetch at a time, so the TSDB handle
-    # is never used by two threads at once and at most one more run is in flight.
+    # release the GIL, so the two overlap on two cores. One fetch at a time, in run order, so the
+    # TSDB handle is never used by two threads at once and at most one more run is in flight.
+    to_fetch = iter([r for r in runs if r.run_id in todo and "raw" in stages_from(todo[r.run_id])])
     with ThreadPoolExecutor(1, thread_name_prefix="fetch") as pool:
-        fetched = {}
-        if fetching:
-            fetched[fetching[0].run_id] = pool.submit(fetch, fetching[0])
-        ahead = iter(fetching[1:])
+
+        def fetch_next():
+            run = next(to_fetch, None)
+            if run is None:
+                return None
+            return pool.submit(fetch_run, tsdb, spec, run, store, catalog, page_limit=page_limit,
+                               tsdb_version=versions.get(run.run_id))
+
+        pending = fetch_next()
         for i, run in enumerate(runs):
             stage = todo.get(run.run_id)
             if stage is not None:
                 stages = stages_from(stage)
                 if "raw" in stages:
-                    fetched.pop(run.run_id).result()
-                    if (following := next(ahead, None)) is not None:
-                        fetched[following.run_id] = pool.submit(fetch, following)
+                    pending.result()  # this run's fetch: runs needing one are fetched in this order
+                    pending = fetch_next()
                 if "grid" in stages:
                     clean_run(spec, run.run_id, store)
                 window_run(spec, run.run_id, store)

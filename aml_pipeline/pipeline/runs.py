@@ -230,24 +230,13 @@ def clean_run(spec: DatasetSpec, run_id: str, store: DatasetStore, *, chunk_poin
                 release_freed_memory()
             # An empty grid has nothing usable (1.0), like core.grid.missing_ratio.
             missing[node.node_id] = nan_rows / rows if rows else 1.0
-        fingerprint = stage_versions(spec).grid
-        data_version = chain_version(fingerprint, meta["dataVersion"])
         run_traces = traces.result()
         run_traces.save(writer.file("traces.npz"))
-        writer.commit(
-            {
-                "fingerprint": fingerprint,
-                "dataVersion": data_version,
-                "inputVersion": meta["dataVersion"],
-                "run": meta["run"],
-                "units": meta["units"],
-                "rows": rows,
-                "firstMs": first,
-                "counts": counts,
-                "missing": missing,
-            }
+        summary = _derived_stage_summary(
+            stage_versions(spec).grid, meta, rows=rows, firstMs=first, counts=counts, missing=missing
         )
-    return GridSummary(run_id, rows, counts, missing, data_version, run_traces)
+        writer.commit(summary)
+    return GridSummary(run_id, rows, counts, missing, summary["dataVersion"], run_traces)
 
 
 # ---- windows -----------------------------------------------------------------------------------
@@ -307,24 +296,25 @@ def window_run(spec: DatasetSpec, run_id: str, store: DatasetStore) -> WindowsSu
         reason = None
         if windows == 0:
             reason = explain_no_windows(rows, spec.history_steps, spec.horizon_steps, nonfinite, spec.node_ids)
-        fingerprint = stage_versions(spec).windows
-        data_version = chain_version(fingerprint, meta["dataVersion"])
-        writer.commit(
-            {
-                "fingerprint": fingerprint,
-                "dataVersion": data_version,
-                "inputVersion": meta["dataVersion"],
-                "run": meta["run"],
-                "units": meta["units"],
-                "rows": rows,
-                "firstMs": meta["firstMs"],
-                "windows": windows,
-                "reason": reason,
-                "missing": meta["missing"],
-                "counts": meta["counts"],
-            }
+        summary = _derived_stage_summary(
+            stage_versions(spec).windows, meta, rows=rows, firstMs=meta["firstMs"], windows=windows,
+            reason=reason, missing=meta["missing"], counts=meta["counts"],
         )
-    return WindowsSummary(run_id, windows, rows, reason, meta["missing"], data_version)
+        writer.commit(summary)
+    return WindowsSummary(run_id, windows, rows, reason, meta["missing"], summary["dataVersion"])
+
+
+def _derived_stage_summary(fingerprint: str, input_meta: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """The committed summary of a stage built from the stage before it (``input_meta``): its
+    version chained on the input's, the run record and units carried over, then ``fields``."""
+    return {
+        "fingerprint": fingerprint,
+        "dataVersion": chain_version(fingerprint, input_meta["dataVersion"]),
+        "inputVersion": input_meta["dataVersion"],
+        "run": input_meta["run"],
+        "units": input_meta["units"],
+        **fields,
+    }
 
 
 def read_grid_rows(store: DatasetStore, run_id: str, n_nodes: int, rows: int, r0: int, r1: int) -> np.ndarray:
