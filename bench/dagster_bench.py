@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,19 +39,44 @@ concurrency:
 """
 
 
+# The deployment's instance storage (deploy/dagster.yaml): runs, event log and schedules in one
+# PostgreSQL database, through psycopg2 as there.
+PG_STORAGE_YAML = """\
+storage:
+  postgres:
+    postgres_url: "{url}"
+"""
+
+
 @contextlib.contextmanager
-def persistent_instance(home: Path) -> Iterator[Any]:
-    """A persistent SQLite instance in ``home`` (created, schema initialised), disposed on exit."""
+def persistent_instance(home: Path, pg_url: str | None = None) -> Iterator[Any]:
+    """A persistent instance in ``home`` (created, schema initialised), disposed on exit: SQLite
+    files in ``home``, or with ``pg_url`` (:func:`fresh_pg_database`) PostgreSQL storage."""
     import dagster as dg
 
     fresh_dir(home)
-    (home / "dagster.yaml").write_text(INSTANCE_YAML)
+    (home / "dagster.yaml").write_text(INSTANCE_YAML + (PG_STORAGE_YAML.format(url=pg_url) if pg_url else ""))
     instance = dg.DagsterInstance.from_config(str(home))
     try:
         instance.get_runs(limit=1)  # opens the run and event-log storages (schema already migrated)
         yield instance
     finally:
         instance.dispose()
+
+
+def fresh_pg_database(base_url: str, name: str) -> str:
+    """An empty database ``name`` on the server of ``base_url`` (dropped first if it exists); its
+    URL for Dagster's PostgreSQL storage."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(base_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(scheme="postgresql+psycopg2", path=f"/{name}", query=""))
 
 
 def materialize(spec_dict: dict[str, Any], tsdb_url: str, out: Path, instance: Any, **kwargs: Any) -> dict[str, Any]:
@@ -63,7 +89,10 @@ def materialize(spec_dict: dict[str, Any], tsdb_url: str, out: Path, instance: A
     )
 
 
-def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, profile: bool) -> dict[str, Any]:
+def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, profile: bool,
+        pg_base_url: str | None = None) -> dict[str, Any]:
+    """Dagster (SQLite instance) against the library; with ``pg_base_url``, also Dagster on a
+    PostgreSQL instance (a fresh database per repetition on that server)."""
     logging.getLogger("dagster").setLevel(logging.WARNING)
     stack = contextlib.ExitStack()
     hashes: set[str] = set()
@@ -73,6 +102,9 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
         stack.close()
         if side == "dagster":
             state["instance"] = stack.enter_context(persistent_instance(out / "instance"))
+        elif side == "dagster_pg":
+            pg_url = fresh_pg_database(pg_base_url, f"aml_bench_instance_{os.getpid()}")
+            state["instance"] = stack.enter_context(persistent_instance(out / "instance", pg_url))
         settle(out / "build")
         (out / "build").mkdir(parents=True)
 
@@ -86,8 +118,11 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
         hashes.add(lib["sha256"])
         return lib["summary"]
 
+    sides = {"dagster": dagster, "library": library}
+    if pg_base_url:
+        sides["dagster_pg"] = dagster
     try:
-        cmp = side_by_side({"dagster": dagster, "library": library}, repeat=repeat, prepare=prepare)
+        cmp = side_by_side(sides, repeat=repeat, prepare=prepare)
     finally:
         stack.close()
     summary = cmp.values["dagster"]
@@ -101,26 +136,38 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
         "checks": summary.get("checks"),
         "current": summary.get("current"),
     }
+    if pg_base_url:
+        result.update(
+            instance_pg="PostgreSQL storage as in deploy/dagster.yaml, a fresh database per repetition",
+            ratio_pg=cmp.ratio("dagster_pg", "library"),
+            difference_pg=cmp.difference("dagster_pg", "library"),
+        )
     if profile:
         result["profile"] = _profile(spec_dict, tsdb_url, out)
     remove_tree(out)
     return result
 
 
-def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: Path, *, repeat: int) -> dict[str, Any]:
-    """Issue 11's orchestration cost: (Dagster build - library build) / runs, many small runs."""
-    r = run(spec_dict, tsdb_url, out, repeat=repeat, profile=False)
-    cmp_json = r["timings"]
-    diff = r["difference"]
-    return {
+def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: Path, *, repeat: int,
+                      pg_base_url: str | None = None) -> dict[str, Any]:
+    """Issue 11's orchestration cost: (Dagster build - library build) / runs, many small runs, on
+    a persistent SQLite instance and (with ``pg_base_url``) on a PostgreSQL one."""
+    r = run(spec_dict, tsdb_url, out, repeat=repeat, profile=False, pg_base_url=pg_base_url)
+
+    def per_run(diff: dict[str, Any]) -> dict[str, Any]:
+        return {k: (v * 1000 / runs if k in ("value", "min", "max") else v) for k, v in diff.items() if k != "paired"}
+
+    out_ = {
         "runs": runs,
-        "timings": cmp_json,
-        "ms_per_run": {k: (v * 1000 / runs if k in ("value", "min", "max") else v)
-                       for k, v in diff.items() if k != "paired"},
+        "timings": r["timings"],
+        "ms_per_run": per_run(r["difference"]),
         "ratio": r["ratio"],
         "same_sha256": r["same_sha256"],
         "current": r["current"],
     }
+    if pg_base_url:
+        out_.update(ms_per_run_pg=per_run(r["difference_pg"]), ratio_pg=r["ratio_pg"], instance_pg=r["instance_pg"])
+    return out_
 
 
 def workers_unsupported() -> str | None:
@@ -148,9 +195,15 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
 
     def build(workers: int):
         def call() -> Sample:
+            cpu0 = _cpu_seconds()
             s = materialize(spec_dict, tsdb_url, out / "build", state["instance"], workers=workers)
             hashes.add(s["sha256"])
-            return Sample(s["seconds"]["runStages"], s, {"total_seconds": s["seconds"]["total"]})
+            metrics = {"total_seconds": s["seconds"]["total"]}
+            if workers == 1:
+                # Cores this process kept busy (its threads: the fetch overlaps cleaning), the
+                # ceiling of any speedup on this machine being cores / this.
+                metrics["cores_busy"] = (_cpu_seconds() - cpu0) / s["seconds"]["total"]
+            return Sample(s["seconds"]["runStages"], s, metrics)
 
         return call
 
@@ -161,10 +214,20 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
     remove_tree(out)
     return {"timings": cmp.to_json(), "speedup": cmp.ratio("1_worker", "2_workers"), "same_sha256": len(hashes) == 1,
             "speedup_whole_build": cmp.ratio("1_worker", "2_workers", "total_seconds"),
+            "cores_busy_1_worker": cmp.metric("1_worker", "cores_busy"),
+            "cores": os.cpu_count(),
             "what": "run stages: from the start of materialize_dataset's Dagster runs to the end of the last "
                     "run-stage step (1 worker: one __build run; 2 workers: two __runs chunk runs at once, each "
                     "step in a process started by Dagster's multiprocess executor); speedup_whole_build adds "
                     "the dataset stages, which run once either way"}
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process so far, all threads."""
+    import resource
+
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
 
 
 def run_incremental(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -42,24 +43,38 @@ def unavailable(reason: str) -> dict[str, Any]:
     return {"available": False, "ratio": None, "reason": reason}
 
 
-def run(tsdb_url: str, spec_dict: dict[str, Any], *, repeat: int) -> dict[str, Any]:
-    from aml_pipeline.tsdb.postgres import PostgresTsdb
+class NoServer(Exception):
+    """No PostgreSQL server to measure with (the reason is the message)."""
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[tuple[str, str]]:
+    """``(base URL, where it comes from)`` of the server the benchmark uses: ``$AML_BENCH_PG_URL``,
+    else ``$AML_TEST_PG_URL``, else a throwaway one (stopped on exit). :class:`NoServer` only
+    when there is no URL and no ``initdb`` on this machine."""
     from aml_pipeline_tests.pg_server import PgServerError, find_bindir, server_url
 
     env_url = os.environ.get("AML_BENCH_PG_URL")
     if env_url:
-        ctx: Any = contextlib.nullcontext(env_url)
-        server = "AML_BENCH_PG_URL"
-    else:
-        if not os.environ.get("AML_TEST_PG_URL"):
-            try:
-                find_bindir()
-            except PgServerError as e:
-                return unavailable(f"no PostgreSQL server: AML_BENCH_PG_URL is not set and {e}")
-        ctx = server_url()
-        server = "AML_TEST_PG_URL" if os.environ.get("AML_TEST_PG_URL") else "throwaway server (aml_pipeline_tests.pg_server)"
-    with ctx as base_url:
-        return _measure(PostgresTsdb, base_url, tsdb_url, spec_dict, repeat=repeat, server=server)
+        yield env_url, "AML_BENCH_PG_URL"
+        return
+    if not os.environ.get("AML_TEST_PG_URL"):
+        try:
+            find_bindir()
+        except PgServerError as e:
+            raise NoServer(f"no PostgreSQL server: AML_BENCH_PG_URL is not set and {e}") from e
+    with server_url() as url:
+        yield url, "AML_TEST_PG_URL" if os.environ.get("AML_TEST_PG_URL") else "throwaway server (aml_pipeline_tests.pg_server)"
+
+
+def run(tsdb_url: str, spec_dict: dict[str, Any], *, repeat: int) -> dict[str, Any]:
+    from aml_pipeline.tsdb.postgres import PostgresTsdb
+
+    try:
+        with postgres_server() as (base_url, server):
+            return _measure(PostgresTsdb, base_url, tsdb_url, spec_dict, repeat=repeat, server=server)
+    except NoServer as e:
+        return unavailable(str(e))
 
 
 def _measure(PostgresTsdb: Any, base_url: str, tsdb_url: str, spec_dict: dict[str, Any], *, repeat: int,

@@ -13,6 +13,7 @@ whose feature does not exist yet, or whose reference cannot run here, is null wi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import importlib
 import importlib.util
@@ -62,6 +63,8 @@ GOALS = (
     Goal("split_edit_rebuild_over_full", "<=", 0.75, "x", "rebuild after a split edit / full build", "incremental"),
     Goal("parallel_speedup_2_workers", ">=", 1.6, "x", "run stages, 1 worker / 2 workers", "parallel"),
     Goal("orchestration_ms_per_run", "<=", 10.0, "ms", "(Dagster - library) / runs, many small runs", "orchestration"),
+    Goal("orchestration_ms_per_run_pg", "<=", 10.0, "ms", "the same, PostgreSQL instance (deploy/dagster.yaml)",
+         "orchestration"),
     Goal("plot_ms_per_run", "<=", 20.0, "ms", "per-run plot, draw + encode", "plots"),
     Goal("event_log_kb_per_run", "<=", 30.0, "KB", "event-log growth per run's plot", "plots"),
     Goal("open_verify_rss_mb", "<=", 150.0, "MB", "peak RSS, open + verify the snapshot", "snapshot"),
@@ -271,14 +274,24 @@ def _parallel(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path
 
 def _orchestration(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
     n, minutes = cfg["orchestration_runs"], cfg["orchestration_minutes"]
-    _log(f"orchestration: {n} runs x {minutes:g} min, Dagster vs library, {cfg['orchestration_repeat']} repetition(s)")
+    _log(f"orchestration: {n} runs x {minutes:g} min, Dagster (SQLite and PostgreSQL instances) vs library, "
+         f"{cfg['orchestration_repeat']} repetition(s)")
     plant = make_workload_in_subprocess(work / "plant-small-runs", runs=n, minutes=minutes, reuse=a.keep)
-    o = dagster_bench.run_orchestration(plant.spec, plant.tsdb_url, n, work / "orchestration",
-                                        repeat=cfg["orchestration_repeat"])
+    with contextlib.ExitStack() as stack:
+        try:
+            pg_base_url, server = stack.enter_context(pg_bench.postgres_server())
+        except pg_bench.NoServer as e:
+            pg_base_url, server = None, None
+            res.missing("orchestration_ms_per_run_pg", str(e))
+        o = dagster_bench.run_orchestration(plant.spec, plant.tsdb_url, n, work / "orchestration",
+                                            repeat=cfg["orchestration_repeat"], pg_base_url=pg_base_url)
     o["points"] = plant.points
+    o["server_pg"] = server
     res["orchestration"] = o
     res.figure("orchestration_ms_per_run", o["ms_per_run"])
-    res.check("orchestration workload: Dagster and library publish the same sha256", o["same_sha256"])
+    if "ms_per_run_pg" in o:
+        res.figure("orchestration_ms_per_run_pg", o["ms_per_run_pg"])
+    res.check("orchestration workload: Dagster (both instances) and library publish the same sha256", o["same_sha256"])
 
 
 def _rss(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 # One definition of the layout and the hashed file list, shared with the consumers' reader
 # (aml_pipeline.snapshot, which imports nothing of the pipeline). DIGEST_FILE sits beside the
 # hashed files and is not itself hashed.
-from aml_pipeline.snapshot.layout import DIGEST_FILE, MANIFEST_FILE, SPEC_FILE, V1_FILES, hashed_files
+from aml_pipeline.snapshot.layout import DIGEST_FILE, MANIFEST_FILE, SPEC_FILE, hashed_files
 
 _CHUNK = 8 << 20
 

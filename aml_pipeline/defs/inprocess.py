@@ -118,7 +118,7 @@ def materialize_dataset(
     store = StoreResource(home=str(home), datasets_dir=str(datasets_dir) if datasets_dir else None)
     defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})
     run_config = {"loggers": {"console": {"config": {"log_level": console_log_level}}}}
-    with one_planned_event_per_asset():
+    with build_event_settings():
         own = instance is None
         scratch = None
         if own and workers > 1:
@@ -193,22 +193,32 @@ def _run_stages_done(instance: dg.DagsterInstance, run_id: str, spec_id: str, st
     return round(max(ends) - started_at, 3) if ends else None
 
 
+# Dagster's own switches for a run over a range of partitions, set for this process's builds (and
+# the step processes they start); docs/deployment.md sets them for a deployment's run workers.
+BUILD_EVENT_SETTINGS = {
+    # One "materialisation planned" event per asset instead of one per partition (half of a
+    # chunk's events). The cost: partitions of a failed chunk show as missing rather than failed
+    # in the UI, while the run itself shows the failure.
+    "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true",
+    # A step's per-partition materialisations of one asset are written to the instance in one
+    # batch (PostgreSQL: one connection and one insert per batch instead of per event; SQLite
+    # storage writes them one by one either way).
+    "DAGSTER_EVENT_BATCH_SIZE": "1000",
+}
+
+
 @contextmanager
-def one_planned_event_per_asset() -> Iterator[None]:
-    """Dagster's own switch (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``): a run over a
-    range of partitions records one "materialisation planned" event per asset instead of one per
-    partition (half of a chunk's events; the cost is that partitions of a failed chunk show as
-    missing rather than failed in the UI, while the run itself shows the failure). Only this
-    process's builds use it; a deployment's daemon keeps Dagster's default (failed partitions
-    marked as failed)."""
-    name = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
-    before = os.environ.get(name)
-    os.environ[name] = before or "true"
+def build_event_settings() -> Iterator[None]:
+    """:data:`BUILD_EVENT_SETTINGS` in the environment for the duration (a value already set wins)."""
+    before = {name: os.environ.get(name) for name in BUILD_EVENT_SETTINGS}
+    for name, value in BUILD_EVENT_SETTINGS.items():
+        os.environ[name] = before[name] or value
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(name, None)
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
 
 
 STEP_PRELOAD_MODULES = [

@@ -15,8 +15,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from aml_pipeline.pipeline.dataset import (
 )
 from aml_pipeline.pipeline.incremental import inputs_key, stale_runs, stages_from
 from aml_pipeline.pipeline.publish import Catalog, CatalogEntry, publish_staged, set_current, staging_dir
-from aml_pipeline.pipeline.runs import check_nodes_known, clean_run, fetch_run, window_run
+from aml_pipeline.pipeline.runs import RawSummary, build_runs, check_nodes_known, fetch_run
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.pipeline.versions import ALGORITHMS, stage_versions
 from aml_pipeline.spec import DatasetSpec
@@ -264,30 +263,19 @@ def _build(spec, tsdb, store, datasets_root, page_limit, progress, full) -> Publ
         if full
         else stale_runs(spec, store, runs, tsdb_versions=versions, catalog=catalog)
     )
-    # The next run is fetched while this one is cleaned and windowed: the database and numpy
-    # release the GIL, so the two overlap on two cores. One fetch at a time, in run order, so the
-    # TSDB handle is never used by two threads at once and at most one more run is in flight.
-    to_fetch = iter([r for r in runs if r.run_id in todo and "raw" in stages_from(todo[r.run_id])])
-    with ThreadPoolExecutor(1, thread_name_prefix="fetch") as pool:
+    by_id = {r.run_id: r for r in runs}
+    work = [(r.run_id, stages_from(todo[r.run_id])) for r in runs if r.run_id in todo]
 
-        def fetch_next():
-            run = next(to_fetch, None)
-            if run is None:
-                return None
-            return pool.submit(fetch_run, tsdb, spec, run, store, catalog, page_limit=page_limit,
-                               tsdb_version=versions.get(run.run_id))
+    def fetch(run_id: str) -> RawSummary:
+        return fetch_run(tsdb, spec, by_id[run_id], store, catalog, page_limit=page_limit,
+                         tsdb_version=versions.get(run_id))
 
-        pending = fetch_next()
+    with closing(build_runs(spec, store, work, fetch)) as results:
         for i, run in enumerate(runs):
-            stage = todo.get(run.run_id)
-            if stage is not None:
-                stages = stages_from(stage)
-                if "raw" in stages:
-                    pending.result()  # this run's fetch: runs needing one are fetched in this order
-                    pending = fetch_next()
-                if "grid" in stages:
-                    clean_run(spec, run.run_id, store)
-                window_run(spec, run.run_id, store)
+            if run.run_id in todo:
+                result = next(results)
+                if result.error is not None:
+                    raise result.error
             if progress:
                 progress(run.run_id, i + 1, len(runs))
     plan = plan_dataset(spec, [r.run_id for r in runs], store)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -315,6 +317,62 @@ def _derived_stage_summary(fingerprint: str, input_meta: dict[str, Any], **field
         "units": input_meta["units"],
         **fields,
     }
+
+
+# ---- runs, stage after stage -------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    """What one run's stages produced (None: not built), or the error that stopped the run."""
+
+    run_id: str
+    raw: RawSummary | None = None
+    grid: GridSummary | None = None
+    windows: WindowsSummary | None = None
+    error: Exception | None = None
+
+
+def build_runs(
+    spec: DatasetSpec,
+    store: DatasetStore,
+    work: Sequence[tuple[str, Sequence[str]]],
+    fetch: Callable[[str], RawSummary] | None,
+) -> Iterator[RunResult]:
+    """Each run of ``work`` (run id, stages to build) through its stages, in order, yielding what it
+    produced; a run that fails yields its error and the next run goes on.
+
+    ``fetch`` (the raw stage of one run, from the TSDB) runs in a thread, one run ahead: the next
+    run is fetched while this one is cleaned and windowed. The database and numpy release the
+    GIL, so the two overlap on two cores. Fetches run one at a time, in run order, so the TSDB
+    handle is never used by two threads at once, and at most one more run is in flight.
+    """
+    to_fetch = iter([run_id for run_id, stages in work if "raw" in stages])
+    if fetch is None and next(to_fetch, None) is not None:
+        raise ValueError("build_runs: a run needs its raw stage, but no fetch was given")
+    pool = ThreadPoolExecutor(1, thread_name_prefix="fetch")
+
+    def fetch_next() -> Future[RawSummary] | None:
+        run_id = next(to_fetch, None)
+        return None if run_id is None else pool.submit(fetch, run_id)
+
+    try:
+        pending = fetch_next()
+        for run_id, stages in work:
+            result = RunResult(run_id)
+            try:
+                if "raw" in stages:
+                    fetched, pending = pending, fetch_next()
+                    result.raw = fetched.result()
+                if "grid" in stages:
+                    result.grid = clean_run(spec, run_id, store)
+                if "windows" in stages:
+                    result.windows = window_run(spec, run_id, store)
+            except Exception as e:  # noqa: BLE001 - reported per run; the caller decides what it stops
+                result.error = e
+            yield result
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def read_grid_rows(store: DatasetStore, run_id: str, n_nodes: int, rows: int, r0: int, r1: int) -> np.ndarray:

@@ -51,18 +51,20 @@ def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dags
     raw = latest(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), runs[0])
     assert raw.tags.get("dagster/data_version")  # hash of the fetched points
     grid = latest(instance, dg.AssetKey([dagster_spec.id, "cleaned_grid"]), runs[0])
-    # The fetch figures ride on cleaned_grid (built in the same step).
-    assert grid.metadata["fetched_points"].value > 0 and grid.metadata["fetched_pages"].value >= len(dagster_spec.nodes)
-    table = grid.metadata["fetched_per_node"].value
+    assert grid.tags.get("dagster/data_version") and not grid.metadata
+    # All three built in one step: the run's figures are on run_windows, the fetch's as fetched_*.
+    figures = latest(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), runs[0])
+    assert figures.metadata["fetched_points"].value > 0 and figures.metadata["fetched_pages"].value >= len(dagster_spec.nodes)
+    table = figures.metadata["fetched_per_node"].value
     assert sorted(r.data["node"] for r in table.records) == sorted(dagster_spec.node_ids)
     # Fetched alone, raw_node_series carries them itself.
     materialize(dagster_spec, instance, resources, ["raw_node_series"], partition_key=runs[1])
     alone = latest(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), runs[1])
     assert alone.metadata["points"].value > 0 and "per_node" in alone.metadata
     # The run's plot, drawn from the traces summarised while the run streamed (no run in memory).
-    assert "data:image/png;base64," in grid.metadata["plot"].value
+    assert "data:image/png;base64," in figures.metadata["plot"].value
     assert (resources["store"].dataset_store(dagster_spec.id).run_dir(runs[0]) / "grid.traces.npz").is_file()
-    causes = {c.name for c in grid.metadata["cleaning"].value.schema.columns}
+    causes = {c.name for c in figures.metadata["cleaning"].value.schema.columns}
     assert {"unit", "non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier", "missing_ratio"} <= causes
     windows = latest(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), runs[0])
     assert windows.metadata["windows"].value > 0
@@ -78,7 +80,7 @@ def test_single_run_backfill_keeps_per_run_metadata(dagster_spec, dagster_plant,
     )
     assert result.success
     # One run for all partitions, and each partition carries its own run's figures only.
-    raws = {r: latest(instance, dg.AssetKey([dagster_spec.id, "cleaned_grid"]), r) for r in runs}
+    raws = {r: latest(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), r) for r in runs}
     points = {r: m.metadata["fetched_points"].value for r, m in raws.items()}
     assert len(set(points.values())) > 1
     assert all("runs" not in m.metadata for m in raws.values())

@@ -373,14 +373,14 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
             "numMaterialized": len(selected), "numPartitions": len(finished), "numFailed": 0, "numMaterializing": 0,
         }, (name, node["partitionStats"])
     # Each partition of the two-run range got its own metadata, not just the range's summary.
-    latest = server.graphql(LATEST_BY_PARTITION, {"key": key("cleaned_grid"), "partitions": selected})
+    latest = server.graphql(LATEST_BY_PARTITION, {"key": key("run_windows"), "partitions": selected})
     by_partition = {
         m["partition"]: {e["label"] for e in m["metadataEntries"]}
         for m in latest["assetNodeOrError"]["latestMaterializationByPartition"] if m
     }
     assert by_partition.keys() == set(selected), latest
     for run_id, labels in by_partition.items():
-        assert {"fetched_points", "fetched_pages", "cleaning", "plot"} <= labels, (run_id, labels)
+        assert {"fetched_points", "fetched_pages", "cleaning", "plot", "windows"} <= labels, (run_id, labels)
 
     # 4. The rebuild job: split, normalise and publish from the partitions materialised so far.
     launched = server.graphql(

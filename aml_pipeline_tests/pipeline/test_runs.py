@@ -1,0 +1,56 @@
+"""build_runs: every run through its stages, the next run's fetch overlapped, failures per run."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from aml_pipeline.pipeline.build import run_scope
+from aml_pipeline.pipeline.runs import build_runs, check_nodes_known, fetch_run
+from aml_pipeline.pipeline.store import DatasetStore
+from aml_pipeline.tsdb import open_tsdb
+
+
+def test_runs_come_back_in_order_with_each_failure_kept_to_its_run(make_spec, plant_url, tmp_path):
+    spec = make_spec()
+    store = DatasetStore(tmp_path / "store", spec.id)
+    with open_tsdb(plant_url) as db:
+        catalog = check_nodes_known(spec, db.list_nodes())
+        runs = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
+        ids = sorted(runs)
+        bad = ids[2]
+        active, overlaps, fetched = [0], [], []
+        lock = threading.Lock()
+
+        def fetch(run_id):
+            with lock:
+                active[0] += 1
+                overlaps.append(active[0])
+            try:
+                fetched.append(run_id)
+                if run_id == bad:
+                    raise RuntimeError(f"TSDB gone while fetching {run_id}")
+                time.sleep(0.02)  # long enough that the next run would overlap if fetches could
+                return fetch_run(db, spec, runs[run_id], store, catalog, page_limit=5000)
+            finally:
+                with lock:
+                    active[0] -= 1
+
+        work = [(r, ("raw", "grid", "windows")) for r in ids]
+        results = list(build_runs(spec, store, work, fetch))
+
+    assert [r.run_id for r in results] == ids and fetched == ids
+    assert max(overlaps) == 1  # one fetch at a time: the TSDB handle is never shared
+    failed = [r for r in results if r.error is not None]
+    assert [r.run_id for r in failed] == [bad] and "TSDB gone" in str(failed[0].error)
+    assert failed[0].raw is None and failed[0].grid is None and failed[0].windows is None
+    for r in results:
+        if r.run_id != bad:
+            assert r.raw.total_points > 0 and r.grid.rows > 0 and r.windows.rows == r.grid.rows
+    # Later stages alone read what is stored: no fetch is needed, and none may be asked for.
+    again = list(build_runs(spec, store, [(r, ("windows",)) for r in ids if r != bad], None))
+    assert [r.windows.windows for r in again] == [r.windows.windows for r in results if r.run_id != bad]
+    with pytest.raises(ValueError, match="no fetch was given"):
+        next(build_runs(spec, store, [(ids[0], ("raw",))], None))
