@@ -71,8 +71,8 @@ def staged_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[st
     """``build_dataset`` itself, with a timer around each stage function it calls; returns
     seconds per stage and counts.
 
-    The stage functions are wrapped where ``pipeline.build`` looks them up, so whatever its loop
-    becomes, the stages are timed as it calls them; cleaning is split from alignment by timing
+    The stage functions are wrapped where ``pipeline.build`` and its run loop
+    (``pipeline.runs.build_runs``) look them up, so the stages are timed as they are called; cleaning is split from alignment by timing
     ``pipeline.runs.align`` where the cleaning stage calls it. ``publish_dataset`` reports its
     own phases (write, checks, the fsync left after the checks, publish).
     """
@@ -98,9 +98,12 @@ def staged_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[st
         patched.append((module, name, real))
         setattr(module, name, wrapper)
 
+    # Where build_dataset and its run loop (pipeline.runs.build_runs) look the stages up; each
+    # module holds the real function, so a stage called through either is timed once.
     for name, stage in _STAGE_FUNCTIONS.items():
-        if hasattr(build_mod, name):
-            timed(build_mod, name, stage)
+        for module in (build_mod, runs_mod):
+            if hasattr(module, name):
+                timed(module, name, stage)
     if hasattr(runs_mod, "align"):
         timed(runs_mod, "align", "align")
     phases: dict[str, float] = {}
