@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from bench.build_bench import e2e_build
 from bench.common import fresh_dir, remove_tree, settle
@@ -90,9 +91,10 @@ def materialize(spec_dict: dict[str, Any], tsdb_url: str, out: Path, instance: A
 
 
 def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, profile: bool,
-        pg_base_url: str | None = None) -> dict[str, Any]:
+        pg_base_url: str | None = None, pg_pooled_url: str | None = None) -> dict[str, Any]:
     """Dagster (SQLite instance) against the library; with ``pg_base_url``, also Dagster on a
-    PostgreSQL instance (a fresh database per repetition on that server)."""
+    PostgreSQL instance (a fresh database per repetition on that server); with ``pg_pooled_url``
+    (a PgBouncer in front of that server), also Dagster on that instance through the pooler."""
     logging.getLogger("dagster").setLevel(logging.WARNING)
     stack = contextlib.ExitStack()
     hashes: set[str] = set()
@@ -102,8 +104,12 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
         stack.close()
         if side == "dagster":
             state["instance"] = stack.enter_context(persistent_instance(out / "instance"))
-        elif side == "dagster_pg":
+        elif side in ("dagster_pg", "dagster_pg_pooled"):
             pg_url = fresh_pg_database(pg_base_url, f"aml_bench_instance_{os.getpid()}")
+            if side == "dagster_pg_pooled":
+                from aml_pipeline_tests.pgbouncer import with_port
+
+                pg_url = with_port(pg_url, urlsplit(pg_pooled_url).port)
             state["instance"] = stack.enter_context(persistent_instance(out / "instance", pg_url))
         settle(out / "build")
         (out / "build").mkdir(parents=True)
@@ -121,6 +127,8 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
     sides = {"dagster": dagster, "library": library}
     if pg_base_url:
         sides["dagster_pg"] = dagster
+    if pg_pooled_url:
+        sides["dagster_pg_pooled"] = dagster
     try:
         cmp = side_by_side(sides, repeat=repeat, prepare=prepare)
     finally:
@@ -142,6 +150,12 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
             ratio_pg=cmp.ratio("dagster_pg", "library"),
             difference_pg=cmp.difference("dagster_pg", "library"),
         )
+    if pg_pooled_url:
+        result.update(
+            instance_pg_pooled="the same PostgreSQL storage through PgBouncer (session pooling, docs/deployment.md)",
+            ratio_pg_pooled=cmp.ratio("dagster_pg_pooled", "library"),
+            difference_pg_pooled=cmp.difference("dagster_pg_pooled", "library"),
+        )
     if profile:
         result["profile"] = _profile(spec_dict, tsdb_url, out)
     remove_tree(out)
@@ -149,10 +163,12 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
 
 
 def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: Path, *, repeat: int,
-                      pg_base_url: str | None = None) -> dict[str, Any]:
+                      pg_base_url: str | None = None, pg_pooled_url: str | None = None) -> dict[str, Any]:
     """Issue 11's orchestration cost: (Dagster build - library build) / runs, many small runs, on
-    a persistent SQLite instance and (with ``pg_base_url``) on a PostgreSQL one."""
-    r = run(spec_dict, tsdb_url, out, repeat=repeat, profile=False, pg_base_url=pg_base_url)
+    a persistent SQLite instance and (with ``pg_base_url``) on a PostgreSQL one, directly and
+    (with ``pg_pooled_url``) through PgBouncer."""
+    r = run(spec_dict, tsdb_url, out, repeat=repeat, profile=False, pg_base_url=pg_base_url,
+            pg_pooled_url=pg_pooled_url)
 
     def per_run(diff: dict[str, Any]) -> dict[str, Any]:
         return {k: (v * 1000 / runs if k in ("value", "min", "max") else v) for k, v in diff.items() if k != "paired"}
@@ -167,6 +183,9 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
     }
     if pg_base_url:
         out_.update(ms_per_run_pg=per_run(r["difference_pg"]), ratio_pg=r["ratio_pg"], instance_pg=r["instance_pg"])
+    if pg_pooled_url:
+        out_.update(ms_per_run_pg_pooled=per_run(r["difference_pg_pooled"]), ratio_pg_pooled=r["ratio_pg_pooled"],
+                    instance_pg_pooled=r["instance_pg_pooled"])
     return out_
 
 

@@ -65,6 +65,8 @@ GOALS = (
     Goal("orchestration_ms_per_run", "<=", 10.0, "ms", "(Dagster - library) / runs, many small runs", "orchestration"),
     Goal("orchestration_ms_per_run_pg", "<=", 10.0, "ms", "the same, PostgreSQL instance (deploy/dagster.yaml)",
          "orchestration"),
+    Goal("orchestration_ms_per_run_pg_pooled", "<=", 10.0, "ms", "the same, through PgBouncer (docs/deployment.md)",
+         "orchestration"),
     Goal("plot_ms_per_run", "<=", 20.0, "ms", "per-run plot, draw + encode", "plots"),
     Goal("event_log_kb_per_run", "<=", 30.0, "KB", "event-log growth per run's plot", "plots"),
     Goal("open_verify_rss_mb", "<=", 150.0, "MB", "peak RSS, open + verify the snapshot", "snapshot"),
@@ -274,24 +276,34 @@ def _parallel(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path
 
 def _orchestration(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
     n, minutes = cfg["orchestration_runs"], cfg["orchestration_minutes"]
-    _log(f"orchestration: {n} runs x {minutes:g} min, Dagster (SQLite and PostgreSQL instances) vs library, "
+    _log(f"orchestration: {n} runs x {minutes:g} min, Dagster (SQLite; PostgreSQL direct and through PgBouncer) vs library, "
          f"{cfg['orchestration_repeat']} repetition(s)")
     plant = make_workload_in_subprocess(work / "plant-small-runs", runs=n, minutes=minutes, reuse=a.keep)
     with contextlib.ExitStack() as stack:
+        pg_pooled_url = None
         try:
             pg_base_url, server = stack.enter_context(pg_bench.postgres_server())
         except pg_bench.NoServer as e:
             pg_base_url, server = None, None
             res.missing("orchestration_ms_per_run_pg", str(e))
+            res.missing("orchestration_ms_per_run_pg_pooled", str(e))
+        else:
+            try:
+                pg_pooled_url = stack.enter_context(pg_bench.pooler(pg_base_url))
+            except pg_bench.NoServer as e:
+                res.missing("orchestration_ms_per_run_pg_pooled", str(e))
         o = dagster_bench.run_orchestration(plant.spec, plant.tsdb_url, n, work / "orchestration",
-                                            repeat=cfg["orchestration_repeat"], pg_base_url=pg_base_url)
+                                            repeat=cfg["orchestration_repeat"], pg_base_url=pg_base_url,
+                                            pg_pooled_url=pg_pooled_url)
     o["points"] = plant.points
     o["server_pg"] = server
     res["orchestration"] = o
     res.figure("orchestration_ms_per_run", o["ms_per_run"])
     if "ms_per_run_pg" in o:
         res.figure("orchestration_ms_per_run_pg", o["ms_per_run_pg"])
-    res.check("orchestration workload: Dagster (both instances) and library publish the same sha256", o["same_sha256"])
+    if "ms_per_run_pg_pooled" in o:
+        res.figure("orchestration_ms_per_run_pg_pooled", o["ms_per_run_pg_pooled"])
+    res.check("orchestration workload: Dagster (every instance) and library publish the same sha256", o["same_sha256"])
 
 
 def _rss(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
@@ -495,11 +507,11 @@ def render(d: dict[str, Any]) -> str:
             L.append(f"PostgreSQL: {p['reason']}")
     L.append("")
     note = "   (quick mode: the goals are for the full run)" if d["mode"] == "quick" else ""
-    L.append(f"{'goal':<30}{'median':>10}  {'[min-max] xN':<22}{'target':<16}met{note}")
+    L.append(f"{'goal':<36}{'median':>10}  {'[min-max] xN':<22}{'target':<18}met{note}")
     for key, g in d["goals"].items():
         met = "-" if g["met"] is None else ("yes" if g["met"] else "NO")
         rng = f"[{_fmt(g['min'])}-{_fmt(g['max'])}] x{g['repeat']}" if "min" in g else ""
-        L.append(f"{key:<30}{_fmt(g['value']):>10}  {rng:<22}{g['target']:<16}{met}")
+        L.append(f"{key:<36}{_fmt(g['value']):>10}  {rng:<22}{g['target']:<18}{met}")
     for key, g in d["goals"].items():
         if g.get("reason"):
             L.append(f"  {key}: {g['reason']}")
