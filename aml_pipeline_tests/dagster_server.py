@@ -17,7 +17,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import requests
 import yaml
 
 from aml_pipeline import config
+from aml_pipeline_tests.pg_server import free_port
 
 T = TypeVar("T")
 
@@ -40,12 +40,6 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 class DagsterServerError(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(

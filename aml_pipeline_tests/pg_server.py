@@ -106,7 +106,7 @@ class _RunAs:
     name: str
 
 
-def _run_as_for_server() -> _RunAs | None:
+def run_as_for_server() -> _RunAs | None:
     """None when not root; else the unprivileged OS user that runs initdb/pg_ctl."""
     if os.geteuid() != 0:
         return None
@@ -135,7 +135,7 @@ def _owner_of(path: Path) -> _RunAs | None:
     return _RunAs(st.st_uid, st.st_gid, name)
 
 
-def _clean_env() -> dict[str, str]:
+def clean_env() -> dict[str, str]:
     # PG* variables (PGDATA, PGPORT, PGHOST, ...) of the caller must not redirect the tools.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["LC_ALL"] = "C"
@@ -157,7 +157,7 @@ def _run(
             proc = subprocess.run(
                 cmd,
                 cwd=cwd,
-                env=_clean_env(),
+                env=clean_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -171,7 +171,7 @@ def _run(
         raise PgServerError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}):\n{tail}")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -234,7 +234,7 @@ def start_server(base: Path | str | None = None, *, owner_pid: int | None = None
     own pid, so a later run can stop servers left by a killed run); None for CI's script use.
     """
     bindir = find_bindir()
-    run_as = _run_as_for_server()
+    run_as = run_as_for_server()
     if base is None:
         reap_stale_servers()
         base_path = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=_temp_root()))
@@ -273,7 +273,7 @@ def start_server(base: Path | str | None = None, *, owner_pid: int | None = None
             f.write(_CONF.format(sock=str(sock).replace("'", "''")))
         port = None
         for attempt in range(5):
-            port = _free_port()
+            port = free_port()
             with open(conf, "a") as f:
                 f.write(f"port = {port}\n")  # the last setting wins
             try:

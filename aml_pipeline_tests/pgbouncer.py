@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from aml_pipeline_tests.pg_server import PgServerError, _clean_env, _free_port, _run_as_for_server
+from aml_pipeline_tests.pg_server import PgServerError, clean_env, free_port, run_as_for_server
 
 _INI = """\
 [databases]
@@ -87,10 +87,10 @@ def pooled_url(server_url: str) -> Iterator[str]:
     """The URL of a PgBouncer (session pooling) in front of ``server_url``, stopped on exit."""
     binary = find_pgbouncer()
     server = urlsplit(server_url)
-    run_as = _run_as_for_server()
+    run_as = run_as_for_server()
     base = Path(tempfile.mkdtemp(prefix="aml-pgbouncer-"))
     try:
-        port = _free_port()
+        port = free_port()
         user = server.username or "postgres"
         (base / "users.txt").write_text(f'"{user}" ""\n')
         (base / "pgbouncer.ini").write_text(_INI.format(
@@ -102,7 +102,7 @@ def pooled_url(server_url: str) -> Iterator[str]:
             for p in (base, *base.iterdir()):
                 os.chown(p, run_as.uid, run_as.gid)
             command = ["runuser", "-u", run_as.name, "--", *command]
-        started = subprocess.run(command, env=_clean_env(), capture_output=True, text=True, timeout=30)
+        started = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=30)
         if started.returncode != 0:
             raise PgServerError(f"pgbouncer did not start: {started.stderr.strip() or started.stdout.strip()}")
         url = with_port(server_url, port)

@@ -226,11 +226,10 @@ class RunStages:
         # resolves all of the spec's run partitions for every per-partition metadata call
         # (measured at 2,000 runs: ~9 ms a call on the SQLite instance, ~20 ms on PostgreSQL,
         # where each of its queries opens a connection).
-        carrier = self.selected[-1]
+        carrier = self.key(self.selected[-1])
+        for run_id in run_ids:
+            context.add_asset_metadata(_run_figures(done[run_id]), asset_key=carrier, partition_key=run_id)
         for name in self.selected:
-            if name == carrier:
-                for run_id in run_ids:
-                    context.add_asset_metadata(_run_figures(done[run_id]), asset_key=self.key(name), partition_key=run_id)
             yield dg.MaterializeResult(
                 asset_key=self.key(name),
                 # A data version per partition is only expressible for a one-partition step; the

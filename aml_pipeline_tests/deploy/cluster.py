@@ -239,6 +239,20 @@ def pg_env(url: str) -> dict[str, str]:
     }
 
 
+def production_home(root: Path) -> Path:
+    """``root/dagster_home`` holding deploy/dagster.yaml, as ``$DAGSTER_HOME`` on a deployment's hosts."""
+    home = root / "dagster_home"
+    home.mkdir()
+    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    return home
+
+
+def instance_env(connect_url: str, db_name: str, max_concurrent_runs: int) -> dict[str, str]:
+    """What deploy/dagster.yaml reads from the environment: the instance database ``db_name``
+    reached at ``connect_url``'s host and port (the server, or a pooler in front of it)."""
+    return {**pg_env(connect_url), "DAGSTER_PG_DB": db_name, "AML_MAX_CONCURRENT_RUNS": str(max_concurrent_runs)}
+
+
 @contextlib.contextmanager
 def database(server_url: str) -> Iterator[str]:
     """A new, empty database on the server; its name. Dropped at the end (connections and all)."""

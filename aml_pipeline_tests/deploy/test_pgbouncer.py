@@ -3,7 +3,6 @@ docs/deployment.md deploys it: a real PostgreSQL server, a real pgbouncer, a rea
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from aml_pipeline.defs.partitions import RUN_ASSETS
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb import open_tsdb
-from aml_pipeline_tests.deploy.cluster import DEPLOY, database, pg_env
+from aml_pipeline_tests.deploy.cluster import database, instance_env, production_home
 from aml_pipeline_tests.pgbouncer import PgBouncerMissing, find_pgbouncer, pooled_url
 
 
@@ -59,12 +58,10 @@ def test_a_build_on_the_production_instance_through_pgbouncer(postgres_url, pgbo
         expected = materialize_dataset(spec, tsdb_url=tsdb_url, home=tmp_path / "ref", instance=reference,
                                        console_log_level="CRITICAL")
 
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    home = production_home(tmp_path)
     with database(postgres_url) as name:
         # The instance knows only the pooler's address; the database is the server's.
-        for k, v in {**pg_env(pgbouncer_url), "DAGSTER_PG_DB": name, "AML_MAX_CONCURRENT_RUNS": "2"}.items():
+        for k, v in instance_env(pgbouncer_url, name, max_concurrent_runs=2).items():
             monkeypatch.setenv(k, v)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             summary = materialize_dataset(spec, tsdb_url=tsdb_url, home=tmp_path / "aml", instance=instance,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from aml_pipeline.defs.partitions import run_backfill_policy
 from aml_pipeline.demo import DEMO_SPEC
 from aml_pipeline.errors import AmlError
 from aml_pipeline.spec import load_spec
-from aml_pipeline_tests.deploy.cluster import DEPLOY, database, pg_env
+from aml_pipeline_tests.deploy.cluster import DEPLOY, database, instance_env, production_home
 
 BIN = Path(sys.executable).parent
 
@@ -156,11 +155,9 @@ def test_the_production_instance_keeps_everything_in_postgresql(postgres_url, tm
     # The repository's own instance stays the embedded default.
     assert set(yaml.safe_load((config.REPO_ROOT / "dagster.yaml").read_text())["storage"]) == {"sqlite"}
 
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    home = production_home(tmp_path)
     with database(postgres_url) as name:
-        for k, v in {**pg_env(postgres_url), "DAGSTER_PG_DB": name, "AML_MAX_CONCURRENT_RUNS": "5"}.items():
+        for k, v in instance_env(postgres_url, name, max_concurrent_runs=5).items():
             monkeypatch.setenv(k, v)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
@@ -185,14 +182,12 @@ def _init_instance(home: Path, env: dict[str, str]) -> subprocess.CompletedProce
 
 
 def test_init_instance_stores_the_pool_limits(postgres_url, tmp_path, monkeypatch) -> None:
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    home = production_home(tmp_path)
     refused = _init_instance(home, {"AML_TSDB_POOL_LIMIT": "many"})
     assert refused.returncode == 2 and "AML_TSDB_POOL_LIMIT=many" in refused.stderr, refused
 
     with database(postgres_url) as name:
-        env = {**pg_env(postgres_url), "DAGSTER_PG_DB": name, "AML_MAX_CONCURRENT_RUNS": "4"}
+        env = instance_env(postgres_url, name, max_concurrent_runs=4)
 
         for k, v in env.items():
             monkeypatch.setenv(k, v)
