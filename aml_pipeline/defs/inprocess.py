@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -232,14 +233,23 @@ STEP_PRELOAD_MODULES = [
     "matplotlib.patches",
     "PIL.ImageFont",
     "sqlalchemy",  # the instance's storage, opened by every step process
+    # Dagster's SQL storages (SQLite and PostgreSQL alike) with it: imported on first use, they
+    # took 0.4 s of every step process's start (measured: instance from its ref 0.46 s cold, 0.09 s
+    # preloaded).
+    "dagster_postgres",
     "alembic.command",
     "alembic.config",
     "alembic.runtime.environment",
 ]
 
 
+@lru_cache(maxsize=4)
 def reconstruct_runs_job(spec_json: str, tsdb_url: str, home: str, datasets_dir: str | None) -> dg.JobDefinition:
-    """The ``<spec>__runs`` job, rebuilt in a process Dagster starts for a step (``--workers``)."""
+    """The ``<spec>__runs`` job, rebuilt in a process Dagster starts for a step (``--workers``).
+
+    Cached per arguments: Dagster rebuilds the job about ten times per chunk run while it plans
+    and launches it (25 ms each, in the process driving the chunks).
+    """
     spec = parse_spec(json.loads(spec_json), source="build")
     store = StoreResource(home=home, datasets_dir=datasets_dir)
     defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})

@@ -105,9 +105,12 @@ def _time_ticks(span_ms: float) -> tuple[float, str, np.ndarray]:
 def _nearest_palette(rgb: np.ndarray, allowed: Sequence[int]) -> np.ndarray:
     """Per pixel (``[..., 3]`` uint8), the index of the nearest of the ``allowed`` palette colours."""
     allowed = np.asarray(allowed)
-    flat = rgb.reshape(-1, 3).astype(np.int32)
-    keys, inverse = np.unique(flat, axis=0, return_inverse=True)
-    d = ((keys[:, None, :] - PALETTE[allowed][None, :, :].astype(np.int32)) ** 2).sum(axis=2)
+    # One 24-bit key per pixel: a 1-D unique is about 10x faster than unique rows (measured: it
+    # was 0.2 s of every process's first figure).
+    packed = rgb.reshape(-1, 3).astype(np.uint32)
+    keys, inverse = np.unique((packed[:, 0] << 16) | (packed[:, 1] << 8) | packed[:, 2], return_inverse=True)
+    colours = np.stack([keys >> 16, (keys >> 8) & 0xFF, keys & 0xFF], axis=1).astype(np.int32)
+    d = ((colours[:, None, :] - PALETTE[allowed][None, :, :].astype(np.int32)) ** 2).sum(axis=2)
     return allowed[np.argmin(d, axis=1)].astype(np.uint8)[inverse.reshape(-1)].reshape(rgb.shape[:-1])
 
 
