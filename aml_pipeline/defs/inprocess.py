@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -245,11 +246,13 @@ STEP_PRELOAD_MODULES = [
 
 
 @lru_cache(maxsize=4)
-def reconstruct_runs_job(spec_json: str, tsdb_url: str, home: str, datasets_dir: str | None) -> dg.JobDefinition:
+def reconstruct_runs_job(spec_json: str, tsdb_url: str, home: str, datasets_dir: str | None,
+                         build_id: str) -> dg.JobDefinition:
     """The ``<spec>__runs`` job, rebuilt in a process Dagster starts for a step (``--workers``).
 
-    Cached per arguments: Dagster rebuilds the job about ten times per chunk run while it plans
-    and launches it (25 ms each, in the process driving the chunks).
+    Cached per build (``build_id``): Dagster rebuilds the job about ten times per chunk run while
+    it plans and launches it (25 ms each, in the process driving the chunks), while the next build
+    may see other settings (the definitions read the environment).
     """
     spec = parse_spec(json.loads(spec_json), source="build")
     store = StoreResource(home=home, datasets_dir=datasets_dir)
@@ -277,6 +280,7 @@ def _execute_parallel(
             tsdb_url,
             str(home),
             None if datasets_dir is None else str(datasets_dir),
+            uuid.uuid4().hex,
         ),
     )
     run_config = {
