@@ -10,6 +10,8 @@ rebuild publishes nothing when nothing changed (:mod:`aml_pipeline.pipeline.incr
 from __future__ import annotations
 
 import json
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import tempfile
 import time
@@ -111,6 +113,8 @@ def materialize_dataset(
     """
     if workers < 1:
         raise AmlError(f"--workers must be >= 1, got {workers}", code="USAGE")
+    if workers > 1:
+        start_step_server()
     with open_tsdb(tsdb_url) as db:
         catalog = check_nodes_known(spec, db.list_nodes())
         runs = db.list_runs(run_scope(spec), finished_only=True)
@@ -243,6 +247,18 @@ STEP_PRELOAD_MODULES = [
     "alembic.config",
     "alembic.runtime.environment",
 ]
+
+
+def start_step_server() -> None:
+    """Start the forkserver the step processes of ``--workers`` fork from, now.
+
+    Its imports (:data:`STEP_PRELOAD_MODULES`, about 2.5 s here) then overlap the build's own
+    planning (TSDB listing, stale runs, the chunk runs' creation) instead of delaying the first
+    step. It is the server Dagster's multiprocess executor uses (one per process); one already
+    running is kept.
+    """
+    multiprocessing.get_context("forkserver").set_forkserver_preload(STEP_PRELOAD_MODULES)
+    multiprocessing.forkserver.ensure_running()
 
 
 @lru_cache(maxsize=4)

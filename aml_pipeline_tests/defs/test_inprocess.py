@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from aml_pipeline.defs.inprocess import dataset_job_definitions, materialize_dataset
 from aml_pipeline.defs.partitions import RUN_ASSETS
@@ -118,12 +119,42 @@ def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp
     assert out[2][1] == [f"{spec.id}__rebuild", f"{spec.id}__runs", f"{spec.id}__runs"]
 
 
+
+_STEP_SERVER_PROBE = """
+import multiprocessing, sys
+def loaded(queue):
+    queue.put(sorted(m for m in ("matplotlib.figure", "aml_pipeline.defs.inprocess") if m in sys.modules))
+if __name__ == "__main__":
+    {start}
+    ctx = multiprocessing.get_context("forkserver")
+    queue = ctx.Queue()
+    p = ctx.Process(target=loaded, args=(queue,))
+    p.start()
+    print(queue.get(timeout=60))
+    p.join()
+"""
+
+
+@pytest.mark.parametrize("started", [True, False])
+def test_step_server_forks_with_the_step_modules_loaded(tmp_path, started):
+    """--workers starts the forkserver itself, with the step modules preloaded, before Dagster
+    needs it; a process forked from it then has them (a plain forkserver does not)."""
+    import subprocess
+    import sys
+
+    start = "from aml_pipeline.defs.inprocess import start_step_server; start_step_server()" if started else "pass"
+    script = tmp_path / "probe.py"
+    script.write_text(_STEP_SERVER_PROBE.format(start=start))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    expected = ["aml_pipeline.defs.inprocess", "matplotlib.figure"] if started else []
+    assert out.stdout.strip().splitlines()[-1] == str(expected)
+
 # ---- late points: one run, and only that run, is rebuilt (both TSDB adapters) ----------------------
 
 import uuid  # noqa: E402
 
 import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 
 from aml_pipeline.defs.sensors import new_run_sensor  # noqa: E402
 from aml_pipeline.defs.resources import StoreResource, TsdbResource  # noqa: E402
