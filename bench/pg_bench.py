@@ -67,7 +67,6 @@ def postgres_server() -> Iterator[tuple[str, str]]:
         yield url, "AML_TEST_PG_URL" if os.environ.get("AML_TEST_PG_URL") else "throwaway server (aml_pipeline_tests.pg_server)"
 
 
-
 @contextlib.contextmanager
 def pooler(base_url: str) -> Iterator[str]:
     """The URL of a PgBouncer (session pooling, as docs/deployment.md deploys it) in front of the
@@ -80,6 +79,7 @@ def pooler(base_url: str) -> Iterator[str]:
         raise NoServer(str(e)) from e
     with pooled_url(base_url) as url:
         yield url
+
 
 def run(tsdb_url: str, spec_dict: dict[str, Any], *, repeat: int) -> dict[str, Any]:
     from aml_pipeline.tsdb.postgres import PostgresTsdb

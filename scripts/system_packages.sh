@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The Debian packages the tests (and the benchmark) start servers from, installed when missing:
+#   postgresql     the throwaway PostgreSQL servers (adapter, lease and deployment tests)
+#   redis-server   the Celery broker of the deployment tests (aml_pipeline_tests/deploy/cluster.py)
+#   pgbouncer      the pooler docs/deployment.md puts in front of the instance database
+#                  (aml_pipeline_tests/pgbouncer.py)
+# Each test starts its own on 127.0.0.1; nothing is started here.
+set -euo pipefail
+
+missing=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing+=(postgresql)
+command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]} (Debian packages) for the tests" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
