@@ -195,7 +195,8 @@ def _temp_root() -> Path:
     return root
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -326,7 +327,7 @@ def stop_server(base: Path | str, *, remove: bool = True) -> None:
             )
         except PgServerError:
             # Last resort, for this server's postmaster only (its children exit on their own).
-            if pid is not None and _pid_alive(pid):
+            if pid is not None and pid_alive(pid):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
     if remove:
@@ -341,7 +342,7 @@ def reap_stale_servers(root: Path | None = None) -> list[Path]:
             owner = json.loads(state_path.read_text()).get("owner_pid")
         except (OSError, ValueError):
             continue
-        if isinstance(owner, int) and not _pid_alive(owner):
+        if isinstance(owner, int) and not pid_alive(owner):
             with contextlib.suppress(PgServerError, OSError):
                 stop_server(state_path.parent)
                 reaped.append(state_path.parent)

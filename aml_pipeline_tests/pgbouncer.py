@@ -11,6 +11,9 @@ What :func:`pooled_url` does (``pgbouncer`` from Debian's package of that name):
     pgbouncer -d DIR/pgbouncer.ini        (as the postgres OS user when root: it refuses root)
     -> the server URL with the pooler's port; on exit SIGTERM and wait
 
+DIR also records the pid of the process that started it: a pooler whose starter died without
+stopping it (a SIGKILLed pytest) is stopped and DIR deleted when the next one starts.
+
 It trusts local connections like the test server behind it: it is for tests and the benchmark.
 """
 
@@ -30,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from aml_pipeline_tests.pg_server import PgServerError, clean_env, free_port, run_as_for_server
+from aml_pipeline_tests.pg_server import PgServerError, clean_env, free_port, pid_alive, run_as_for_server
 
 _INI = """\
 [databases]
@@ -52,6 +55,8 @@ pidfile = {dir}/pgbouncer.pid
 
 
 DEPLOYED_INI = Path(__file__).resolve().parents[1] / "deploy" / "pgbouncer.ini"
+TMP_PREFIX = "aml-pgbouncer-"
+OWNER_FILE = "owner.pid"
 
 
 class PgBouncerMissing(PgServerError):
@@ -88,8 +93,10 @@ def pooled_url(server_url: str) -> Iterator[str]:
     binary = find_pgbouncer()
     server = urlsplit(server_url)
     run_as = run_as_for_server()
-    base = Path(tempfile.mkdtemp(prefix="aml-pgbouncer-"))
+    reap_stale_poolers()
+    base = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
     try:
+        (base / OWNER_FILE).write_text(str(os.getpid()))
         port = free_port()
         user = server.username or "postgres"
         (base / "users.txt").write_text(f'"{user}" ""\n')
@@ -115,6 +122,28 @@ def pooled_url(server_url: str) -> Iterator[str]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def reap_stale_poolers(root: Path | None = None) -> list[Path]:
+    """Stop and delete the poolers of :func:`pooled_url` whose starting process is gone."""
+    reaped = []
+    for owner_file in (root or Path(tempfile.gettempdir())).glob(f"{TMP_PREFIX}*/{OWNER_FILE}"):
+        try:
+            owner = int(owner_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if not pid_alive(owner):
+            _stop(owner_file.parent)
+            shutil.rmtree(owner_file.parent, ignore_errors=True)
+            reaped.append(owner_file.parent)
+    return reaped
+
+
+def _is_pgbouncer(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "pgbouncer"
+    except OSError:
+        return False
+
+
 def _wait_ready(url: str, base: Path, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -135,6 +164,8 @@ def _stop(base: Path) -> None:
         pid = int((base / "pgbouncer.pid").read_text().strip())
     except (OSError, ValueError):
         return
+    if not _is_pgbouncer(pid):
+        return  # gone already (its pid file outlives it when it is killed), perhaps reused
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10

@@ -3,8 +3,12 @@ docs/deployment.md deploys it: a real PostgreSQL server, a real pgbouncer, a rea
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dagster as dg
 import psycopg
@@ -16,7 +20,7 @@ from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline_tests.deploy.cluster import database, instance_env, production_home
-from aml_pipeline_tests.pgbouncer import PgBouncerMissing, find_pgbouncer, pooled_url
+from aml_pipeline_tests.pgbouncer import PgBouncerMissing, find_pgbouncer, pooled_url, reap_stale_poolers
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +80,37 @@ def test_a_build_on_the_production_instance_through_pgbouncer(postgres_url, pgbo
             ).records
             assert record.asset_materialization.metadata["windows"].value > 0
         assert _transactions_through(pgbouncer_url, name) > 0
+
+
+def test_a_pooler_whose_starter_was_killed_is_stopped_by_the_next(postgres_url, pgbouncer_url) -> None:
+    """A SIGKILLed pytest cannot stop its pgbouncer; the next start of one stops it."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from aml_pipeline_tests.pgbouncer import pooled_url\n"
+         "with pooled_url(sys.argv[1]) as url:\n"
+         "    print(url, flush=True)\n"
+         "    time.sleep(600)\n",
+         postgres_url],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        url = starter.stdout.readline().strip()
+        assert url, "the starter printed no pooler URL"
+    finally:
+        starter.kill()
+        starter.wait()
+    port = urlsplit(url).port
+    [base] = [d for d in Path(tempfile.gettempdir()).glob("aml-pgbouncer-*")
+              if f"listen_port = {port}\n" in (d / "pgbouncer.ini").read_text()]
+    with psycopg.connect(url, connect_timeout=5) as conn:  # its starter is gone, it is not
+        conn.execute("SELECT 1")
+
+    reaped = reap_stale_poolers()
+
+    assert base in reaped and not base.exists()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url, connect_timeout=5).close()
+    # The pooler of this live test session is left alone.
+    with psycopg.connect(pgbouncer_url, connect_timeout=5) as conn:
+        conn.execute("SELECT 1")
