@@ -264,12 +264,17 @@ def start_step_server() -> None:
 @lru_cache(maxsize=4)
 def reconstruct_runs_job(spec_json: str, tsdb_url: str, home: str, datasets_dir: str | None,
                          build_id: str) -> dg.JobDefinition:
-    """The ``<spec>__runs`` job, rebuilt in a process Dagster starts for a step (``--workers``).
+    """The ``<spec>__runs`` job, rebuilt in a process Dagster starts for a step (``--workers``),
+    with :data:`BUILD_EVENT_SETTINGS` in that process's environment (a value already set wins).
 
     Cached per build (``build_id``): Dagster rebuilds the job about ten times per chunk run while
     it plans and launches it (25 ms each, in the process driving the chunks), while the next build
     may see other settings (the definitions read the environment).
     """
+    # A step process forks from the step server, whose environment is the one it started with:
+    # possibly before this build put its event settings there (or another build started it).
+    for name, value in BUILD_EVENT_SETTINGS.items():
+        os.environ.setdefault(name, value)
     spec = parse_spec(json.loads(spec_json), source="build")
     store = StoreResource(home=home, datasets_dir=datasets_dir)
     defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})

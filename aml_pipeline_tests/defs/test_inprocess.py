@@ -150,6 +150,43 @@ def test_step_server_forks_with_the_step_modules_loaded(tmp_path, started):
     expected = ["aml_pipeline.defs.inprocess", "matplotlib.figure"] if started else []
     assert out.stdout.strip().splitlines()[-1] == str(expected)
 
+_STEP_SETTINGS_PROBE = """
+import json, multiprocessing, os
+from aml_pipeline.defs.inprocess import BUILD_EVENT_SETTINGS, build_event_settings, reconstruct_runs_job, start_step_server
+from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
+def step(spec_json, queue):
+    reconstruct_runs_job(spec_json, "duckdb:///nowhere.duckdb", "home", None, "probe")
+    queue.put({name: os.environ.get(name) for name in BUILD_EVENT_SETTINGS})
+if __name__ == "__main__":
+    start_step_server()  # first thing, as materialize_dataset does: before the build's settings
+    spec_json = json.dumps(plant_spec_dict(simulate_plant(n_runs=1, run_minutes=2, seed=1), "probe"))
+    with build_event_settings():
+        ctx = multiprocessing.get_context("forkserver")
+        queue = ctx.Queue()
+        p = ctx.Process(target=step, args=(spec_json, queue))
+        p.start()
+        print(json.dumps(queue.get(timeout=60)))
+        p.join()
+"""
+
+
+def test_step_processes_get_the_builds_event_settings(tmp_path):
+    """A --workers step process forks from the step server, which started before the build put
+    its event settings (event batching, one planned event per asset) in the environment; the
+    step process still writes its events with them."""
+    import json
+    import subprocess
+    import sys
+
+    from aml_pipeline.defs.inprocess import BUILD_EVENT_SETTINGS
+
+    script = tmp_path / "probe.py"
+    script.write_text(_STEP_SETTINGS_PROBE)
+    env = {k: v for k, v in os.environ.items() if k not in BUILD_EVENT_SETTINGS}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == BUILD_EVENT_SETTINGS
+
 # ---- late points: one run, and only that run, is rebuilt (both TSDB adapters) ----------------------
 
 import uuid  # noqa: E402
