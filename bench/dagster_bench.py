@@ -201,14 +201,25 @@ def workers_unsupported() -> str | None:
 
 
 def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int) -> dict[str, Any]:
-    """The same Dagster build with 1 and with 2 workers, alternating; same sha256."""
+    """The same Dagster build with 1 and with 2 workers, alternating; same sha256.
+
+    Alternating with them, the reference: the same run stages without Dagster, the library's
+    ``build_runs`` over every run in one process, and over each half of the runs in two
+    processes at once (a process pool started and warmed before the clock, so it pays no
+    process start or import at all): what this machine gives the same work in two processes.
+    """
+    import json
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     stack = contextlib.ExitStack()
     state: dict[str, Any] = {}
     hashes: set[str] = set()
 
     def prepare(side: str, i: int) -> None:
         stack.close()
-        state["instance"] = stack.enter_context(persistent_instance(out / "instance"))
+        if not side.startswith("library"):
+            state["instance"] = stack.enter_context(persistent_instance(out / "instance"))
         settle(out / "build")
         (out / "build").mkdir(parents=True)
 
@@ -226,19 +237,96 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
 
         return call
 
+    from aml_pipeline.pipeline.store import DatasetStore
+
+    spec_json, spec_id = json.dumps(spec_dict), spec_dict["id"]
+    run_ids = _finished_runs(spec_dict, tsdb_url)
+    half = -(-len(run_ids) // 2)  # as the build cuts them: contiguous chunks of at most half
+
+    def library(parts: list[list[str]]):
+        def call() -> None:
+            store = out / "build" / "store"
+            for future in [pool.submit(library_run_stages, spec_json, tsdb_url, str(store), part) for part in parts]:
+                future.result()
+            # The reference did the build's work: every run windowed.
+            windowed = DatasetStore(store, spec_id)
+            missing = [r for r in run_ids if windowed.read_meta(r, "windows") is None]
+            if missing:
+                raise RuntimeError(f"library run stages left {len(missing)} runs without windows: {missing[:3]}")
+
+        return call
+
+    from aml_pipeline.defs.inprocess import start_step_server
+
+    # The forkserver of this process, as the 2-worker builds start it (with the step modules
+    # preloaded): a pool started first would start it without them, and the builds' steps would
+    # then fork from that one.
+    start_step_server()
+    pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("forkserver"))
     try:
-        cmp = side_by_side({"1_worker": build(1), "2_workers": build(2)}, repeat=repeat, prepare=prepare)
+        # Both processes start, import the project and open the TSDB before the clock.
+        for future in [pool.submit(library_run_stages, spec_json, tsdb_url, None, []) for _ in range(2)]:
+            future.result()
+        cmp = side_by_side({
+            "1_worker": build(1), "2_workers": build(2),
+            "library_1_process": library([run_ids]), "library_2_processes": library([run_ids[:half], run_ids[half:]]),
+        }, repeat=repeat, prepare=prepare)
     finally:
         stack.close()
+        pool.shutdown(wait=True, cancel_futures=True)
     remove_tree(out)
     return {"timings": cmp.to_json(), "speedup": cmp.ratio("1_worker", "2_workers"), "same_sha256": len(hashes) == 1,
             "speedup_whole_build": cmp.ratio("1_worker", "2_workers", "total_seconds"),
             "cores_busy_1_worker": cmp.metric("1_worker", "cores_busy"),
+            "library_speedup_2_processes": cmp.ratio("library_1_process", "library_2_processes"),
             "cores": os.cpu_count(),
             "what": "run stages: from the start of materialize_dataset's Dagster runs to the end of the last "
                     "run-stage step (1 worker: one __build run; 2 workers: two __runs chunk runs at once, each "
                     "step in a process started by Dagster's multiprocess executor); speedup_whole_build adds "
-                    "the dataset stages, which run once either way"}
+                    "the dataset stages, which run once either way; library_speedup_2_processes: the same "
+                    "runs through the library's build_runs (fetch, clean and align, windows; no Dagster, no "
+                    "metadata) in one process / each half in two processes of a warm process pool"}
+
+
+def _finished_runs(spec_dict: dict[str, Any], tsdb_url: str) -> list[str]:
+    from aml_pipeline.pipeline.build import run_scope
+    from aml_pipeline.spec import parse_spec
+    from aml_pipeline.tsdb import open_tsdb
+
+    spec = parse_spec(spec_dict)
+    with open_tsdb(tsdb_url) as db:
+        return [r.run_id for r in db.list_runs(run_scope(spec), finished_only=True)]
+
+
+def library_run_stages(spec_json: str, tsdb_url: str, store_root: str | None, run_ids: list[str]) -> None:
+    """Every run stage of ``run_ids`` through the library's ``build_runs`` into ``store_root``,
+    as the Dagster run step does them (in a process of :func:`run_parallel`'s pool)."""
+    import json
+
+    from aml_pipeline.pipeline.build import run_scope
+    from aml_pipeline.pipeline.runs import build_runs, check_nodes_known, fetch_run
+    from aml_pipeline.pipeline.store import DatasetStore
+    from aml_pipeline.pipeline.versions import RUN_STAGES
+    from aml_pipeline.spec import parse_spec
+    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT
+
+    spec = parse_spec(json.loads(spec_json))
+    with open_tsdb(tsdb_url) as db:
+        if store_root is None:
+            return
+        catalog = check_nodes_known(spec, db.list_nodes())
+        by_id = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
+        versions = db.run_versions(run_ids)
+        store = DatasetStore(Path(store_root), spec.id)
+
+        def fetch(run_id: str):
+            return fetch_run(db, spec, by_id[run_id], store, catalog, page_limit=DEFAULT_PAGE_LIMIT,
+                             tsdb_version=versions.get(run_id))
+
+        for result in build_runs(spec, store, [(r, RUN_STAGES) for r in run_ids], fetch):
+            if result.error is not None:
+                raise result.error
 
 
 def _cpu_seconds() -> float:

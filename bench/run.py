@@ -490,6 +490,10 @@ def render(d: dict[str, Any]) -> str:
             L.append("")
             L.append(f"{label}: " + "; ".join(f"{side} {_t(t)}" for side, t in d[key]["timings"].items()
                                               if isinstance(t, dict) and "seconds" in t))
+            if key == "parallel" and "library_speedup_2_processes" in d[key]:
+                p = d[key]
+                L.append(f"  2 workers / 1: x{_fmt(p['speedup']['value'])}; the same run stages without Dagster in a "
+                         f"warm pool of 2 processes / 1: x{_fmt(p['library_speedup_2_processes']['value'])}")
     if "rss" in d:
         r = d["rss"]
         L.append("")
