@@ -54,10 +54,18 @@ def start_ui(tmp_path: Path, *, ignore_sigint: bool = False, stop_timeout_s: int
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AML_", "DAGSTER_", "VIRTUAL_ENV"))}
     env.update(DAGSTER_HOME=str(home), AML_HOME=str(tmp_path / "aml"), PORT=str(port), STOP_TIMEOUT_S=str(stop_timeout_s))
     log = open(tmp_path / "ui.log", "w+")
+
+    def as_from_a_terminal() -> None:
+        # The dispositions a shell gives a command, not this process's: Dagster, run in this
+        # process by earlier tests, points SIGTERM at SIGINT's handler, which is "ignore" when
+        # pytest itself runs as a background job. A script cannot trap a signal ignored on entry.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignore_sigint else signal.SIG_DFL)
+
     proc = subprocess.Popen(
         [str(REPO_ROOT / "scripts" / "ui.sh")], stdout=log, stderr=subprocess.STDOUT, env=env,
         start_new_session=True,  # its own session: every process it starts can be found and cleaned up
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None,
+        preexec_fn=as_from_a_terminal,
     )
     deadline = time.monotonic() + START_DEADLINE_S
     while True:
