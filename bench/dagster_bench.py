@@ -212,6 +212,9 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from aml_pipeline.defs.inprocess import start_step_server
+    from aml_pipeline.pipeline.store import DatasetStore
+
     stack = contextlib.ExitStack()
     state: dict[str, Any] = {}
     hashes: set[str] = set()
@@ -237,8 +240,6 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
 
         return call
 
-    from aml_pipeline.pipeline.store import DatasetStore
-
     spec_json, spec_id = json.dumps(spec_dict), spec_dict["id"]
     run_ids = _finished_runs(spec_dict, tsdb_url)
     half = -(-len(run_ids) // 2)  # as the build cuts them: contiguous chunks of at most half
@@ -255,8 +256,6 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
                 raise RuntimeError(f"library run stages left {len(missing)} runs without windows: {missing[:3]}")
 
         return call
-
-    from aml_pipeline.defs.inprocess import start_step_server
 
     # The forkserver of this process, as the 2-worker builds start it (with the step modules
     # preloaded): a pool started first would start it without them, and the builds' steps would

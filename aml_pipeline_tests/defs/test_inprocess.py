@@ -120,6 +120,19 @@ def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp
 
 
 
+def _run_probe(tmp_path: Path, source: str, env: dict[str, str] | None = None) -> str:
+    """Run ``source`` as a script in a fresh interpreter; the last line it printed."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text(source)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
 _STEP_SERVER_PROBE = """
 import multiprocessing, sys
 def loaded(queue):
@@ -139,16 +152,10 @@ if __name__ == "__main__":
 def test_step_server_forks_with_the_step_modules_loaded(tmp_path, started):
     """--workers starts the forkserver itself, with the step modules preloaded, before Dagster
     needs it; a process forked from it then has them (a plain forkserver does not)."""
-    import subprocess
-    import sys
-
     start = "from aml_pipeline.defs.inprocess import start_step_server; start_step_server()" if started else "pass"
-    script = tmp_path / "probe.py"
-    script.write_text(_STEP_SERVER_PROBE.format(start=start))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
     expected = ["aml_pipeline.defs.inprocess", "matplotlib.figure"] if started else []
-    assert out.stdout.strip().splitlines()[-1] == str(expected)
+    assert _run_probe(tmp_path, _STEP_SERVER_PROBE.format(start=start)) == str(expected)
+
 
 _STEP_SETTINGS_PROBE = """
 import json, multiprocessing, os
@@ -175,17 +182,12 @@ def test_step_processes_get_the_builds_event_settings(tmp_path):
     its event settings (event batching, one planned event per asset) in the environment; the
     step process still writes its events with them."""
     import json
-    import subprocess
-    import sys
 
     from aml_pipeline.defs.inprocess import BUILD_EVENT_SETTINGS
 
-    script = tmp_path / "probe.py"
-    script.write_text(_STEP_SETTINGS_PROBE)
     env = {k: v for k, v in os.environ.items() if k not in BUILD_EVENT_SETTINGS}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == BUILD_EVENT_SETTINGS
+    assert json.loads(_run_probe(tmp_path, _STEP_SETTINGS_PROBE, env)) == BUILD_EVENT_SETTINGS
+
 
 # ---- late points: one run, and only that run, is rebuilt (both TSDB adapters) ----------------------
 
