@@ -41,8 +41,14 @@ from aml_pipeline.spec import DatasetSpec
 TSDB_POINTS = dg.AssetKey(["tsdb", "points"])
 # A node missing more than this share of a run's grid is worth a look (check warns).
 MISSING_WARN_RATIO = 0.2
-# Progress lines per run-stages step (plus one per failed run).
+# Progress lines per run-stages step, at most (plus one per failed run).
 PROGRESS_LINES = 10
+
+
+def progress_line_due(i: int, runs: int) -> bool:
+    """Whether the step logs a progress line after its ``i``-th run (1-based) of ``runs``: every
+    ``ceil(runs / PROGRESS_LINES)``-th run and the last, so at most :data:`PROGRESS_LINES` lines."""
+    return i == runs or i % -(-runs // PROGRESS_LINES) == 0
 
 DATASET_ASSETS = ("dataset_split", "normalization_stats", "dataset_manifest")
 MANIFEST_CHECKS = ("hash_verifies", "no_run_in_two_splits", "norm_stats_from_train_only", "no_nan_or_inf")
@@ -210,7 +216,7 @@ class RunStages:
                     context.log.error(f"run {run_id} ({i}/{len(run_ids)}) failed: {_describe(error)}")
                 # Progress at a bounded rate: each log line is an event in the run's log (and a
                 # write to the instance), while every run's figures are in its partition's metadata.
-                elif i == len(run_ids) or i % max(1, len(run_ids) // PROGRESS_LINES) == 0:
+                elif progress_line_due(i, len(run_ids)):
                     context.log.info(f"run {run_id} ({i}/{len(run_ids)}): {self._line(done[run_id])}")
         if failed:
             for run_id, built in done.items():

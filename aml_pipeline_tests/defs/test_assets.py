@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from aml_pipeline.defs.assets import DATASET_ASSETS, MANIFEST_CHECKS, dataset_assets
+from aml_pipeline.defs.assets import DATASET_ASSETS, MANIFEST_CHECKS, PROGRESS_LINES, dataset_assets, progress_line_due
 from aml_pipeline.definitions import defs as load_definitions
 from aml_pipeline.defs.datasets import dataset_definitions
 from aml_pipeline.defs.inprocess import materialize_dataset, sync_run_partitions
@@ -41,6 +41,17 @@ def latest(instance, key: dg.AssetKey, partition: str | None = None):
         dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None), limit=1
     ).records
     return records[0].asset_materialization if records else None
+
+
+def test_a_step_logs_at_most_its_progress_lines_and_always_the_last_run():
+    for runs in range(1, 250):
+        due = [i for i in range(1, runs + 1) if progress_line_due(i, runs)]
+        # Each line is an event written to the instance: 16 runs once gave 16 lines.
+        assert len(due) <= PROGRESS_LINES, (runs, due)
+        assert due[-1] == runs
+        # Evenly spread: no two lines further apart than a step of the bound.
+        assert max(b - a for a, b in zip([0, *due], due)) <= -(-runs // PROGRESS_LINES)
+    assert len([i for i in range(1, 7) if progress_line_due(i, 6)]) == 6  # a short step reports every run
 
 
 def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dagster_plant, instance, resources):
