@@ -303,7 +303,7 @@ def library_run_stages(spec_json: str, tsdb_url: str, store_root: str | None, ru
     import json
 
     from aml_pipeline.pipeline.build import run_scope
-    from aml_pipeline.pipeline.runs import build_runs, check_nodes_known, fetch_run
+    from aml_pipeline.pipeline.runs import build_runs, check_nodes_known, run_fetcher
     from aml_pipeline.pipeline.store import DatasetStore
     from aml_pipeline.pipeline.versions import RUN_STAGES
     from aml_pipeline.spec import parse_spec
@@ -315,14 +315,9 @@ def library_run_stages(spec_json: str, tsdb_url: str, store_root: str | None, ru
         if store_root is None:
             return
         catalog = check_nodes_known(spec, db.list_nodes())
-        by_id = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
-        versions = db.run_versions(run_ids)
         store = DatasetStore(Path(store_root), spec.id)
-
-        def fetch(run_id: str):
-            return fetch_run(db, spec, by_id[run_id], store, catalog, page_limit=DEFAULT_PAGE_LIMIT,
-                             tsdb_version=versions.get(run_id))
-
+        fetch = run_fetcher(db, spec, store, db.list_runs(run_scope(spec), finished_only=True), catalog,
+                            page_limit=DEFAULT_PAGE_LIMIT, tsdb_versions=db.run_versions(run_ids))
         for result in build_runs(spec, store, [(r, RUN_STAGES) for r in run_ids], fetch):
             if result.error is not None:
                 raise result.error

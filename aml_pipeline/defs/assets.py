@@ -34,7 +34,7 @@ from aml_pipeline.pipeline.dataset import (
 )
 from aml_pipeline.pipeline.plots import dataset_overview_markdown, run_traces_markdown
 from aml_pipeline.pipeline.publish import Catalog
-from aml_pipeline.pipeline.runs import RawSummary, build_runs, check_nodes_known, fetch_run
+from aml_pipeline.pipeline.runs import build_runs, check_nodes_known, run_fetcher
 from aml_pipeline.pipeline.versions import stage_versions
 from aml_pipeline.spec import DatasetSpec
 
@@ -181,14 +181,10 @@ class RunStages:
         fetch = None
         if db is not None:
             catalog = check_nodes_known(spec, db.list_nodes())
-            in_scope = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
-            versions = db.run_versions(run_ids)
-
-            def fetch(run_id: str) -> RawSummary:
-                # A partition outside the scope (or unfinished) is looked up, to fail naming why.
-                run = in_scope.get(run_id) or db.get_run(run_id)
-                return fetch_run(db, spec, run, self.ds, catalog, page_limit=self.tsdb.page_limit,
-                                 tsdb_version=versions.get(run_id))
+            in_scope = db.list_runs(run_scope(spec), finished_only=True)
+            # A partition outside the scope (or unfinished) fails naming why.
+            fetch = run_fetcher(db, spec, self.ds, in_scope, catalog, page_limit=self.tsdb.page_limit,
+                                tsdb_versions=db.run_versions(run_ids))
 
         stages = [STAGE_OF_ASSET[n] for n in self.selected]
         done: dict[str, dict[str, dict[str, Any]]] = {}  # run -> asset -> metadata

@@ -35,7 +35,7 @@ from aml_pipeline.pipeline.dataset import (
 )
 from aml_pipeline.pipeline.incremental import inputs_key, stale_runs, stages_from
 from aml_pipeline.pipeline.publish import Catalog, CatalogEntry, publish_staged, set_current, staging_dir
-from aml_pipeline.pipeline.runs import RawSummary, build_runs, check_nodes_known, fetch_run
+from aml_pipeline.pipeline.runs import build_runs, check_nodes_known, run_fetcher
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.pipeline.versions import ALGORITHMS, stage_versions
 from aml_pipeline.spec import DatasetSpec
@@ -263,13 +263,8 @@ def _build(spec, tsdb, store, datasets_root, page_limit, progress, full) -> Publ
         if full
         else stale_runs(spec, store, runs, tsdb_versions=versions, catalog=catalog)
     )
-    by_id = {r.run_id: r for r in runs}
     work = [(r.run_id, stages_from(todo[r.run_id])) for r in runs if r.run_id in todo]
-
-    def fetch(run_id: str) -> RawSummary:
-        return fetch_run(tsdb, spec, by_id[run_id], store, catalog, page_limit=page_limit,
-                         tsdb_version=versions.get(run_id))
-
+    fetch = run_fetcher(tsdb, spec, store, runs, catalog, page_limit=page_limit, tsdb_versions=versions)
     with closing(build_runs(spec, store, work, fetch)) as results:
         for i, run in enumerate(runs):
             if run.run_id in todo:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -138,6 +138,28 @@ def fetch_run(
 
 
 # ---- grid --------------------------------------------------------------------------------------
+
+
+def run_fetcher(
+    tsdb: TsdbPort,
+    spec: DatasetSpec,
+    store: DatasetStore,
+    runs: Iterable[Run],
+    catalog: dict[str, Node],
+    *,
+    page_limit: int,
+    tsdb_versions: Mapping[str, str],
+) -> Callable[[str], RawSummary]:
+    """:func:`build_runs`'s ``fetch``: :func:`fetch_run` by run id, for the spec's finished runs in
+    scope (``runs``) with their TSDB versions. Any other id is looked up in the TSDB, so its fetch
+    fails naming why (unknown, unfinished or out of scope) instead of a bare KeyError."""
+    by_id = {r.run_id: r for r in runs}
+
+    def fetch(run_id: str) -> RawSummary:
+        run = by_id.get(run_id) or tsdb.get_run(run_id)
+        return fetch_run(tsdb, spec, run, store, catalog, page_limit=page_limit, tsdb_version=tsdb_versions.get(run_id))
+
+    return fetch
 
 
 @dataclass

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from aml_pipeline.pipeline.build import run_scope
-from aml_pipeline.pipeline.runs import build_runs, check_nodes_known, fetch_run
+from aml_pipeline.errors import BuildError, UnknownRunError
+from aml_pipeline.pipeline.runs import build_runs, check_nodes_known, fetch_run, run_fetcher
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
 
@@ -54,3 +55,23 @@ def test_runs_come_back_in_order_with_each_failure_kept_to_its_run(make_spec, pl
     assert [r.windows.windows for r in again] == [r.windows.windows for r in results if r.run_id != bad]
     with pytest.raises(ValueError, match="no fetch was given"):
         next(build_runs(spec, store, [(ids[0], ("raw",))], None))
+
+
+def test_the_fetcher_reads_runs_in_scope_and_names_why_it_cannot_read_another(make_spec, plant_url, tmp_path):
+    spec = make_spec()
+    store = DatasetStore(tmp_path / "store", spec.id)
+    with open_tsdb(plant_url) as db:
+        catalog = check_nodes_known(spec, db.list_nodes())
+        finished = db.list_runs(run_scope(spec), finished_only=True)
+        unfinished = [r for r in db.list_runs(run_scope(spec), finished_only=False) if r.ended_at is None]
+        assert finished and unfinished
+        ids = [r.run_id for r in finished]
+        fetch = run_fetcher(db, spec, store, finished, catalog, page_limit=5000, tsdb_versions=db.run_versions(ids))
+        raw = fetch(ids[1])
+        assert raw.run_id == ids[1] and raw.total_points > 0
+        # The run's TSDB version is recorded, for the next build's staleness check.
+        assert store.read_meta(ids[1], "raw")["tsdbVersion"] == db.run_versions([ids[1]])[ids[1]]
+        with pytest.raises(BuildError, match=f"run '{unfinished[0].run_id}' has not finished"):
+            fetch(unfinished[0].run_id)
+        with pytest.raises(UnknownRunError, match="no-such-run"):
+            fetch("no-such-run")
