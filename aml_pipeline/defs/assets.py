@@ -17,7 +17,7 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from aml_pipeline import progress
+from aml_pipeline import config, progress
 from aml_pipeline.core.clean import CLEAN_CAUSES
 from aml_pipeline.defs.partitions import RUN_ASSETS, run_backfill_policy, run_partitions
 from aml_pipeline.defs.resources import StoreResource, TsdbResource
@@ -101,6 +101,7 @@ def run_stage_assets(spec: DatasetSpec) -> dg.AssetsDefinition:
         f"{len(spec.nodes)} nodes, beat {spec.beat_ms} ms, H={spec.history_steps}, F={spec.horizon_steps}"
     )
     common = dict(group_name=spec.id, kinds={"numpy"}, partitions_def=run_partitions(spec.id))
+    plots = config.run_plots()
     specs = [
         dg.AssetSpec(
             key("raw_node_series"), code_version=v.raw,
@@ -114,7 +115,8 @@ def run_stage_assets(spec: DatasetSpec) -> dg.AssetsDefinition:
             key("cleaned_grid"), deps=[key("raw_node_series")], code_version=v.grid,
             description=(
                 "Points cleaned (non-finite, bad state, range, duplicates, Hampel) and aligned to the beat grid. "
-                f"Per run: counts per cause and node, missing ratios and the run's plot. {FIGURES_WHERE}"
+                "Per run: counts per cause and node, missing ratios"
+                + (" and the run's plot. " if plots else " (no plot: AML_RUN_PLOTS=off). ") + FIGURES_WHERE
             ),
             **common,
         ),
@@ -146,7 +148,7 @@ def run_stage_assets(spec: DatasetSpec) -> dg.AssetsDefinition:
     def run_stages(context: dg.AssetExecutionContext, tsdb: TsdbResource, store: StoreResource):
         selected = [n for n in RUN_ASSETS if key(n) in context.selected_asset_keys]
         with failing_as_one_line(), store.dataset_store(spec.id).in_use():
-            yield from RunStages(spec, context, tsdb, store, selected).execute()
+            yield from RunStages(spec, context, tsdb, store, selected, plots=plots).execute()
 
     return run_stages
 
@@ -161,8 +163,8 @@ class RunStages:
     """
 
     def __init__(self, spec: DatasetSpec, context: dg.AssetExecutionContext, tsdb: TsdbResource,
-                 store: StoreResource, selected: list[str]) -> None:
-        self.spec, self.context, self.tsdb, self.selected = spec, context, tsdb, selected
+                 store: StoreResource, selected: list[str], *, plots: bool) -> None:
+        self.spec, self.context, self.tsdb, self.selected, self.plots = spec, context, tsdb, selected, plots
         self.ds = store.dataset_store(spec.id)
         self.key = lambda name: dg.AssetKey([spec.id, name])  # noqa: E731
 
@@ -252,7 +254,7 @@ class RunStages:
     def _grid_metadata(self, run_id: str, grid) -> dict[str, Any]:
         totals = grid.cleaning_totals
         units = (self.ds.read_meta(run_id, "grid") or {}).get("units", {})
-        return {
+        figures = {
             "grid_rows": grid.rows,
             "points_kept": totals["kept"],
             "points_removed": totals["input"] - totals["kept"],
@@ -261,10 +263,12 @@ class RunStages:
                   "missing_ratio": round(grid.missing[n], 4)} for n in self.spec.node_ids]
             ),
             "max_missing_ratio": max(grid.missing.values()),
-            "plot": dg.MetadataValue.md(
-                run_traces_markdown(grid.traces, [units.get(n, "") for n in self.spec.node_ids], run_id)
-            ),
         }
+        if self.plots:
+            figures["plot"] = dg.MetadataValue.md(
+                run_traces_markdown(grid.traces, [units.get(n, "") for n in self.spec.node_ids], run_id)
+            )
+        return figures
 
     def _line(self, stages: dict[str, dict[str, Any]]) -> str:
         parts = []

@@ -83,6 +83,23 @@ def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dags
     assert checks["has_windows"].passed
 
 
+def test_with_run_plots_off_a_runs_figures_are_recorded_without_its_plot(dagster_spec, dagster_plant, instance,
+                                                                       resources, monkeypatch):
+    runs = finished_runs(dagster_plant)
+    sync_run_partitions(instance, dagster_spec, runs)
+    key = dg.AssetKey([dagster_spec.id, "run_windows"])
+    assert materialize(dagster_spec, instance, resources, RUN_ASSETS, partition_key=runs[0]).success
+    monkeypatch.setenv("AML_RUN_PLOTS", "off")
+    assert materialize(dagster_spec, instance, resources, RUN_ASSETS, partition_key=runs[1]).success
+    with_plot, without = latest(instance, key, runs[0]).metadata, latest(instance, key, runs[1]).metadata
+    assert "plot" in with_plot and "plot" not in without
+    # Everything else is there: the cleaning table, the fetch and the windows.
+    assert set(with_plot) - {"plot"} == set(without)
+    assert without["cleaning"].value.records and without["windows"].value > 0
+    # What the switch is for: the event log's share of the run, measured on what is stored.
+    assert len(dg.serialize_value(without)) < len(dg.serialize_value(with_plot)) / 1.5
+
+
 def test_single_run_backfill_keeps_per_run_metadata(dagster_spec, dagster_plant, instance, resources):
     runs = finished_runs(dagster_plant)
     keys_ = sync_run_partitions(instance, dagster_spec, runs)

@@ -30,7 +30,7 @@ BIN = Path(sys.executable).parent
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
-        if name.startswith(("AML_EXECUTOR", "AML_CELERY_", "AML_BACKFILL_")):
+        if name.startswith(("AML_EXECUTOR", "AML_CELERY_", "AML_BACKFILL_", "AML_RUN_PLOTS")):
             monkeypatch.delenv(name)
 
 
@@ -56,6 +56,25 @@ def test_a_chunk_size_that_is_not_a_positive_whole_number_is_refused(monkeypatch
         config.backfill_runs_per_chunk()
     assert err.value.code == "CONFIG_INVALID"
     assert f"AML_BACKFILL_RUNS_PER_CHUNK={value!r}" in err.value.one_line()
+
+
+# ---- run plots ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("on", True), ("OFF", False), (" off ", False)])
+def test_run_plots_are_on_unless_switched_off(monkeypatch, value, on) -> None:
+    if value is not None:
+        monkeypatch.setenv("AML_RUN_PLOTS", value)
+    assert config.run_plots() is on
+
+
+@pytest.mark.parametrize("value", ["no", "0", "false", "sometimes"])
+def test_a_run_plots_setting_other_than_on_or_off_fails_the_load_naming_it(monkeypatch, value) -> None:
+    monkeypatch.setenv("AML_RUN_PLOTS", value)
+    with pytest.raises(AmlError) as err:
+        dataset_assets(load_spec(DEMO_SPEC))
+    assert err.value.code == "CONFIG_INVALID"
+    assert f"AML_RUN_PLOTS={value.strip().lower()!r} must be on or off" in err.value.one_line()
 
 
 # ---- executor ----------------------------------------------------------------------------------
