@@ -184,7 +184,7 @@ class RunStages:
         if db is not None:
             catalog = check_nodes_known(spec, db.list_nodes())
             in_scope = db.list_runs(run_scope(spec), finished_only=True)
-            # A partition outside the scope (or unfinished) fails naming why.
+            # A partition that is not a finished run in scope is looked up: an unfinished run fails naming why.
             fetch = run_fetcher(db, spec, self.ds, in_scope, catalog, page_limit=self.tsdb.page_limit,
                                 tsdb_versions=db.run_versions(run_ids))
 

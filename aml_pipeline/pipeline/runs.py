@@ -137,9 +137,6 @@ def fetch_run(
     return RawSummary(run.run_id, points, pages, data_version)
 
 
-# ---- grid --------------------------------------------------------------------------------------
-
-
 def run_fetcher(
     tsdb: TsdbPort,
     spec: DatasetSpec,
@@ -151,8 +148,8 @@ def run_fetcher(
     tsdb_versions: Mapping[str, str],
 ) -> Callable[[str], RawSummary]:
     """:func:`build_runs`'s ``fetch``: :func:`fetch_run` by run id, for the spec's finished runs in
-    scope (``runs``) with their TSDB versions. Any other id is looked up in the TSDB, so its fetch
-    fails naming why (unknown, unfinished or out of scope) instead of a bare KeyError."""
+    scope (``runs``) with their TSDB versions. Any other id is looked up in the TSDB, so that an
+    unknown or unfinished run fails naming why instead of with a bare KeyError."""
     by_id = {r.run_id: r for r in runs}
 
     def fetch(run_id: str) -> RawSummary:
@@ -160,6 +157,9 @@ def run_fetcher(
         return fetch_run(tsdb, spec, run, store, catalog, page_limit=page_limit, tsdb_version=tsdb_versions.get(run_id))
 
     return fetch
+
+
+# ---- grid --------------------------------------------------------------------------------------
 
 
 @dataclass
