@@ -4,7 +4,9 @@ The same definitions the UI shows, executed in this process under their named jo
 ``<spec>__runs`` for the run stages, over contiguous ranges of at most
 ``AML_BACKFILL_RUNS_PER_CHUNK`` partitions (the backfill chunks), then ``<spec>__rebuild`` for the
 dataset. Incremental: only runs with a stale stage are materialised, from that stage on, and the
-rebuild publishes nothing when nothing changed (:mod:`aml_pipeline.pipeline.incremental`).
+rebuild publishes nothing when nothing changed (:mod:`aml_pipeline.pipeline.incremental`). In an
+instance the caller gives (``DAGSTER_HOME``), a run whose partitions it has not recorded is
+materialised too, so that what the UI shows is what the snapshot holds.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -28,7 +31,7 @@ import dagster as dg
 from aml_pipeline import config
 from aml_pipeline.defs.assets import DATASET_ASSETS
 from aml_pipeline.defs.datasets import dataset_definitions
-from aml_pipeline.defs.partitions import RUN_ASSETS, plan_run_batches, range_tags, run_partitions
+from aml_pipeline.defs.partitions import ASSET_OF_STAGE, RUN_ASSETS, plan_run_batches, range_tags, run_partitions
 from aml_pipeline.defs.resources import StoreResource, TsdbResource
 from aml_pipeline.defs.schedules import build_job_name, rebuild_job_name, runs_job_name
 from aml_pipeline.defs.shared_env import default_shared_env_resources
@@ -37,6 +40,7 @@ from aml_pipeline.errors import AmlError, BuildError
 from aml_pipeline.pipeline.build import run_scope
 from aml_pipeline.pipeline.incremental import stale_runs
 from aml_pipeline.pipeline.runs import check_nodes_known
+from aml_pipeline.pipeline.versions import RUN_STAGES
 from aml_pipeline.spec import DatasetSpec, parse_spec
 from aml_pipeline.tsdb import open_tsdb
 
@@ -55,6 +59,20 @@ def sync_run_partitions(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids
     if new:
         instance.add_dynamic_partitions(name, new)
     return instance.get_dynamic_partitions(name)
+
+
+def unrecorded_runs(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids: list[str]) -> dict[str, str]:
+    """``{run id: stage}`` for the runs with a run-asset partition that ``instance`` has not recorded
+    as materialised, from the first such asset's stage on. A step that died after storing some of
+    its runs leaves their files fresh but unrecorded; so does a build recorded in another instance."""
+    recorded = {stage: instance.get_materialized_partitions(dg.AssetKey([spec.id, name]))
+                for stage, name in ASSET_OF_STAGE.items()}
+    out = {}
+    for run_id in run_ids:
+        stage = next((stage for stage in RUN_STAGES if run_id not in recorded[stage]), None)
+        if stage is not None:
+            out[run_id] = stage
+    return out
 
 
 def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
@@ -138,6 +156,10 @@ def materialize_dataset(
                 if full
                 else stale_runs(spec, store.dataset_store(spec.id), runs, tsdb_versions=versions, catalog=catalog)
             )
+            if not own and not full:
+                for run_id, stage in unrecorded_runs(instance, spec, keys).items():
+                    if run_id not in todo or RUN_STAGES.index(stage) < RUN_STAGES.index(todo[run_id]):
+                        todo[run_id] = stage
             materialized = dict.fromkeys(RUN_ASSETS, 0)
             chunk_runs = config.backfill_runs_per_chunk()
             if workers > 1 and todo:
@@ -331,6 +353,13 @@ def _execute_parallel(
         if not result.success:
             failures = [e for e in result.all_events if e.is_step_failure]
             data = failures[0].step_failure_data if failures else None
+            if data and data.error and data.error.cls_name == "ChildProcessCrashException":
+                raise AmlError(
+                    f"the step process building runs {chunk[0]} .. {chunk[-1]} ({len(chunk)} runs, Dagster run "
+                    f"{result.run_id[:8]}) {_how_it_ended(result.all_events)}; the runs of chunks that finished are "
+                    "recorded, and the same build again redoes only what is missing",
+                    code="WORKER_LOST",
+                )
             description = data.user_failure_data.description if data and data.user_failure_data else None
             message = description or (data.error.message.strip() if data and data.error else "the run failed")
             code = message.split(":", 1)[0] if message[:1].isupper() and ":" in message else "BUILD_FAILED"
@@ -344,6 +373,17 @@ def _execute_parallel(
             future.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _how_it_ended(events: list[dg.DagsterEvent]) -> str:
+    """How a step's process ended, from the multiprocess executor's engine event about it
+    (e.g. "was terminated by signal 9 (SIGKILL)")."""
+    for event in events:
+        message = event.message or ""
+        found = re.search(r"child process for step \S+ (was terminated by signal \d+ \(\w+\)|unexpectedly exited with code -?\d+)", message)
+        if found:
+            return found.group(1)
+    return "died before it finished"
 
 
 def _execute(job: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, **kwargs: Any):

@@ -8,8 +8,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from aml_pipeline.defs.inprocess import dataset_job_definitions, materialize_dataset
-from aml_pipeline.defs.partitions import RUN_ASSETS
+from aml_pipeline.defs.inprocess import dataset_job_definitions, materialize_dataset, sync_run_partitions
+from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, RUN_ASSETS
+from aml_pipeline.errors import AmlError
 from aml_pipeline.spec import parse_spec
 
 
@@ -65,6 +66,35 @@ def test_a_rebuild_with_nothing_new_materialises_and_publishes_nothing(dagster_s
     assert full["materialized"] == dict.fromkeys(RUN_ASSETS, n) and full["published"] is False
 
 
+def test_a_build_records_every_run_in_the_instance_it_is_given(dagster_spec, dagster_plant, resources):
+    runs = [r.run_id for r in dagster_plant.runs if r.ended_at is not None]
+    windows = dg.AssetKey([dagster_spec.id, "run_windows"])
+    with dg.DagsterInstance.ephemeral() as elsewhere:
+        first = _build(dagster_spec, resources, elsewhere)
+    # The store is fresh, but this instance has recorded none of it: every run is materialised
+    # here (the same bytes), so the UI of this instance shows what the snapshot holds.
+    with dg.DagsterInstance.ephemeral() as instance:
+        here = _build(dagster_spec, resources, instance)
+        assert here["materialized"] == dict.fromkeys(RUN_ASSETS, len(runs))
+        assert here["sha256"] == first["sha256"] and here["published"] is False
+        assert instance.get_materialized_partitions(windows) == set(runs)
+        assert _build(dagster_spec, resources, instance)["materialized"] == dict.fromkeys(RUN_ASSETS, 0)
+
+    # Partly recorded (as when a step dies after storing a run): only the unrecorded stages.
+    runs_job = dataset_job_definitions(dagster_spec, resources).resolve_job_def(f"{dagster_spec.id}__runs")
+    with dg.DagsterInstance.ephemeral() as instance:
+        sync_run_partitions(instance, dagster_spec, runs)
+        for names, chunk in ((RUN_ASSETS, runs[:1]), (RUN_ASSETS, runs[2:]), (["raw_node_series"], runs[1:2])):
+            assert runs_job.execute_in_process(
+                instance=instance, tags={RANGE_START_TAG: chunk[0], RANGE_END_TAG: chunk[-1]},
+                asset_selection=[dg.AssetKey([dagster_spec.id, n]) for n in names],
+            ).success
+        again = _build(dagster_spec, resources, instance)
+        assert again["materialized"] == {"raw_node_series": 0, "cleaned_grid": 1, "run_windows": 1}
+        assert instance.get_materialized_partitions(windows) == set(runs)
+        assert again["sha256"] == first["sha256"]
+
+
 def test_a_spec_edit_reruns_exactly_the_stages_it_changes(dagster_spec, dagster_plant, instance, resources):
     n = len([r for r in dagster_plant.runs if r.ended_at is not None])
     first = _build(dagster_spec, resources, instance)
@@ -118,6 +148,60 @@ def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp
     # Two workers: the runs in two Dagster runs of the run stages (in parallel), then the dataset.
     assert out[2][1] == [f"{spec.id}__rebuild", f"{spec.id}__runs", f"{spec.id}__runs"]
 
+
+
+
+def test_a_killed_step_process_ends_the_build_in_one_line_and_the_next_build_redoes_only_its_chunk(
+        dagster_plant, dagster_plant_url, tmp_path):
+    import signal
+    import threading
+    import time
+
+    from aml_pipeline.simulate.plant import plant_spec_dict
+
+    spec = parse_spec(plant_spec_dict(dagster_plant, "dg_kill", history_steps=20, horizon_steps=10))
+    runs = [r.run_id for r in dagster_plant.runs if r.ended_at is not None]
+    home = tmp_path / "instance"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        outcome: dict = {}
+
+        def build() -> None:
+            try:
+                outcome["summary"] = materialize_dataset(spec, tsdb_url=dagster_plant_url, home=tmp_path / "aml",
+                                                         instance=instance, workers=2)
+            except AmlError as e:
+                outcome["error"] = e
+
+        builder = threading.Thread(target=build)
+        builder.start()
+        killed = None
+        while killed is None and builder.is_alive():
+            for run in instance.get_runs(dg.RunsFilter(job_name=f"{spec.id}__runs")):
+                starts = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
+                if starts:  # the step's own process logged it: SIGKILL that process
+                    os.kill(starts[0].dagster_event.pid, signal.SIGKILL)
+                    killed = run
+                    break
+            time.sleep(0.01)
+        builder.join(timeout=300)
+        assert killed is not None and "error" in outcome, outcome
+        lost = runs[runs.index(killed.tags[RANGE_START_TAG]):runs.index(killed.tags[RANGE_END_TAG]) + 1]
+        line = outcome["error"].one_line()
+        assert line == (
+            f"WORKER_LOST: the step process building runs {lost[0]} .. {lost[-1]} ({len(lost)} runs, Dagster run "
+            f"{killed.run_id[:8]}) was terminated by signal 9 (SIGKILL); the runs of chunks that finished are "
+            "recorded, and the same build again redoes only what is missing"
+        ), line
+        assert instance.get_materialized_partitions(dg.AssetKey([spec.id, "run_windows"])) == set(runs) - set(lost)
+
+        again = materialize_dataset(spec, tsdb_url=dagster_plant_url, home=tmp_path / "aml", instance=instance, workers=2)
+        assert again["materialized"] == dict.fromkeys(RUN_ASSETS, len(lost))
+        assert instance.get_materialized_partitions(dg.AssetKey([spec.id, "run_windows"])) == set(runs)
+    with dg.DagsterInstance.ephemeral() as clean:
+        assert again["sha256"] == materialize_dataset(
+            spec, tsdb_url=dagster_plant_url, home=tmp_path / "clean", instance=clean)["sha256"]
 
 
 def _run_probe(tmp_path: Path, source: str, env: dict[str, str] | None = None) -> str:
