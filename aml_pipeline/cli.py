@@ -114,6 +114,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from aml_pipeline.pipeline.plots import stored_run_figure_png
+    from aml_pipeline.pipeline.store import DatasetStore, atomic_write_bytes
+    from aml_pipeline.spec import load_spec
+
+    spec = load_spec(args.spec)
+    home = Path(args.home).resolve() if args.home else config.aml_home()
+    png = stored_run_figure_png(DatasetStore(config.store_dir(home), spec.id), args.run)
+    out = Path(args.out) if args.out else Path(f"{spec.id}-{args.run}.png")
+    atomic_write_bytes(out, png)
+    print(out)
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from aml_pipeline.errors import disk_full
     from aml_pipeline.snapshot import SnapshotError, open_snapshot
@@ -370,6 +384,13 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check every hashed byte of a snapshot (exit 0 only if intact)")
     v.add_argument("snapshot_dir")
     v.set_defaults(func=cmd_verify)
+
+    pl = sub.add_parser("plot", help="draw a built run's strip chart (the UI's run plot) into a PNG file")
+    pl.add_argument("spec", help="dataset spec (YAML)")
+    pl.add_argument("run", help="run id")
+    pl.add_argument("--home", help="AML_HOME the spec was built in (default: $AML_HOME or ./.aml)")
+    pl.add_argument("--out", help="PNG file to write (default: ./<spec>-<run>.png)")
+    pl.set_defaults(func=cmd_plot)
 
     x = sub.add_parser("export", help="write a snapshot's model-unit grid per run for dataframe tools (docs/consumers.md)")
     x.add_argument("snapshot_dir")

@@ -237,3 +237,40 @@ def test_baseline_prints_rmse_per_target_next_to_persistence(small_plant, ingest
     data[0] ^= 1
     y.write_bytes(bytes(data))
     expect_user_error(capsys, ["baseline", str(spec), "--root", str(out)], "SNAPSHOT_TAMPERED", "arrays/y.f32")
+
+
+def test_plot_draws_a_built_runs_chart_as_the_ui_shows_it(small_plant, ingested, tmp_path, capsys, monkeypatch):
+    import base64
+    import re
+
+    import dagster as dg
+
+    home = tmp_path / "instance"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("AML_HOME", str(tmp_path / "home"))
+    spec = write_spec(tmp_path / "spec.yaml", small_plant)
+    runs = [r.run_id for r in small_plant.runs if r.ended_at is not None]
+    assert main(["build", str(spec), "--tsdb", ingested, "--json"]) == 0
+    with dg.DagsterInstance.get() as instance:
+        [record] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey(["cli_ds", "run_windows"]), asset_partitions=[runs[2]]), limit=1
+        ).records
+    shown = base64.b64decode(re.search(r"base64,([A-Za-z0-9+/=]+)\)", record.asset_materialization.metadata["plot"].value)[1])
+    capsys.readouterr()
+
+    out = tmp_path / "chart.png"
+    assert main(["plot", str(spec), runs[2], "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.read_bytes() == shown  # byte for byte the figure in the run's metadata
+    # Built with the plots off, the traces are stored all the same.
+    monkeypatch.setenv("AML_RUN_PLOTS", "off")
+    assert main(["build", str(spec), "--tsdb", ingested, "--full", "--ephemeral", "--json"]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", str(spec), runs[2]]) == 0
+    assert (tmp_path / f"cli_ds-{runs[2]}.png").read_bytes() == shown
+
+    unfinished = next(r.run_id for r in small_plant.runs if r.ended_at is None)
+    expect_user_error(capsys, ["plot", str(spec), unfinished], "NOT_BUILT", repr(unfinished), "build the spec first")
+    expect_user_error(capsys, ["plot", str(spec), "../etc"], "INVALID_ID", "run id")

@@ -373,6 +373,7 @@ def _execute_parallel(
             future.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        quiet.dispose()
 
 
 def _how_it_ended(events: list[dg.DagsterEvent]) -> str:

@@ -38,6 +38,8 @@ from functools import lru_cache
 import numpy as np
 
 from aml_pipeline.core.traces import RunTraces
+from aml_pipeline.errors import BuildError
+from aml_pipeline.pipeline.store import DatasetStore
 
 # ---- colours ----------------------------------------------------------------------------------
 
@@ -347,6 +349,21 @@ def run_figure_png(traces: RunTraces, units: Sequence[str], title: str) -> bytes
     for i, (t, x) in enumerate(zip(ticks, ticks_x)):
         _stamp(index, f"{t:g}" + (f" {unit}" if i == len(ticks) - 1 else ""), layout.x0 + x, bottom + 5, "ma", BLACK)
     return _png(index)
+
+
+def stored_run_figure_png(store: DatasetStore, run_id: str) -> bytes:
+    """The run's strip chart, as its ``plot`` metadata shows it, drawn from what the last build of
+    its cleaned grid stored (the traces are stored whether or not the build drew the plot)."""
+    meta = store.read_meta(run_id, "grid")
+    path = store.file_path(run_id, "grid", "traces.npz")
+    if meta is None or not path.is_file():
+        raise BuildError(
+            f"run {run_id!r} of spec {store.spec_id!r}: no cleaned grid stored in {store.run_dir(run_id)}; "
+            "build the spec first", code="NOT_BUILT",
+        )
+    traces = RunTraces.load(path)
+    units = meta.get("units", {})
+    return run_figure_png(traces, [units.get(n, "") for n in traces.node_ids], f"run {run_id}")
 
 
 def run_traces_markdown(traces: RunTraces, units: Sequence[str], run_id: str) -> str:

@@ -54,6 +54,11 @@ class DatasetStore:
         _check_stage(stage)
         return self.run_dir(run_id) / f"{stage}.{name}.npy"
 
+    def file_path(self, run_id: str, stage: str, name: str) -> Path:
+        """Where a small whole file of a stage (:meth:`StageWriter.file`) is once committed."""
+        _check_stage(stage)
+        return self.run_dir(run_id) / f"{stage}.{name}"
+
     @contextmanager
     def in_use(self, wait_s: float = 300.0) -> Iterator[None]:
         """Hold the spec's intermediates shared while building (``gc`` takes them exclusively)."""
@@ -148,7 +153,7 @@ class StageWriter:
             target = self.store.array_path(self.run_id, self.stage, name)
             _os_call(os.replace, appender.path, target, path=target)
         for name, tmp in self._files.items():
-            target = self.dir / f"{self.stage}.{name}"
+            target = self.store.file_path(self.run_id, self.stage, name)
             _os_call(os.replace, tmp, target, path=target)
         self._files.clear()
         # Compact: with ``indent`` json uses its pure-Python encoder, several ms per stage.
