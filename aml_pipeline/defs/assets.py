@@ -44,12 +44,6 @@ MISSING_WARN_RATIO = 0.2
 # Progress lines per run-stages step, at most (plus one per failed run).
 PROGRESS_LINES = 10
 
-
-def progress_line_due(i: int, runs: int) -> bool:
-    """Whether the step logs a progress line after its ``i``-th run (1-based) of ``runs``: every
-    ``ceil(runs / PROGRESS_LINES)``-th run and the last, so at most :data:`PROGRESS_LINES` lines."""
-    return i == runs or i % -(-runs // PROGRESS_LINES) == 0
-
 DATASET_ASSETS = ("dataset_split", "normalization_stats", "dataset_manifest")
 MANIFEST_CHECKS = ("hash_verifies", "no_run_in_two_splits", "norm_stats_from_train_only", "no_nan_or_inf")
 MANIFEST_CHECK_DESCRIPTIONS = (
@@ -83,6 +77,13 @@ def table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
     return dg.MetadataValue.table(
         records=[dg.TableRecord(dict(r)) for r in rows], schema=dg.TableSchema(columns=columns)
     )
+
+
+
+def progress_line_due(i: int, runs: int) -> bool:
+    """Whether the step logs a progress line after its ``i``-th run (1-based) of ``runs``: every
+    ``ceil(runs / PROGRESS_LINES)``-th run and the last, so at most :data:`PROGRESS_LINES` lines."""
+    return i == runs or i % -(-runs // PROGRESS_LINES) == 0
 
 
 def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:

@@ -158,8 +158,7 @@ def materialize_dataset(
             )
             if not own and not full:
                 for run_id, stage in unrecorded_runs(instance, spec, keys).items():
-                    if run_id not in todo or RUN_STAGES.index(stage) < RUN_STAGES.index(todo[run_id]):
-                        todo[run_id] = stage
+                    todo[run_id] = min(stage, todo.get(run_id, stage), key=RUN_STAGES.index)
             materialized = dict.fromkeys(RUN_ASSETS, 0)
             chunk_runs = config.backfill_runs_per_chunk()
             if workers > 1 and todo:

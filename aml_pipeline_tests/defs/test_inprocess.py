@@ -125,18 +125,22 @@ def test_a_metadata_only_edit_shares_the_array_files(dagster_spec, instance, res
     assert (Path(second["snapshotDir"]) / "spec.json").read_bytes() != (Path(first["snapshotDir"]) / "spec.json").read_bytes()
 
 
+def _instance_on_disk(home: Path, settings: str = "") -> dg.DagsterInstance:
+    """A persistent instance in ``home`` (created), as a DAGSTER_HOME with this dagster.yaml has."""
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n" + settings)
+    return dg.DagsterInstance.from_config(str(home))
+
+
 def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp_path):
     from aml_pipeline.simulate.plant import plant_spec_dict
 
     spec = parse_spec(plant_spec_dict(dagster_plant, "dg_par", history_steps=20, horizon_steps=10))  # v1: hash reproducible
     out = {}
     for workers in (1, 2):
-        home = tmp_path / f"instance{workers}"
-        home.mkdir()
         # An instance with settings, as a user's DAGSTER_HOME has (Dagster configures logging
         # from them at every run start).
-        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\npython_logs:\n  python_log_level: INFO\n")
-        with dg.DagsterInstance.from_config(str(home)) as instance:
+        with _instance_on_disk(tmp_path / f"instance{workers}", "python_logs:\n  python_log_level: INFO\n") as instance:
             summary = materialize_dataset(
                 spec, tsdb_url=dagster_plant_url, home=tmp_path / f"home{workers}", instance=instance, workers=workers,
             )
@@ -149,8 +153,6 @@ def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp
     assert out[2][1] == [f"{spec.id}__rebuild", f"{spec.id}__runs", f"{spec.id}__runs"]
 
 
-
-
 def test_a_killed_step_process_ends_the_build_in_one_line_and_the_next_build_redoes_only_its_chunk(
         dagster_plant, dagster_plant_url, tmp_path):
     import signal
@@ -161,10 +163,7 @@ def test_a_killed_step_process_ends_the_build_in_one_line_and_the_next_build_red
 
     spec = parse_spec(plant_spec_dict(dagster_plant, "dg_kill", history_steps=20, horizon_steps=10))
     runs = [r.run_id for r in dagster_plant.runs if r.ended_at is not None]
-    home = tmp_path / "instance"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    with dg.DagsterInstance.from_config(str(home)) as instance:
+    with _instance_on_disk(tmp_path / "instance") as instance:
         outcome: dict = {}
 
         def build() -> None:
