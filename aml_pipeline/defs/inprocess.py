@@ -234,6 +234,18 @@ BUILD_EVENT_SETTINGS = {
 }
 
 
+# What a run step reads from the environment besides what its job is built with (the per-run
+# plot, the memory budget, Dagster's event switches). A --workers step process forks from the step
+# server, whose environment is the one it started with: possibly before this build's settings
+# (another build may have started it), so the build hands them over with the job.
+STEP_SETTINGS = ("AML_MEMORY_MB", "AML_RUN_PLOTS", *BUILD_EVENT_SETTINGS)
+
+
+def step_settings() -> str:
+    """:data:`STEP_SETTINGS` as this process has them now, for :func:`reconstruct_runs_job` (JSON)."""
+    return json.dumps({name: os.environ[name] for name in STEP_SETTINGS if name in os.environ}, sort_keys=True)
+
+
 @contextmanager
 def build_event_settings() -> Iterator[None]:
     """:data:`BUILD_EVENT_SETTINGS` in the environment for the duration (a value already set wins)."""
@@ -283,19 +295,22 @@ def start_step_server() -> None:
 
 
 @lru_cache(maxsize=4)
-def reconstruct_runs_job(spec_json: str, tsdb_url: str, home: str, datasets_dir: str | None,
+def reconstruct_runs_job(spec_json: str, tsdb_url: str, home: str, datasets_dir: str | None, settings: str,
                          build_id: str) -> dg.JobDefinition:
     """The ``<spec>__runs`` job, rebuilt in a process Dagster starts for a step (``--workers``),
-    with :data:`BUILD_EVENT_SETTINGS` in that process's environment (a value already set wins).
+    with the build's :data:`STEP_SETTINGS` (``settings``, from :func:`step_settings`) in that
+    process's environment.
 
     Cached per build (``build_id``): Dagster rebuilds the job about ten times per chunk run while
     it plans and launches it (25 ms each, in the process driving the chunks), while the next build
     may see other settings (the definitions read the environment).
     """
-    # A step process forks from the step server, whose environment is the one it started with:
-    # possibly before this build put its event settings there (or another build started it).
-    for name, value in BUILD_EVENT_SETTINGS.items():
-        os.environ.setdefault(name, value)
+    given = json.loads(settings)
+    for name in STEP_SETTINGS:
+        if name in given:
+            os.environ[name] = given[name]
+        else:
+            os.environ.pop(name, None)
     spec = parse_spec(json.loads(spec_json), source="build")
     store = StoreResource(home=home, datasets_dir=datasets_dir)
     defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})
@@ -322,6 +337,7 @@ def _execute_parallel(
             tsdb_url,
             str(home),
             None if datasets_dir is None else str(datasets_dir),
+            step_settings(),
             uuid.uuid4().hex,
         ),
     )

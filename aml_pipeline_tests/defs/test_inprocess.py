@@ -242,34 +242,41 @@ def test_step_server_forks_with_the_step_modules_loaded(tmp_path, started):
 
 _STEP_SETTINGS_PROBE = """
 import json, multiprocessing, os
-from aml_pipeline.defs.inprocess import BUILD_EVENT_SETTINGS, build_event_settings, reconstruct_runs_job, start_step_server
+import dagster as dg
+from aml_pipeline.defs.inprocess import STEP_SETTINGS, build_event_settings, reconstruct_runs_job, start_step_server, step_settings
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
-def step(spec_json, queue):
-    reconstruct_runs_job(spec_json, "duckdb:///nowhere.duckdb", "home", None, "probe")
-    queue.put({name: os.environ.get(name) for name in BUILD_EVENT_SETTINGS})
+def step(spec_json, settings, queue):
+    job = reconstruct_runs_job(spec_json, "duckdb:///nowhere.duckdb", "home", None, settings, "probe")
+    [grid] = [n for n in job.asset_layer.executable_asset_keys if n.path[-1] == "cleaned_grid"]
+    description = job.asset_layer.get(grid).description
+    queue.put({"env": {name: os.environ.get(name) for name in STEP_SETTINGS}, "plot": "no plot" not in description})
 if __name__ == "__main__":
     start_step_server()  # first thing, as materialize_dataset does: before the build's settings
+    os.environ["AML_RUN_PLOTS"] = "off"  # changed and removed after the server started
+    del os.environ["AML_MEMORY_MB"]
     spec_json = json.dumps(plant_spec_dict(simulate_plant(n_runs=1, run_minutes=2, seed=1), "probe"))
     with build_event_settings():
         ctx = multiprocessing.get_context("forkserver")
         queue = ctx.Queue()
-        p = ctx.Process(target=step, args=(spec_json, queue))
+        p = ctx.Process(target=step, args=(spec_json, step_settings(), queue))
         p.start()
         print(json.dumps(queue.get(timeout=60)))
         p.join()
 """
 
 
-def test_step_processes_get_the_builds_event_settings(tmp_path):
-    """A --workers step process forks from the step server, which started before the build put
-    its event settings (event batching, one planned event per asset) in the environment; the
-    step process still writes its events with them."""
+def test_step_processes_get_the_builds_settings(tmp_path):
+    """A --workers step process forks from the step server, which started with the environment of
+    its time: here before the build put its event settings (event batching, one planned event per
+    asset) there, before AML_RUN_PLOTS was switched off and while AML_MEMORY_MB was still set. The
+    step process still builds its job and its runs with the build's settings."""
     import json
 
-    from aml_pipeline.defs.inprocess import BUILD_EVENT_SETTINGS
+    from aml_pipeline.defs.inprocess import BUILD_EVENT_SETTINGS, STEP_SETTINGS
 
-    env = {k: v for k, v in os.environ.items() if k not in BUILD_EVENT_SETTINGS}
-    assert json.loads(_run_probe(tmp_path, _STEP_SETTINGS_PROBE, env)) == BUILD_EVENT_SETTINGS
+    env = {k: v for k, v in os.environ.items() if k not in STEP_SETTINGS} | {"AML_RUN_PLOTS": "on", "AML_MEMORY_MB": "512"}
+    got = json.loads(_run_probe(tmp_path, _STEP_SETTINGS_PROBE, env))
+    assert got == {"env": {**BUILD_EVENT_SETTINGS, "AML_RUN_PLOTS": "off", "AML_MEMORY_MB": None}, "plot": False}
 
 
 # ---- late points: one run, and only that run, is rebuilt (both TSDB adapters) ----------------------
