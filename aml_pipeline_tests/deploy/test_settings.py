@@ -186,6 +186,9 @@ def test_the_production_instance_keeps_everything_in_postgresql(postgres_url, tm
             assert instance.run_coordinator.get_run_queue_config().max_concurrent_runs == 5
             assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
             assert instance.run_monitoring_enabled
+            # Months of ticks: skipped and failed ones are purged, those that launched runs kept.
+            for instigator in ("schedule", "sensor"):
+                assert instance.get_settings("retention")[instigator]["purge_after_days"] == {"skipped": 7, "failure": 90}
             # It really stores: partitions added here are read back by a second instance.
             instance.add_dynamic_partitions("spec__runs", ["L1-0001", "L1-0002"])
         with dg.DagsterInstance.from_config(str(home)) as again:
@@ -254,6 +257,13 @@ def test_the_example_environment_sets_every_variable_the_files_read_and_no_secre
     helm = yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
     scheme = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())["storage"]["postgres"]["postgres_db"]["scheme"]
     assert helm["postgresql"]["postgresqlScheme"] == scheme
+    # ... and purge the same ticks (the chart spells out every status; -1 is Dagster's "keep").
+    retention = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())["retention"]
+    assert helm["retention"]["enabled"]
+    for instigator in ("schedule", "sensor"):
+        by_status = helm["retention"][instigator]["purgeAfterDays"]
+        assert set(by_status) == {"skipped", "success", "failure", "started"}
+        assert {k: v for k, v in by_status.items() if v != -1} == retention[instigator]["purge_after_days"]
 
 
 def test_with_credentials_exports_each_systemd_credential(tmp_path) -> None:
