@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from bench.build_bench import e2e_build
 from bench.common import fresh_dir, remove_tree, settle
-from bench.timing import Sample, side_by_side
+from bench.timing import Sample, side_by_side, summarize
 
 INSTANCE_YAML = """\
 # A deployment-like instance for the benchmark: default (SQLite) storage under this directory.
@@ -187,6 +187,55 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
         out_.update(ms_per_run_pg_pooled=per_run(r["difference_pg_pooled"]), ratio_pg_pooled=r["ratio_pg_pooled"],
                     instance_pg_pooled=r["instance_pg_pooled"])
     return out_
+
+
+def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,
+                     pg_base_url: str | None = None, pg_pooled_url: str | None = None) -> dict[str, Any]:
+    """Milliseconds of the partition check Dagster makes for each run's figures
+    (``add_asset_metadata(..., partition_key=run)`` resolves the step's range against all of the
+    spec's run partitions), on a spec with ``counts`` run partitions: what a run's orchestration
+    cost grows by as a plant's history grows. Per instance (SQLite; PostgreSQL directly and through
+    PgBouncer when given), a fresh instance per count, the check as Dagster calls it, ``repeat``
+    times over a 50-run chunk in the middle."""
+    import time
+
+    import dagster as dg
+
+    from aml_pipeline.defs.partitions import run_partitions
+
+    partitions = run_partitions("lookup")
+    instances: dict[str, str | None] = {"sqlite": None}
+    if pg_base_url:
+        instances["pg"] = pg_base_url
+    if pg_pooled_url:
+        instances["pg_pooled"] = pg_pooled_url
+    result: dict[str, Any] = {"counts": list(counts), "chunk_runs": 50, "repeat": repeat, "ms": {}}
+    for name, server in instances.items():
+        result["ms"][name] = {}
+        for count in counts:
+            pg_url = None
+            if server is not None:
+                pg_url = fresh_pg_database(pg_base_url, f"aml_bench_lookup_{os.getpid()}")
+                if name == "pg_pooled":
+                    from aml_pipeline_tests.pgbouncer import with_port
+
+                    pg_url = with_port(pg_url, urlsplit(server).port)
+            with persistent_instance(out / "lookup-instance", pg_url) as instance:
+                keys = [f"run-{i:06d}" for i in range(count)]
+                instance.add_dynamic_partitions(partitions.name, keys)
+                chunk = keys[count // 2:count // 2 + 50]
+                chunk_range = dg.PartitionKeyRange(chunk[0], chunk[-1])
+                seconds = []
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    with dg.partition_loading_context(dynamic_partitions_store=instance):
+                        targeted = partitions.get_partition_keys_in_range(partition_key_range=chunk_range)
+                    seconds.append(time.perf_counter() - t0)
+                if list(targeted) != chunk:
+                    raise RuntimeError(f"partition lookup: {len(targeted)} keys in the range, expected {len(chunk)}")
+            result["ms"][name][str(count)] = summarize([x * 1000 for x in seconds])
+    remove_tree(out / "lookup-instance")
+    return result
 
 
 def workers_unsupported() -> str | None:

@@ -80,10 +80,12 @@ PARTS = ("build", "hampel", "windows", "snapshot", "plots", "dagster", "incremen
 # figure gets one repetition in the full run (raise orchestration_repeat where time allows).
 FULL = dict(runs=32, minutes=120.0, repeat=5, build_repeat=3, pf_runs=8,
             rss_piece_minutes=1440.0, rss_pieces=(2, 16),
-            orchestration_runs=2000, orchestration_minutes=3.0, orchestration_repeat=1)
+            orchestration_runs=2000, orchestration_minutes=3.0, orchestration_repeat=1,
+            lookup_partitions=(300, 2_000, 20_000), lookup_repeat=20)
 QUICK = dict(runs=4, minutes=10.0, repeat=2, build_repeat=1, pf_runs=2,
              rss_piece_minutes=20.0, rss_pieces=(1, 8),
-             orchestration_runs=10, orchestration_minutes=3.0, orchestration_repeat=1)
+             orchestration_runs=10, orchestration_minutes=3.0, orchestration_repeat=1,
+             lookup_partitions=(10, 300), lookup_repeat=3)
 
 
 class Results:
@@ -295,6 +297,11 @@ def _orchestration(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work:
         o = dagster_bench.run_orchestration(plant.spec, plant.tsdb_url, n, work / "orchestration",
                                             repeat=cfg["orchestration_repeat"], pg_base_url=pg_base_url,
                                             pg_pooled_url=pg_pooled_url)
+        _log(f"orchestration: Dagster's partition check per run's figures at {', '.join(map(str, cfg['lookup_partitions']))} "
+             f"run partitions, {cfg['lookup_repeat']} repetitions")
+        o["partition_lookup"] = dagster_bench.partition_lookup(
+            work / "orchestration", counts=tuple(cfg["lookup_partitions"]), repeat=cfg["lookup_repeat"],
+            pg_base_url=pg_base_url, pg_pooled_url=pg_pooled_url)
     o["points"] = plant.points
     o["server_pg"] = server
     res["orchestration"] = o
@@ -490,6 +497,11 @@ def render(d: dict[str, Any]) -> str:
             L.append("")
             L.append(f"{label}: " + "; ".join(f"{side} {_t(t)}" for side, t in d[key]["timings"].items()
                                               if isinstance(t, dict) and "seconds" in t))
+            if key == "orchestration" and "partition_lookup" in d[key]:
+                lk = d[key]["partition_lookup"]
+                for instance, by_count in lk["ms"].items():
+                    L.append(f"  partition check per run ({instance}): " + "; ".join(
+                        f"{int(n):,} partitions {t['median']:.1f} ms [{t['min']:.1f}-{t['max']:.1f}]" for n, t in by_count.items()))
             if key == "parallel" and "library_speedup_2_processes" in d[key]:
                 p = d[key]
                 L.append(f"  2 workers / 1: x{_fmt(p['speedup']['value'])}; the same run stages without Dagster in a "
