@@ -196,11 +196,12 @@ def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,
     spec's run partitions), on a spec with ``counts`` run partitions: what a run's orchestration
     cost grows by as a plant's history grows. Per instance (SQLite; PostgreSQL directly and through
     PgBouncer when given), a fresh instance per count, the check as Dagster calls it, ``repeat``
-    times over a 50-run chunk in the middle."""
+    times over a chunk of (at most) the default chunk size in the middle."""
     import time
 
     import dagster as dg
 
+    from aml_pipeline.config import DEFAULT_BACKFILL_RUNS_PER_CHUNK
     from aml_pipeline.defs.partitions import run_partitions
 
     partitions = run_partitions("lookup")
@@ -209,7 +210,8 @@ def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,
         instances["pg"] = pg_base_url
     if pg_pooled_url:
         instances["pg_pooled"] = pg_pooled_url
-    result: dict[str, Any] = {"counts": list(counts), "chunk_runs": 50, "repeat": repeat, "ms": {}}
+    chunk_runs = DEFAULT_BACKFILL_RUNS_PER_CHUNK
+    result: dict[str, Any] = {"counts": list(counts), "chunk_runs": chunk_runs, "repeat": repeat, "ms": {}}
     for name, server in instances.items():
         result["ms"][name] = {}
         for count in counts:
@@ -223,7 +225,7 @@ def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,
             with persistent_instance(out / "lookup-instance", pg_url) as instance:
                 keys = [f"run-{i:06d}" for i in range(count)]
                 instance.add_dynamic_partitions(partitions.name, keys)
-                chunk = keys[count // 2:count // 2 + 50]
+                chunk = keys[count // 2:count // 2 + chunk_runs]
                 chunk_range = dg.PartitionKeyRange(chunk[0], chunk[-1])
                 seconds = []
                 for _ in range(repeat):

@@ -242,7 +242,6 @@ def test_step_server_forks_with_the_step_modules_loaded(tmp_path, started):
 
 _STEP_SETTINGS_PROBE = """
 import json, multiprocessing, os
-import dagster as dg
 from aml_pipeline.defs.inprocess import STEP_SETTINGS, build_event_settings, reconstruct_runs_job, start_step_server, step_settings
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 def step(spec_json, settings, queue):
