@@ -80,6 +80,17 @@ def fresh_pg_database(base_url: str, name: str) -> str:
     return urlunsplit(parts._replace(scheme="postgresql+psycopg2", path=f"/{name}", query=""))
 
 
+def fresh_instance_url(base_url: str, name: str, pooled_url: str | None = None) -> str:
+    """:func:`fresh_pg_database` ``name`` on the server of ``base_url``; with ``pooled_url`` (a
+    PgBouncer in front of that server), its URL through the pooler."""
+    url = fresh_pg_database(base_url, name)
+    if pooled_url is None:
+        return url
+    from aml_pipeline_tests.pgbouncer import with_port
+
+    return with_port(url, urlsplit(pooled_url).port)
+
+
 def materialize(spec_dict: dict[str, Any], tsdb_url: str, out: Path, instance: Any, **kwargs: Any) -> dict[str, Any]:
     from aml_pipeline.defs.inprocess import materialize_dataset
     from aml_pipeline.spec import parse_spec
@@ -105,11 +116,8 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
         if side == "dagster":
             state["instance"] = stack.enter_context(persistent_instance(out / "instance"))
         elif side in ("dagster_pg", "dagster_pg_pooled"):
-            pg_url = fresh_pg_database(pg_base_url, f"aml_bench_instance_{os.getpid()}")
-            if side == "dagster_pg_pooled":
-                from aml_pipeline_tests.pgbouncer import with_port
-
-                pg_url = with_port(pg_url, urlsplit(pg_pooled_url).port)
+            pg_url = fresh_instance_url(pg_base_url, f"aml_bench_instance_{os.getpid()}",
+                                        pg_pooled_url if side == "dagster_pg_pooled" else None)
             state["instance"] = stack.enter_context(persistent_instance(out / "instance", pg_url))
         settle(out / "build")
         (out / "build").mkdir(parents=True)
@@ -205,23 +213,14 @@ def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,
     from aml_pipeline.defs.partitions import run_partitions
 
     partitions = run_partitions("lookup")
-    instances: dict[str, str | None] = {"sqlite": None}
-    if pg_base_url:
-        instances["pg"] = pg_base_url
-    if pg_pooled_url:
-        instances["pg_pooled"] = pg_pooled_url
+    instances = ["sqlite"] + ["pg"] * bool(pg_base_url) + ["pg_pooled"] * bool(pg_pooled_url)
     chunk_runs = DEFAULT_BACKFILL_RUNS_PER_CHUNK
     result: dict[str, Any] = {"counts": list(counts), "chunk_runs": chunk_runs, "repeat": repeat, "ms": {}}
-    for name, server in instances.items():
+    for name in instances:
         result["ms"][name] = {}
         for count in counts:
-            pg_url = None
-            if server is not None:
-                pg_url = fresh_pg_database(pg_base_url, f"aml_bench_lookup_{os.getpid()}")
-                if name == "pg_pooled":
-                    from aml_pipeline_tests.pgbouncer import with_port
-
-                    pg_url = with_port(pg_url, urlsplit(server).port)
+            pg_url = None if name == "sqlite" else fresh_instance_url(
+                pg_base_url, f"aml_bench_lookup_{os.getpid()}", pg_pooled_url if name == "pg_pooled" else None)
             with persistent_instance(out / "lookup-instance", pg_url) as instance:
                 keys = [f"run-{i:06d}" for i in range(count)]
                 instance.add_dynamic_partitions(partitions.name, keys)

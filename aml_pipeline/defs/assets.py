@@ -79,7 +79,6 @@ def table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
     )
 
 
-
 def progress_line_due(i: int, runs: int) -> bool:
     """Whether the step logs a progress line after its ``i``-th run (1-based) of ``runs``: every
     ``ceil(runs / PROGRESS_LINES)``-th run and the last, so at most :data:`PROGRESS_LINES` lines."""
