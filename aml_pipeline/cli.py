@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import warnings
@@ -75,7 +76,10 @@ def _instance(args: argparse.Namespace):
     if os.environ.get("DAGSTER_HOME") and not getattr(args, "ephemeral", False):
         import dagster as dg
 
-        return dg.DagsterInstance.get()
+        from aml_pipeline.defs.inprocess import instance_failures
+
+        with instance_failures(f"in {os.environ['DAGSTER_HOME']}"):
+            return dg.DagsterInstance.get()
     return None
 
 
@@ -449,10 +453,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _FirstLine(logging.Formatter):
+    """``warning: <first line of the message>``: a database driver's message runs over several
+    lines (hints, a link), repeated at every retry."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines = record.getMessage().strip().splitlines()
+        return f"{record.levelname.lower()}: {lines[0] if lines else ''}"
+
+
 def main(argv: list[str] | None = None) -> int:
     # Dagster flags beta parameters (backfill_policy, observable sources) at definition time;
     # useful to a Dagster developer, noise on a user's terminal.
     warnings.filterwarnings("ignore", message=r".*is currently in beta.*")
+    # What libraries log on the root logger (Dagster retrying its instance database), one line each.
+    if not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(_FirstLine())
+        logging.getLogger().addHandler(handler)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -1,4 +1,5 @@
-"""Filesystem helpers: durability of atomic publication, directory locks, removing read-only trees."""
+"""Filesystem helpers: durability of atomic publication, directory locks, removing read-only trees,
+and whether the process that left something behind on this host still runs."""
 
 from __future__ import annotations
 
@@ -88,3 +89,14 @@ def remove_tree(path: Path, *, ignore_errors: bool = True) -> None:
         if not ignore_errors:
             raise
     shutil.rmtree(path, ignore_errors=ignore_errors)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -220,6 +220,12 @@ class PgServer:
     def stop(self, *, remove: bool = True) -> None:
         stop_server(self.base, remove=remove)
 
+    def start(self) -> None:
+        """Start the server again after ``stop(remove=False)``: same data, same port."""
+        log = self.base / "postgres.log"
+        _run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(log), "-w", "-t", "60", "start"],
+             run_as=_owner_of(self.data), cwd=self.base, log=log, timeout=90)
+
 
 def _postmaster_pid(data: Path) -> int | None:
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from aml_pipeline import config
 from aml_pipeline.cli import main
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant, write_plant_files
 
@@ -110,6 +111,23 @@ def test_build_user_errors_are_one_line_and_write_nothing(small_plant, ingested,
     expect_user_error(capsys, ["build", str(spec), "--tsdb", ingested, "--out", str(out)], code, fragment)
     leftovers = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
     assert leftovers == [], leftovers
+
+
+def test_an_instance_whose_settings_are_missing_from_the_environment_is_one_line(small_plant, ingested, tmp_path, capsys, monkeypatch):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((config.REPO_ROOT / "deploy" / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    for name in ("DAGSTER_PG_PORT", "DAGSTER_PG_DB", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DAGSTER_PG_HOST", "127.0.0.1")
+    spec = write_spec(tmp_path / "spec.yaml", small_plant)
+    expect_user_error(
+        capsys, ["build", str(spec), "--tsdb", ingested, "--home", str(tmp_path / "aml")], "INSTANCE_CONFIG_INVALID",
+        f"the Dagster instance in {home}: its dagster.yaml reads environment variables that are not set: "
+        "DAGSTER_PG_DB, DAGSTER_PG_PASSWORD, DAGSTER_PG_PORT, DAGSTER_PG_USER",
+    )
+    assert not (tmp_path / "aml").exists()
 
 
 def test_build_with_no_runs_in_scope(small_plant, ingested, tmp_path, capsys, monkeypatch):

@@ -16,6 +16,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import re
+import socket
 import tempfile
 import time
 import uuid
@@ -37,6 +38,7 @@ from aml_pipeline.defs.schedules import build_job_name, rebuild_job_name, runs_j
 from aml_pipeline.defs.shared_env import default_shared_env_resources
 from aml_pipeline.defs.sources import tsdb_points
 from aml_pipeline.errors import AmlError, BuildError
+from aml_pipeline.fsutil import process_alive
 from aml_pipeline.pipeline.build import run_scope
 from aml_pipeline.pipeline.incremental import stale_runs
 from aml_pipeline.pipeline.runs import check_nodes_known
@@ -97,6 +99,78 @@ def _failure_description(exc: BaseException) -> str | None:
     return next((e.description for e in _exception_chain(exc) if isinstance(e, dg.Failure) and e.description), None)
 
 
+# Which build executes a Dagster run: one that dies before recording a run's end (killed, or its
+# instance database stopped answering) leaves the run "started"; the next build on the host finds
+# it by these tags and records it as failed, so the UI does not show it running for ever.
+BUILD_HOST_TAG, BUILD_PID_TAG = "aml/build_host", "aml/build_pid"
+
+
+def build_tags() -> dict[str, str]:
+    """:data:`BUILD_HOST_TAG` and :data:`BUILD_PID_TAG` of this process, for every run it executes."""
+    return {BUILD_HOST_TAG: socket.gethostname(), BUILD_PID_TAG: str(os.getpid())}
+
+
+def fail_abandoned_runs(instance: dg.DagsterInstance, spec: DatasetSpec) -> list[str]:
+    """Record as failed the spec's Dagster runs that a build on this host executed and never
+    ended, its process being gone; their run ids. The runs they did not record, the build
+    materialises again (:func:`unrecorded_runs`)."""
+    jobs = {build_job_name(spec.id), runs_job_name(spec.id), rebuild_job_name(spec.id)}
+    host = socket.gethostname()
+    unfinished = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+    failed = []
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=unfinished, tags={BUILD_HOST_TAG: host})):
+        pid = run.tags.get(BUILD_PID_TAG, "")
+        if run.job_name in jobs and pid.isdigit() and not process_alive(int(pid)):
+            instance.report_run_failed(
+                run, f"the build that executed this run (process {pid} on {host}) ended before it could record "
+                     "the run's end; the next build materialised again what this run had not recorded",
+            )
+            failed.append(run.run_id)
+    return failed
+
+
+def instance_failure(exc: BaseException) -> str | None:
+    """What the instance's database said, when ``exc`` comes from Dagster's storage failing (a
+    PostgreSQL instance that stopped answering past Dagster's connection retries, SQLite on a full
+    disk), or None. Only the instance's storages go through SQLAlchemy here: the TSDB adapters and
+    the catalog use their drivers directly."""
+    import sqlalchemy.exc
+
+    for e in _exception_chain(exc):
+        if isinstance(e, sqlalchemy.exc.DBAPIError):
+            said = str(e.orig if e.orig is not None else e).strip().splitlines()
+            return said[0] if said else type(e).__name__
+    return None
+
+
+@contextmanager
+def instance_failures(where: str) -> Iterator[None]:
+    """Dagster's storage failing, as one ``INSTANCE_UNAVAILABLE`` line naming the instance
+    (``where``) and what its database said (``INSTANCE_CONFIG_INVALID`` when its settings cannot
+    be loaded). Nothing is lost: what the instance recorded stays, and
+    the same build, once the database answers again, redoes only the runs it has not recorded."""
+    try:
+        yield
+    except AmlError:
+        raise
+    except dg.DagsterInvalidConfigError as e:
+        # Loading the instance: its dagster.yaml names environment variables (deploy/dagster.yaml).
+        unset = sorted(set(re.findall(r'environment variable "(\w+)" which is not set', "\n".join(
+            getattr(err, "message", "") for err in e.errors))))
+        problem = (f"reads environment variables that are not set: {', '.join(unset)}" if unset
+                   else " ".join(str(e).split())[:300])
+        raise AmlError(f"the Dagster instance {where}: its dagster.yaml {problem}", code="INSTANCE_CONFIG_INVALID") from None
+    except Exception as e:
+        said = instance_failure(e)
+        if said is None:
+            raise
+        raise AmlError(
+            f"the Dagster instance {where} failed: {said}; the chunks it recorded are kept, and the same "
+            "build again, once its database answers, redoes only the runs it has not recorded",
+            code="INSTANCE_UNAVAILABLE",
+        ) from e
+
+
 def dataset_job_definitions(spec: DatasetSpec, resources: dict[str, Any]) -> dg.Definitions:
     """The spec's definitions (as the code location has them) with these resources."""
     return dg.Definitions.merge(
@@ -142,7 +216,8 @@ def materialize_dataset(
     store = StoreResource(home=str(home), datasets_dir=str(datasets_dir) if datasets_dir else None)
     defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})
     run_config = {"loggers": {"console": {"config": {"log_level": console_log_level}}}}
-    with build_event_settings():
+    where = "of this build" if instance is None else f"in {instance.root_directory}"
+    with build_event_settings(), instance_failures(where):
         own = instance is None
         scratch = None
         if own and workers > 1:
@@ -150,6 +225,8 @@ def materialize_dataset(
             instance = dg.DagsterInstance.local_temp(scratch.name)  # multiprocess execution needs one on disk
         instance = instance or dg.DagsterInstance.ephemeral()
         try:
+            if not own:
+                fail_abandoned_runs(instance, spec)
             keys = sync_run_partitions(instance, spec, [r.run_id for r in runs])
             todo = (
                 dict.fromkeys((r.run_id for r in runs), "raw")
@@ -362,7 +439,7 @@ def _execute_parallel(
     def one(batch: tuple[list[str], list[str]]) -> None:
         names, chunk = batch
         result = dg.execute_job(
-            job, quiet, run_config=run_config, tags=range_tags(chunk),
+            job, quiet, run_config=run_config, tags={**build_tags(), **range_tags(chunk)},
             asset_selection=[dg.AssetKey([spec.id, n]) for n in names],
         )
         if not result.success:
@@ -403,9 +480,11 @@ def _how_it_ended(events: list[dg.DagsterEvent]) -> str:
 
 
 def _execute(job: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, **kwargs: Any):
-    """Run ``job`` in this process; a user error becomes the AmlError it was (one line, no traceback)."""
+    """Run ``job`` in this process, tagged with :func:`build_tags`; a user error becomes the AmlError
+    it was (one line, no traceback)."""
+    tags = {**build_tags(), **kwargs.pop("tags", {})}
     try:
-        return job.execute_in_process(run_config=run_config, instance=instance, **kwargs)
+        return job.execute_in_process(run_config=run_config, instance=instance, tags=tags, **kwargs)
     except Exception as e:
         err = user_error(e)
         if err is not None:

@@ -21,21 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from aml_pipeline.core.hashing import DIGEST_FILE, SnapshotDigest, verify_snapshot
-from aml_pipeline.fsutil import fsync_dir, make_read_only, remove_tree
+from aml_pipeline.fsutil import fsync_dir, make_read_only, process_alive, remove_tree
 from aml_pipeline.ids import check_spec_id
 
 CATALOG_FILE = "catalog.sqlite"
 CURRENT_LINK = "current"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_abandoned_staging(parent: Path) -> list[Path]:
@@ -46,7 +36,7 @@ def remove_abandoned_staging(parent: Path) -> list[Path]:
             pid = int(path.name.split("-")[1])
         except (IndexError, ValueError):
             continue
-        if not _pid_alive(pid):
+        if not process_alive(pid):
             remove_tree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -201,32 +201,40 @@ class Deployment:
         node = self.graphql(PARTITIONS, {"key": self.key(asset)})["assetNodeOrError"]
         return sorted(node["assetPartitionStatuses"]["failedPartitions"])
 
-    @contextlib.contextmanager
-    def points_locked(self) -> Iterator[None]:
-        """Hold an exclusive lock on the TSDB's points table: every fetch waits inside its query,
-        so a step that reads points cannot finish until the block ends (nothing in the product
-        is changed for the test; a slow database looks the same)."""
-        con = psycopg.connect(self.server_url)
-        try:
-            con.execute(sql.SQL("LOCK TABLE {}.points IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(self.tsdb_schema)))
-            yield
-        finally:
-            con.rollback()
-            con.close()
+    def points_locked(self) -> contextlib.AbstractContextManager[None]:
+        return points_locked(self.server_url, self.tsdb_schema)
 
     def fetches_waiting(self) -> int:
-        """Queries of the pipeline waiting for a lock in the TSDB's database."""
-        with psycopg.connect(self.server_url, autocommit=True) as con:
-            row = con.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND application_name = 'aml_pipeline' AND wait_event_type = 'Lock'"
-            ).fetchone()
-        return int(row[0]) if row else 0
+        return fetches_waiting(self.server_url)
 
     def launch_job(self, job: str) -> str:
         launched = self.graphql(LAUNCH_RUN, {"params": {"selector": {**self.repository, "jobName": job}}})["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         return launched["run"]["runId"]
+
+
+@contextlib.contextmanager
+def points_locked(server_url: str, schema: str) -> Iterator[None]:
+    """Hold an exclusive lock on the points table of the TSDB in ``schema``: every fetch waits
+    inside its query, so a step that reads points cannot finish until the block ends (nothing in
+    the product is changed for the test; a slow database looks the same)."""
+    con = psycopg.connect(server_url)
+    try:
+        con.execute(sql.SQL("LOCK TABLE {}.points IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(schema)))
+        yield
+    finally:
+        con.rollback()
+        con.close()
+
+
+def fetches_waiting(server_url: str) -> int:
+    """Queries of the pipeline waiting for a lock in the database of ``server_url`` (the TSDB's)."""
+    with psycopg.connect(server_url, autocommit=True) as con:
+        row = con.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'aml_pipeline' AND wait_event_type = 'Lock'"
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def pg_env(url: str) -> dict[str, str]:

@@ -22,7 +22,6 @@ store directory, as hosts would. Eight finished runs, three runs per chunk.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from aml_pipeline.defs.assets import RUN_ASSETS
 from aml_pipeline.defs.inprocess import materialize_dataset
 from aml_pipeline_tests.dagster_server import wait_for
 from aml_pipeline_tests.deploy.cluster import RUNS_PER_CHUNK, SEEDED, Deployment, chunk_range, deployment
-from aml_pipeline_tests.pipeline.test_cross_adapter import ARRAYS, snapshot_files, without_captured_at
+from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -131,13 +130,4 @@ def test_celery_workers_build_the_same_bytes_and_survive_a_killed_worker(tmp_pat
         reference = materialize_dataset(d.spec, tsdb_url=d.tsdb_url, home=tmp_path / "one_process")
         single = Path(reference["snapshotDir"])
 
-    a, b = snapshot_files(single), snapshot_files(deployed)
-    assert sorted(a) == sorted(b)
-    for name in ARRAYS:
-        assert len(a[f"arrays/{name}"]) > 0, name
-    assert without_captured_at(a.pop("manifest.json")) == without_captured_at(b.pop("manifest.json"))
-    # The digest file covers the manifest (capturedAt); its digests of every other file agree.
-    da, db = (json.loads(files.pop("sha256.json"))["files"] for files in (a, b))
-    assert {k: v for k, v in da.items() if k != "manifest.json"} == {k: v for k, v in db.items() if k != "manifest.json"}
-    for name in a:
-        assert a[name] == b[name], f"{name} differs between the Celery deployment and one process"
+    assert_same_v2_snapshot(single, deployed, "the Celery deployment and one process")
