@@ -106,8 +106,10 @@ BUILD_HOST_TAG, BUILD_PID_TAG = "aml/build_host", "aml/build_pid"
 
 
 def build_tags() -> dict[str, str]:
-    """:data:`BUILD_HOST_TAG` and :data:`BUILD_PID_TAG` of this process, for every run it executes."""
-    return {BUILD_HOST_TAG: socket.gethostname(), BUILD_PID_TAG: str(os.getpid())}
+    """:data:`BUILD_HOST_TAG` and :data:`BUILD_PID_TAG` of this process, for every run it executes;
+    and no retry by the daemon (``run_retries`` in a deployment): it cannot relaunch a run executed
+    in this process, while the same build again redoes what the run did not record."""
+    return {BUILD_HOST_TAG: socket.gethostname(), BUILD_PID_TAG: str(os.getpid()), "dagster/max_retries": "0"}
 
 
 def fail_abandoned_runs(instance: dg.DagsterInstance, spec: DatasetSpec) -> list[str]:
@@ -166,7 +168,8 @@ def instance_failures(where: str) -> Iterator[None]:
             raise
         raise AmlError(
             f"the Dagster instance {where} failed: {said}; the chunks it recorded are kept, and the same "
-            "build again, once its database answers, redoes only the runs it has not recorded",
+            "build again, once the instance is back (its database answering, room on its disk), redoes only "
+            "the runs it has not recorded",
             code="INSTANCE_UNAVAILABLE",
         ) from e
 

@@ -125,6 +125,7 @@ def test_an_instance_database_stopping_mid_build_ends_it_in_one_line_and_loses_n
                 assert recorded(instance, spec.id) == dict.fromkeys(RUN_ASSETS, finished)
                 dead = instance.get_run_by_id(dead.run_id)
                 assert dead.status == dg.DagsterRunStatus.FAILURE
+                assert dead.tags.get("dagster/will_retry") != "true", dead.tags  # the build redid it
                 [failure] = [e for e in instance.all_logs(dead.run_id)
                              if e.dagster_event and e.dagster_event.event_type == dg.DagsterEventType.RUN_FAILURE]
                 assert f"process {dead_pid} on" in failure.message, failure.message

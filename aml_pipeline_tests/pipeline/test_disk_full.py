@@ -17,7 +17,11 @@ from aml_pipeline.errors import DiskFullError
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.tsdb import open_tsdb
-from aml_pipeline_tests.small_fs import small_filesystem
+from aml_pipeline_tests.small_fs import fill, small_filesystem
+
+
+# Room left under the instance: its first runs are recorded, a later one fills the disk.
+INSTANCE_ROOM_KB = 600
 
 
 def _visible(root: Path) -> list[str]:
@@ -88,3 +92,40 @@ def test_a_full_artifact_store_fails_in_one_line(make_spec, plant_url, tmp_path)
     assert cli.returncode == 2, cli.stderr
     assert cli.stderr.strip().startswith("DISK_FULL: ") and str(home) in cli.stderr
     assert "Traceback" not in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
+
+
+def test_a_full_disk_under_the_instance_fails_in_one_line_and_loses_nothing(make_spec, plant, plant_url, tmp_path):
+    """``DAGSTER_HOME`` (an SQLite instance) on a disk that fills mid-build: one line naming the
+    instance; once there is room, the same build redoes only the runs the instance has not recorded."""
+    spec = make_spec()
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec.to_json_dict()))
+    with dg.DagsterInstance.ephemeral() as reference:
+        expected = materialize_dataset(spec, tsdb_url=plant_url, home=tmp_path / "reference", instance=reference,
+                                       console_log_level="CRITICAL")["sha256"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "AML_"))}
+    build = [sys.executable, "-m", "aml_pipeline.cli", "build", str(spec_file), "--tsdb", plant_url,
+             "--home", str(tmp_path / "aml"), "--json"]
+    with small_filesystem(tmp_path / "dagster_home", 4096) as home:
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            instance.get_runs(limit=1)  # the storages exist before the disk fills
+        fill(home, leave_kb=INSTANCE_ROOM_KB)
+        env.update(DAGSTER_HOME=str(home), AML_BACKFILL_RUNS_PER_CHUNK="1")
+        full = subprocess.run(build, capture_output=True, text=True, env=env)
+        assert full.returncode == 2, full.stderr
+        last = full.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"INSTANCE_UNAVAILABLE: the Dagster instance in {home} failed: "), full.stderr
+        assert "Traceback" not in full.stderr, full.stderr
+        (home / ".ballast").unlink()  # (opening SQLite storage writes too)
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            before = instance.get_materialized_partitions(dg.AssetKey([spec.id, "run_windows"]))
+        again = subprocess.run(build, capture_output=True, text=True, env=env)
+        assert again.returncode == 0, again.stderr
+        summary = json.loads(again.stdout.strip().splitlines()[-1])
+        assert summary["sha256"] == expected
+        finished = [r.run_id for r in plant.runs if r.ended_at is not None]
+        assert 0 < len(before) < len(finished), before  # the disk filled mid-build
+        assert summary["materialized"]["run_windows"] == len(finished) - len(before), (summary, before)
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            assert sorted(instance.get_materialized_partitions(dg.AssetKey([spec.id, "run_windows"]))) == sorted(finished)
