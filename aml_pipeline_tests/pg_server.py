@@ -43,6 +43,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from aml_pipeline.fsutil import process_alive
+
 STATE_FILE = "aml-pg-server.json"
 DB_NAME = "aml_test"
 DB_USER = "postgres"
@@ -195,17 +197,6 @@ def _temp_root() -> Path:
     return root
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one of another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @dataclass(frozen=True)
 class PgServer:
     base: Path
@@ -333,7 +324,7 @@ def stop_server(base: Path | str, *, remove: bool = True) -> None:
             )
         except PgServerError:
             # Last resort, for this server's postmaster only (its children exit on their own).
-            if pid is not None and pid_alive(pid):
+            if pid is not None and process_alive(pid):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
     if remove:
@@ -348,7 +339,7 @@ def reap_stale_servers(root: Path | None = None) -> list[Path]:
             owner = json.loads(state_path.read_text()).get("owner_pid")
         except (OSError, ValueError):
             continue
-        if isinstance(owner, int) and not pid_alive(owner):
+        if isinstance(owner, int) and not process_alive(owner):
             with contextlib.suppress(PgServerError, OSError):
                 stop_server(state_path.parent)
                 reaped.append(state_path.parent)

@@ -33,7 +33,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from aml_pipeline_tests.pg_server import PgServerError, clean_env, free_port, pid_alive, run_as_for_server
+from aml_pipeline.fsutil import process_alive
+from aml_pipeline_tests.pg_server import PgServerError, clean_env, free_port, run_as_for_server
 
 _INI = """\
 [databases]
@@ -130,7 +131,7 @@ def reap_stale_poolers(root: Path | None = None) -> list[Path]:
             owner = int(owner_file.read_text().strip())
         except (OSError, ValueError):
             continue
-        if not pid_alive(owner):
+        if not process_alive(owner):
             _stop(owner_file.parent)
             shutil.rmtree(owner_file.parent, ignore_errors=True)
             reaped.append(owner_file.parent)
