@@ -148,9 +148,9 @@ def instance_failure(exc: BaseException) -> str | None:
 @contextmanager
 def instance_failures(where: str) -> Iterator[None]:
     """Dagster's storage failing, as one ``INSTANCE_UNAVAILABLE`` line naming the instance
-    (``where``) and what its database said (``INSTANCE_CONFIG_INVALID`` when its settings cannot
-    be loaded). Nothing is lost: what the instance recorded stays, and
-    the same build, once the database answers again, redoes only the runs it has not recorded."""
+    (``where``) and what its database said; ``INSTANCE_CONFIG_INVALID`` when its settings cannot
+    be loaded. Nothing is lost: what the instance recorded stays, and the same build, once the
+    instance is back, redoes only the runs it has not recorded."""
     try:
         yield
     except AmlError:
