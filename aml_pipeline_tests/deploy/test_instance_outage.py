@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -84,9 +85,13 @@ def test_an_instance_database_stopping_mid_build_ends_it_in_one_line_and_loses_n
                     wait_for(lambda: fetches_waiting(postgres_url) > 0 or proc.poll() is not None, timeout=300,
                              what="the first chunk waiting in its fetch")
                     assert proc.poll() is None, proc.communicate()
-                # The first chunk goes on and is recorded; the next fetch is held again.
-                wait_for(lambda: recorded(instance, spec.id)["run_windows"] or proc.poll() is not None,
-                         timeout=300, what="the first chunk recorded", interval=0.02)
+                # The first chunk goes on and is recorded; the next fetch is held again at once
+                # (a steady short poll: wait_for's growing interval could let later chunks through).
+                windows_key = dg.AssetKey([spec.id, "run_windows"])
+                deadline = time.monotonic() + 300
+                while not instance.get_materialized_partitions(windows_key) and proc.poll() is None:
+                    assert time.monotonic() < deadline, "timed out waiting for the first chunk to be recorded"
+                    time.sleep(0.02)
                 with points_locked(postgres_url, schema):
                     wait_for(lambda: fetches_waiting(postgres_url) > 0 or proc.poll() is not None, timeout=300,
                              what="a later chunk waiting in its fetch")
