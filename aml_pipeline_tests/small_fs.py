@@ -24,12 +24,15 @@ def small_filesystem(path: Path, size_kb: int) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def fill(path: Path, leave_kb: int) -> None:
-    """Use up the filesystem at ``path`` but ``leave_kb``."""
+def fill(path: Path, leave_kb: int) -> Path:
+    """Use up the filesystem at ``path`` but ``leave_kb``; the file that does it (delete it to
+    make room again)."""
     import os
 
     st = os.statvfs(path)
     free = st.f_bavail * st.f_frsize
     block = max(0, free - leave_kb * 1024)
-    with open(path / ".ballast", "wb") as f:
+    ballast = path / ".ballast"
+    with open(ballast, "wb") as f:
         f.write(b"\0" * block)
+    return ballast

@@ -112,14 +112,13 @@ def build_tags() -> dict[str, str]:
     return {BUILD_HOST_TAG: socket.gethostname(), BUILD_PID_TAG: str(os.getpid()), "dagster/max_retries": "0"}
 
 
-def fail_abandoned_runs(instance: dg.DagsterInstance, spec: DatasetSpec) -> list[str]:
+def fail_abandoned_runs(instance: dg.DagsterInstance, spec: DatasetSpec) -> None:
     """Record as failed the spec's Dagster runs that a build on this host executed and never
-    ended, its process being gone; their run ids. The runs they did not record, the build
-    materialises again (:func:`unrecorded_runs`)."""
+    ended, its process being gone. The runs they did not record, the build materialises again
+    (:func:`unrecorded_runs`)."""
     jobs = {build_job_name(spec.id), runs_job_name(spec.id), rebuild_job_name(spec.id)}
     host = socket.gethostname()
     unfinished = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
-    failed = []
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=unfinished, tags={BUILD_HOST_TAG: host})):
         pid = run.tags.get(BUILD_PID_TAG, "")
         if run.job_name in jobs and pid.isdigit() and not process_alive(int(pid)):
@@ -127,22 +126,6 @@ def fail_abandoned_runs(instance: dg.DagsterInstance, spec: DatasetSpec) -> list
                 run, f"the build that executed this run (process {pid} on {host}) ended before it could record "
                      "the run's end; the next build materialised again what this run had not recorded",
             )
-            failed.append(run.run_id)
-    return failed
-
-
-def instance_failure(exc: BaseException) -> str | None:
-    """What the instance's database said, when ``exc`` comes from Dagster's storage failing (a
-    PostgreSQL instance that stopped answering past Dagster's connection retries, SQLite on a full
-    disk), or None. Only the instance's storages go through SQLAlchemy here: the TSDB adapters and
-    the catalog use their drivers directly."""
-    import sqlalchemy.exc
-
-    for e in _exception_chain(exc):
-        if isinstance(e, sqlalchemy.exc.DBAPIError):
-            said = str(e.orig if e.orig is not None else e).strip().splitlines()
-            return said[0] if said else type(e).__name__
-    return None
 
 
 @contextmanager
@@ -163,9 +146,16 @@ def instance_failures(where: str) -> Iterator[None]:
                    else " ".join(str(e).split())[:300])
         raise AmlError(f"the Dagster instance {where}: its dagster.yaml {problem}", code="INSTANCE_CONFIG_INVALID") from None
     except Exception as e:
-        said = instance_failure(e)
-        if said is None:
+        # Only the instance's storages go through SQLAlchemy here (a PostgreSQL instance that stopped
+        # answering past Dagster's connection retries, SQLite on a full disk): the TSDB adapters and
+        # the catalog use their drivers directly.
+        import sqlalchemy.exc
+
+        failed = next((f for f in _exception_chain(e) if isinstance(f, sqlalchemy.exc.DBAPIError)), None)
+        if failed is None:
             raise
+        lines = str(failed.orig if failed.orig is not None else failed).strip().splitlines()
+        said = lines[0] if lines else type(failed).__name__
         raise AmlError(
             f"the Dagster instance {where} failed: {said}; the chunks it recorded are kept, and the same "
             "build again, once the instance is back (its database answering, room on its disk), redoes only "

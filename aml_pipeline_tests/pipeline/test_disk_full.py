@@ -19,7 +19,6 @@ from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline_tests.small_fs import fill, small_filesystem
 
-
 # Room left under the instance: its first runs are recorded, a later one fills the disk.
 INSTANCE_ROOM_KB = 600
 
@@ -98,6 +97,7 @@ def test_a_full_disk_under_the_instance_fails_in_one_line_and_loses_nothing(make
     """``DAGSTER_HOME`` (an SQLite instance) on a disk that fills mid-build: one line naming the
     instance; once there is room, the same build redoes only the runs the instance has not recorded."""
     spec = make_spec()
+    windows = dg.AssetKey([spec.id, "run_windows"])
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec.to_json_dict()))
     with dg.DagsterInstance.ephemeral() as reference:
@@ -110,16 +110,16 @@ def test_a_full_disk_under_the_instance_fails_in_one_line_and_loses_nothing(make
         (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
         with dg.DagsterInstance.from_config(str(home)) as instance:
             instance.get_runs(limit=1)  # the storages exist before the disk fills
-        fill(home, leave_kb=INSTANCE_ROOM_KB)
+        ballast = fill(home, leave_kb=INSTANCE_ROOM_KB)
         env.update(DAGSTER_HOME=str(home), AML_BACKFILL_RUNS_PER_CHUNK="1")
         full = subprocess.run(build, capture_output=True, text=True, env=env)
         assert full.returncode == 2, full.stderr
         last = full.stderr.strip().splitlines()[-1]
         assert last.startswith(f"INSTANCE_UNAVAILABLE: the Dagster instance in {home} failed: "), full.stderr
         assert "Traceback" not in full.stderr, full.stderr
-        (home / ".ballast").unlink()  # (opening SQLite storage writes too)
+        ballast.unlink()  # (opening SQLite storage writes too)
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            before = instance.get_materialized_partitions(dg.AssetKey([spec.id, "run_windows"]))
+            before = instance.get_materialized_partitions(windows)
         again = subprocess.run(build, capture_output=True, text=True, env=env)
         assert again.returncode == 0, again.stderr
         summary = json.loads(again.stdout.strip().splitlines()[-1])
@@ -128,4 +128,4 @@ def test_a_full_disk_under_the_instance_fails_in_one_line_and_loses_nothing(make
         assert 0 < len(before) < len(finished), before  # the disk filled mid-build
         assert summary["materialized"]["run_windows"] == len(finished) - len(before), (summary, before)
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            assert sorted(instance.get_materialized_partitions(dg.AssetKey([spec.id, "run_windows"]))) == sorted(finished)
+            assert sorted(instance.get_materialized_partitions(windows)) == sorted(finished)
