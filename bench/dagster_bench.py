@@ -197,6 +197,76 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
     return out_
 
 
+def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str | None = None,
+                        pg_pooled_url: str | None = None) -> dict[str, Any]:
+    """Dagster's own cost of recording ``runs`` run partitions in the product's asset shape, with
+    no work at all: milliseconds a run, per instance (SQLite; PostgreSQL directly and through
+    PgBouncer when given), alternating, a fresh instance per repetition.
+
+    The shape is the build's: the three run assets of one multi-asset step with its two checks and
+    the ``aml_tsdb`` pool, run partitions of one spec (added first, as the build syncs them), one
+    Dagster run per chunk of the default chunk size over a partition range, with the build's run
+    tags and event settings. The body only yields the three results and the two check results;
+    no per-run metadata, so the partition check (:func:`partition_lookup`) is not in it. What the
+    build's ``ms_per_run`` adds on top of this floor is the product's own orchestration cost."""
+    import dagster as dg
+
+    from aml_pipeline.config import backfill_runs_per_chunk
+    from aml_pipeline.defs.inprocess import build_event_settings, build_tags
+    from aml_pipeline.defs.partitions import RUN_ASSETS, range_tags, run_backfill_policy, run_partitions
+
+    spec_id = "floor"
+    partitions = run_partitions(spec_id)
+    specs = [dg.AssetSpec([spec_id, n], partitions_def=partitions) for n in RUN_ASSETS]
+    checks = [dg.AssetCheckSpec(name, asset=specs[-1].key) for name in ("has_windows", "missing_ratio_below_threshold")]
+
+    @dg.multi_asset(name=f"{spec_id}__run_stages", specs=specs, check_specs=checks,
+                    backfill_policy=run_backfill_policy(), pool="aml_tsdb")
+    def run_stages(context):  # noqa: ARG001 - Dagster passes the context; the floor has no use for it
+        for spec in specs:
+            yield dg.MaterializeResult(asset_key=spec.key, check_results=[
+                dg.AssetCheckResult(asset_key=spec.key, check_name=c.name, passed=True) for c in checks
+            ] if spec is specs[-1] else None)
+
+    job = dg.Definitions(assets=[run_stages], jobs=[dg.define_asset_job(f"{spec_id}__runs")]).resolve_job_def(
+        f"{spec_id}__runs")
+    keys = [f"run-{i:06d}" for i in range(runs)]
+    chunk_runs = backfill_runs_per_chunk()
+    chunks = [keys[i:i + chunk_runs] for i in range(0, runs, chunk_runs)]
+    run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+    stack = contextlib.ExitStack()
+    state: dict[str, Any] = {}
+
+    def prepare(side: str, i: int) -> None:
+        stack.close()
+        pg_url = None if side == "sqlite" else fresh_instance_url(
+            pg_base_url, f"aml_bench_floor_{os.getpid()}", pg_pooled_url if side == "pg_pooled" else None)
+        state["instance"] = stack.enter_context(persistent_instance(out / "floor-instance", pg_url))
+
+    def record() -> None:
+        instance = state["instance"]
+        instance.add_dynamic_partitions(partitions.name, keys)
+        for chunk in chunks:
+            result = job.execute_in_process(instance=instance, run_config=run_config,
+                                            tags={**build_tags(), **range_tags(chunk)})
+            if not result.success:
+                raise RuntimeError(f"orchestration floor: the chunk run {result.run_id} failed")
+        recorded = instance.get_materialized_partitions(specs[-1].key)
+        if len(recorded) != runs:
+            raise RuntimeError(f"orchestration floor: {len(recorded)} of {runs} partitions recorded")
+
+    sides = {"sqlite": record, **({"pg": record} if pg_base_url else {}),
+             **({"pg_pooled": record} if pg_pooled_url else {})}
+    try:
+        with build_event_settings():
+            cmp = side_by_side(sides, repeat=repeat, prepare=prepare)
+    finally:
+        stack.close()
+    remove_tree(out / "floor-instance")
+    return {"runs": runs, "chunk_runs": chunk_runs, "timings": cmp.to_json(),
+            "ms_per_run": {side: summarize([s * 1000 / runs for s in cmp.seconds[side]]) for side in sides}}
+
+
 def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,
                      pg_base_url: str | None = None, pg_pooled_url: str | None = None) -> dict[str, Any]:
     """Milliseconds of the partition check Dagster makes for each run's figures

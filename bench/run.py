@@ -297,6 +297,11 @@ def _orchestration(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work:
         o = dagster_bench.run_orchestration(plant.spec, plant.tsdb_url, n, work / "orchestration",
                                             repeat=cfg["orchestration_repeat"], pg_base_url=pg_base_url,
                                             pg_pooled_url=pg_pooled_url)
+        _log(f"orchestration: Dagster's floor, the same asset shape recording {n} runs with no work, "
+             f"{cfg['orchestration_repeat']} repetition(s)")
+        o["floor"] = dagster_bench.orchestration_floor(
+            n, work / "orchestration", repeat=cfg["orchestration_repeat"], pg_base_url=pg_base_url,
+            pg_pooled_url=pg_pooled_url)
         _log(f"orchestration: Dagster's partition check per run's figures at {', '.join(map(str, cfg['lookup_partitions']))} "
              f"run partitions, {cfg['lookup_repeat']} repetitions")
         o["partition_lookup"] = dagster_bench.partition_lookup(
@@ -497,6 +502,11 @@ def render(d: dict[str, Any]) -> str:
             L.append("")
             L.append(f"{label}: " + "; ".join(f"{side} {_t(t)}" for side, t in d[key]["timings"].items()
                                               if isinstance(t, dict) and "seconds" in t))
+            if key == "orchestration" and "floor" in d[key]:
+                fl = d[key]["floor"]
+                L.append(f"  Dagster's floor ({fl['runs']:,} runs recorded in the same asset shape, no work): " + "; ".join(
+                    f"{instance} {t['median']:.1f} ms a run [{t['min']:.1f}-{t['max']:.1f}]"
+                    for instance, t in fl["ms_per_run"].items()))
             if key == "orchestration" and "partition_lookup" in d[key]:
                 lk = d[key]["partition_lookup"]
                 for instance, by_count in lk["ms"].items():
