@@ -48,11 +48,13 @@ def wait_for(
     timeout: float,
     what: str,
     interval: float = 0.5,
+    max_interval: float = 2.0,
     diagnostics: Callable[[], str] | None = None,
 ) -> T:
     """Call ``probe`` until it returns something other than None (or False); fail after ``timeout`` s.
 
-    The interval grows to 2 s so a long wait does not hammer a busy server.
+    The interval grows to ``max_interval`` so a long wait does not hammer a busy server (equal to
+    ``interval`` for a steady poll, where the moment matters).
     """
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
@@ -70,7 +72,7 @@ def wait_for(
             extra = f"\n{diagnostics()}" if diagnostics else ""
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}{detail}{extra}")
         time.sleep(interval)
-        interval = min(interval * 1.5, 2.0)
+        interval = min(interval * 1.5, max_interval)
 
 
 def write_instance_yaml(dagster_home: Path, template: Path | None = None) -> Path:
