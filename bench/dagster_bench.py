@@ -197,6 +197,75 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
     return out_
 
 
+# How a run's figures reach the instance: "none" (the floor), "metadata" (what the build does:
+# add_asset_metadata per run partition, onto the materialisation of its last stage) or
+# "observation" (one AssetObservation per run partition beside the materialisations).
+FIGURE_MODES = ("none", "metadata", "observation")
+
+
+def _run_figures_sample() -> dict[str, Any]:
+    """A run's figures as the build attaches them, without the plot (whose bytes are the same
+    either way): counts, the per-node table, the run's path."""
+    import dagster as dg
+
+    nodes = [dg.TableRecord({"node": f"node_{i}", "points": 5_400, "pages": 1}) for i in range(6)]
+    schema = dg.TableSchema(columns=[dg.TableColumn("node", "string"), dg.TableColumn("points", "int"),
+                                     dg.TableColumn("pages", "int")])
+    return {"fetched_points": 32_400, "fetched_pages": 6, "fetched_per_node": dg.MetadataValue.table(nodes, schema=schema),
+            "grid_rows": 5_400, "points_kept": 32_310, "points_removed": 90, "windows": 170, "reason": "",
+            "worst_missing_node": "node_3 (0.4%)", "path": dg.MetadataValue.path("/data/aml/datasets/spec/runs/run")}
+
+
+def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
+    """The build's asset shape with a body that does no work: the three run assets of one
+    multi-asset step with its two checks and the ``aml_tsdb`` pool, over the spec's run
+    partitions, run as the ``<spec>__runs`` job; each run's figures attached as ``figures`` says
+    (:data:`FIGURE_MODES`). Returns the partitions, the job and the asset carrying the figures."""
+    import dagster as dg
+
+    from aml_pipeline.defs.partitions import RUN_ASSETS, run_backfill_policy, run_partitions
+
+    if figures not in FIGURE_MODES:
+        raise ValueError(f"figures must be one of {FIGURE_MODES}, got {figures!r}")
+    partitions = run_partitions(spec_id)
+    specs = [dg.AssetSpec([spec_id, n], partitions_def=partitions) for n in RUN_ASSETS]
+    carrier = specs[-1].key
+    checks = [dg.AssetCheckSpec(name, asset=carrier) for name in ("has_windows", "missing_ratio_below_threshold")]
+    sample = _run_figures_sample()
+
+    @dg.multi_asset(name=f"{spec_id}__run_stages", specs=specs, check_specs=checks,
+                    backfill_policy=run_backfill_policy(), pool="aml_tsdb")
+    def run_stages(context):  # noqa: ANN001 - Dagster passes the asset context
+        for run_id in context.partition_keys if figures != "none" else ():
+            if figures == "metadata":
+                context.add_asset_metadata(sample, asset_key=carrier, partition_key=run_id)
+            else:
+                yield dg.AssetObservation(asset_key=carrier, partition=run_id, metadata=sample)
+        for spec in specs:
+            yield dg.MaterializeResult(asset_key=spec.key, check_results=[
+                dg.AssetCheckResult(asset_key=spec.key, check_name=c.name, passed=True) for c in checks
+            ] if spec.key == carrier else None)
+
+    job = dg.Definitions(assets=[run_stages], jobs=[dg.define_asset_job(f"{spec_id}__runs")]).resolve_job_def(
+        f"{spec_id}__runs")
+    return partitions, job, carrier
+
+
+def _record_in_chunks(job: Any, instance: Any, keys: list[str], chunk_runs: int, what: str) -> None:
+    """``job`` over ``keys`` in chunks of ``chunk_runs`` run partitions, one Dagster run each, with
+    the build's run tags (its event settings are the caller's)."""
+    from aml_pipeline.defs.inprocess import build_tags
+    from aml_pipeline.defs.partitions import range_tags
+
+    run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+    for start in range(0, len(keys), chunk_runs):
+        chunk = keys[start:start + chunk_runs]
+        result = job.execute_in_process(instance=instance, run_config=run_config,
+                                        tags={**build_tags(), **range_tags(chunk)})
+        if not result.success:
+            raise RuntimeError(f"{what}: the chunk run {result.run_id} failed")
+
+
 def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str | None = None,
                         pg_pooled_url: str | None = None) -> dict[str, Any]:
     """Dagster's own cost of recording ``runs`` run partitions in the product's asset shape, with
@@ -209,31 +278,12 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
     build's run tags and event settings. The body only yields the three results and the two check results;
     no per-run metadata, so the partition check (:func:`partition_lookup`) is not in it. What the
     build's ``ms_per_run`` adds on top of this floor is the product's own orchestration cost."""
-    import dagster as dg
-
     from aml_pipeline.config import backfill_runs_per_chunk
-    from aml_pipeline.defs.inprocess import build_event_settings, build_tags
-    from aml_pipeline.defs.partitions import RUN_ASSETS, range_tags, run_backfill_policy, run_partitions
+    from aml_pipeline.defs.inprocess import build_event_settings
 
-    spec_id = "floor"
-    partitions = run_partitions(spec_id)
-    specs = [dg.AssetSpec([spec_id, n], partitions_def=partitions) for n in RUN_ASSETS]
-    checks = [dg.AssetCheckSpec(name, asset=specs[-1].key) for name in ("has_windows", "missing_ratio_below_threshold")]
-
-    @dg.multi_asset(name=f"{spec_id}__run_stages", specs=specs, check_specs=checks,
-                    backfill_policy=run_backfill_policy(), pool="aml_tsdb")
-    def run_stages(context):  # noqa: ARG001 - Dagster passes the context; the floor has no use for it
-        for spec in specs:
-            yield dg.MaterializeResult(asset_key=spec.key, check_results=[
-                dg.AssetCheckResult(asset_key=spec.key, check_name=c.name, passed=True) for c in checks
-            ] if spec is specs[-1] else None)
-
-    job = dg.Definitions(assets=[run_stages], jobs=[dg.define_asset_job(f"{spec_id}__runs")]).resolve_job_def(
-        f"{spec_id}__runs")
+    partitions, job, carrier = _run_stages_job("floor", figures="none")
     keys = [f"run-{i:06d}" for i in range(runs)]
     chunk_runs = backfill_runs_per_chunk()
-    chunks = [keys[i:i + chunk_runs] for i in range(0, runs, chunk_runs)]
-    run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     stack = contextlib.ExitStack()
     state: dict[str, Any] = {}
 
@@ -246,12 +296,8 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
     def record() -> None:
         instance = state["instance"]
         instance.add_dynamic_partitions(partitions.name, keys)
-        for chunk in chunks:
-            result = job.execute_in_process(instance=instance, run_config=run_config,
-                                            tags={**build_tags(), **range_tags(chunk)})
-            if not result.success:
-                raise RuntimeError(f"orchestration floor: the chunk run {result.run_id} failed")
-        recorded = instance.get_materialized_partitions(specs[-1].key)
+        _record_in_chunks(job, instance, keys, chunk_runs, "orchestration floor")
+        recorded = instance.get_materialized_partitions(carrier)
         if len(recorded) != runs:
             raise RuntimeError(f"orchestration floor: {len(recorded)} of {runs} partitions recorded")
 
@@ -265,6 +311,69 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
     remove_tree(out / "floor-instance")
     return {"runs": runs, "chunk_runs": chunk_runs, "timings": cmp.to_json(),
             "ms_per_run": {side: summarize([s * 1000 / runs for s in cmp.seconds[side]]) for side in sides}}
+
+
+def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_url: str | None = None,
+                 pg_pooled_url: str | None = None) -> dict[str, Any]:
+    """What attaching each run's figures costs, two ways, over Dagster's floor: milliseconds a run
+    recorded, per instance (SQLite; PostgreSQL directly and through PgBouncer when given).
+
+    The floor's asset shape (:func:`_run_stages_job`) on a spec with ``partitions`` run
+    partitions, of which ``runs`` (in the middle) are recorded in chunks of
+    ``AML_BACKFILL_RUNS_PER_CHUNK``, with the build's tags and event settings. Sides, alternating,
+    a fresh instance each: ``none``; ``metadata`` (the build's way: onto the materialisation,
+    after Dagster's partition check, :func:`partition_lookup`); ``observation`` (one more event a
+    run, no check). Each side must leave every recorded run's figures where it put them."""
+    import dagster as dg
+
+    from aml_pipeline.config import backfill_runs_per_chunk
+    from aml_pipeline.defs.inprocess import build_event_settings
+
+    keys = [f"run-{i:06d}" for i in range(partitions)]
+    middle = (partitions - runs) // 2
+    recorded_keys = keys[middle:middle + runs]
+    chunk_runs = backfill_runs_per_chunk()
+    jobs = {mode: _run_stages_job("figures", figures=mode) for mode in FIGURE_MODES}
+    probe = recorded_keys[-1]
+    result: dict[str, Any] = {"partitions": partitions, "runs": runs, "chunk_runs": chunk_runs, "repeat": repeat,
+                              "ms_per_run": {}, "timings": {}}
+    instances = ["sqlite"] + ["pg"] * bool(pg_base_url) + ["pg_pooled"] * bool(pg_pooled_url)
+    for name in instances:
+        stack = contextlib.ExitStack()
+        state: dict[str, Any] = {}
+
+        def prepare(side: str, i: int, name: str = name, stack: contextlib.ExitStack = stack,
+                    state: dict[str, Any] = state) -> None:
+            stack.close()
+            pg_url = None if name == "sqlite" else fresh_instance_url(
+                pg_base_url, f"aml_bench_figures_{os.getpid()}", pg_pooled_url if name == "pg_pooled" else None)
+            state["instance"] = instance = stack.enter_context(persistent_instance(out / "figures-instance", pg_url))
+            instance.add_dynamic_partitions(jobs[side][0].name, keys)
+
+        def side(mode: str, state: dict[str, Any] = state):
+            partitions_def, job, carrier = jobs[mode]
+
+            def record() -> None:
+                instance = state["instance"]
+                _record_in_chunks(job, instance, recorded_keys, chunk_runs, f"figures ({mode})")
+                where = dg.AssetRecordsFilter(asset_key=carrier, asset_partitions=[probe])
+                events = (instance.fetch_observations if mode == "observation" else instance.fetch_materializations)(
+                    where, limit=1).records
+                carried = events[0].asset_event.metadata if events else {}
+                if (mode == "none") == ("windows" in carried):
+                    raise RuntimeError(f"figures ({mode}): run {probe}'s figures are not where this side puts them")
+            return record
+
+        try:
+            with build_event_settings():
+                cmp = side_by_side({mode: side(mode) for mode in FIGURE_MODES}, repeat=repeat, prepare=prepare)
+        finally:
+            stack.close()
+        result["timings"][name] = cmp.to_json()
+        result["ms_per_run"][name] = {mode: summarize([s * 1000 / runs for s in cmp.seconds[mode]])
+                                      for mode in FIGURE_MODES}
+    remove_tree(out / "figures-instance")
+    return result
 
 
 def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,

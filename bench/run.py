@@ -74,18 +74,20 @@ GOALS = (
     Goal("iter_batches_gb_per_s", ">=", 1.0, "GB/s", "train windows in shuffled batches of 256", "snapshot"),
 )
 PARTS = ("build", "hampel", "windows", "snapshot", "plots", "dagster", "incremental", "parallel",
-         "orchestration", "rss", "pg")
+         "orchestration", "run_figures", "rss", "pg")
 
 # A Dagster build of the 2,000 small runs takes about 10 min on the 2-core machine today, so that
 # figure gets one repetition in the full run (raise orchestration_repeat where time allows).
 FULL = dict(runs=32, minutes=120.0, repeat=5, build_repeat=3, pf_runs=8,
             rss_piece_minutes=1440.0, rss_pieces=(2, 16),
             orchestration_runs=2000, orchestration_minutes=3.0, orchestration_repeat=1,
-            lookup_partitions=(300, 2_000, 20_000), lookup_repeat=20)
+            lookup_partitions=(300, 2_000, 20_000), lookup_repeat=20,
+            run_figures_partitions=2_000, run_figures_runs=200, run_figures_repeat=3)
 QUICK = dict(runs=4, minutes=10.0, repeat=2, build_repeat=1, pf_runs=2,
              rss_piece_minutes=20.0, rss_pieces=(1, 8),
              orchestration_runs=10, orchestration_minutes=3.0, orchestration_repeat=1,
-             lookup_partitions=(10, 300), lookup_repeat=3)
+             lookup_partitions=(10, 300), lookup_repeat=3,
+             run_figures_partitions=100, run_figures_runs=10, run_figures_repeat=1)
 
 
 class Results:
@@ -318,6 +320,21 @@ def _orchestration(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work:
     res.check("orchestration workload: Dagster (every instance) and library publish the same sha256", o["same_sha256"])
 
 
+def _run_figures(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
+    n, runs, repeat = cfg["run_figures_partitions"], cfg["run_figures_runs"], cfg["run_figures_repeat"]
+    _log(f"run_figures: each run's figures on its materialisation vs as an observation, {runs} of {n:,} run partitions "
+         f"recorded, {repeat} repetition(s) per instance")
+    with contextlib.ExitStack() as stack:
+        pg_base_url = pg_pooled_url = None
+        try:
+            pg_base_url, _ = stack.enter_context(pg_bench.postgres_server())
+            pg_pooled_url = stack.enter_context(pg_bench.pooler(pg_base_url))
+        except pg_bench.NoServer as e:
+            _log(f"run_figures: without {'PgBouncer' if pg_base_url else 'PostgreSQL'} ({e})")
+        res["run_figures"] = dagster_bench.figures_cost(work / "run_figures", partitions=n, runs=runs, repeat=repeat,
+                                                    pg_base_url=pg_base_url, pg_pooled_url=pg_pooled_url)
+
+
 def _rss(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
     piece, (short, long) = cfg["rss_piece_minutes"], cfg["rss_pieces"]
     _log(f"peak RSS by run length: one run of {short} vs {long} x {piece:g} min, fresh process per build, "
@@ -347,7 +364,7 @@ def _pg(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: a
 PART_FUNCS = {
     "build": _build, "hampel": _hampel, "windows": _windows, "snapshot": _snapshot, "plots": _plots,
     "dagster": _dagster, "incremental": _incremental, "parallel": _parallel, "orchestration": _orchestration,
-    "rss": _rss, "pg": _pg,
+    "run_figures": _run_figures, "rss": _rss, "pg": _pg,
 }
 
 
@@ -516,6 +533,12 @@ def render(d: dict[str, Any]) -> str:
                 p = d[key]
                 L.append(f"  2 workers / 1: x{_fmt(p['speedup']['value'])}; the same run stages without Dagster in a "
                          f"warm pool of 2 processes / 1: x{_fmt(p['library_speedup_2_processes']['value'])}")
+    if "run_figures" in d:
+        f = d["run_figures"]
+        L.append("")
+        L.append(f"per-run figures ({f['runs']} of {f['partitions']:,} run partitions recorded), ms a run: " + "; ".join(
+            f"{instance}: " + ", ".join(f"{mode} {t['median']:.1f} [{t['min']:.1f}-{t['max']:.1f}]" for mode, t in by_mode.items())
+            for instance, by_mode in f["ms_per_run"].items()))
     if "rss" in d:
         r = d["rss"]
         L.append("")
