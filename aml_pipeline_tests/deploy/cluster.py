@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
+import yaml
 from psycopg import sql
 
 from aml_pipeline import config
@@ -213,6 +214,25 @@ class Deployment:
         return launched["run"]["runId"]
 
 
+def raw_step_process(d: Deployment, backfill_id: str, first_run: str, spared: set[str]) -> tuple[str, int] | None:
+    """(Dagster run, pid) of the raw step of the chunk starting at ``first_run``, once it waits
+    inside its fetch; runs in ``spared`` are skipped (already killed)."""
+    started = []
+    for r in d.backfill(backfill_id)["runs"]:
+        if r["runId"] in spared:
+            continue
+        run = d.run(r["runId"])
+        for e in run["eventConnection"]["events"]:
+            if e["__typename"] == "StepWorkerStartedEvent" and (e.get("stepKey") or "").endswith("run_stages"):
+                pid = {m["label"]: m.get("text") for m in e["metadataEntries"]}["pid"]
+                started.append((run, int(pid)))
+    ours = [(run["runId"], pid) for run, pid in started if run["tags"][RANGE_START] == first_run]
+    # Every raw step that has started is inside its fetch, waiting for the lock.
+    if ours and d.fetches_waiting() >= len(started):
+        return ours[0]
+    return None
+
+
 @contextlib.contextmanager
 def points_locked(server_url: str, schema: str) -> Iterator[None]:
     """Hold an exclusive lock on the points table of the TSDB in ``schema``: every fetch waits
@@ -247,11 +267,20 @@ def pg_env(url: str) -> dict[str, str]:
     }
 
 
-def production_home(root: Path) -> Path:
-    """``root/dagster_home`` holding deploy/dagster.yaml, as ``$DAGSTER_HOME`` on a deployment's hosts."""
+def production_home(root: Path, instance_settings: Mapping[str, Mapping[str, Any]] | None = None) -> Path:
+    """``root/dagster_home`` holding deploy/dagster.yaml, as ``$DAGSTER_HOME`` on a deployment's hosts.
+
+    ``instance_settings`` replaces single settings of it, section by section (a test that waits
+    for a timeout shortens it); everything else is used verbatim."""
     home = root / "dagster_home"
     home.mkdir()
     shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    if instance_settings:
+        instance_yaml = yaml.safe_load((home / "dagster.yaml").read_text())
+        for section, settings in instance_settings.items():
+            assert section in instance_yaml, f"deploy/dagster.yaml has no {section!r} section"
+            instance_yaml[section].update(settings)
+        (home / "dagster.yaml").write_text(yaml.safe_dump(instance_yaml, sort_keys=False))
     return home
 
 
@@ -382,13 +411,15 @@ def deployment(
     tsdb_pool_limit: int,
     workers: int = 0,
     extra_env: Mapping[str, str] | None = None,
+    instance_settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Iterator[Deployment]:
-    """Start the deployment described in the module docstring; stop and remove it on exit."""
-    home, specs, dagster_home, logs = (root / n for n in ("aml", "specs", "dagster_home", "logs"))
-    for d in (home, specs, dagster_home, logs):
+    """Start the deployment described in the module docstring; stop and remove it on exit.
+    ``instance_settings``: as :func:`production_home` takes them."""
+    home, specs, logs = (root / n for n in ("aml", "specs", "logs"))
+    for d in (home, specs, logs):
         d.mkdir(parents=True)
     shutil.copy(DEMO_SPEC, specs / DEMO_SPEC.name)
-    shutil.copy(DEPLOY / "dagster.yaml", dagster_home / "dagster.yaml")
+    dagster_home = production_home(root, instance_settings)
     spec = load_spec(specs / DEMO_SPEC.name)
 
     with contextlib.ExitStack() as stack:

@@ -26,34 +26,14 @@ from aml_pipeline.defs.assets import RUN_ASSETS
 from aml_pipeline_tests.dagster_server import wait_for
 from aml_pipeline_tests.deploy.cluster import (
     DEPLOY,
-    RANGE_START,
     RUNS_PER_CHUNK,
     SEEDED,
-    Deployment,
     chunk_range,
     deployment,
+    raw_step_process,
 )
 
 pytestmark = pytest.mark.timeout(2400)
-
-
-def raw_step_process(d: Deployment, backfill_id: str, first_run: str, spared: set[str]) -> tuple[str, int] | None:
-    """(Dagster run, pid) of the raw step of the chunk starting at ``first_run``, once it waits
-    inside its fetch; runs in ``spared`` are skipped (already killed)."""
-    started = []
-    for r in d.backfill(backfill_id)["runs"]:
-        if r["runId"] in spared:
-            continue
-        run = d.run(r["runId"])
-        for e in run["eventConnection"]["events"]:
-            if e["__typename"] == "StepWorkerStartedEvent" and (e.get("stepKey") or "").endswith("run_stages"):
-                pid = {m["label"]: m.get("text") for m in e["metadataEntries"]}["pid"]
-                started.append((run, int(pid)))
-    ours = [(run["runId"], pid) for run, pid in started if run["tags"][RANGE_START] == first_run]
-    # Every raw step that has started is inside its fetch, waiting for the lock.
-    if ours and d.fetches_waiting() >= len(started):
-        return ours[0]
-    return None
 
 
 def test_a_killed_chunk_loses_only_its_runs_and_a_rerun_redoes_only_them(tmp_path: Path, postgres_url: str) -> None:
