@@ -1,27 +1,39 @@
-"""A chunk whose run worker dies with its host ends by itself, and its retry records the runs.
+"""Runs whose process died with its host end by themselves; a backfill's chunk is retried.
 
 The deployment of ``cluster.py`` with Dagster's default executor, its ``run_monitoring`` with a
-shorter ``max_runtime_seconds`` (the deployed value is a day). One chunk of three runs is
-backfilled with the TSDB's points table locked, so its raw step waits inside its fetch. Then the
-code server's whole process group is SIGKILLed: the code server, the chunk's run worker and its
-step process, as if their host had died, so nothing is left to record the run's end. The lock is
-released and the code server started again, as a service manager would on the rebooted host.
+shorter ``max_runtime_seconds`` (the deployed value is a day). With the TSDB's points table
+locked, so that every fetch waits inside its query:
 
-1. The run is still *Started*: nothing in Dagster knows it is dead (the default run launcher has
-   no health check, and the new code server never knew the run).
-2. Once it has run for ``max_runtime_seconds``, the daemon fails it, and ``run_retries`` launches
-   a retry of it, which records the chunk's three runs; the backfill completes. Without the
-   deployed ``max_runtime_seconds`` the run would stay *Started* and the backfill would never end.
+- one chunk of three runs is backfilled through the daemon, and its raw step waits in its fetch;
+- ``aml-pipeline build`` on the same instance (as another host's command line would) waits in
+  its first chunk's fetch, and is SIGKILLed there;
+- the code server's whole process group is SIGKILLed: the code server, the chunk's run worker
+  and its step process, as if their host had died.
+
+Nothing is left to record either run's end. The lock is released and the code server started
+again, as a service manager would on the rebooted host.
+
+1. Both runs are still *Started*: nothing in Dagster knows they are dead (the default run
+   launcher has no health check, the new code server never knew the backfill's run, and the
+   build's host never builds again).
+2. Once each has run for ``max_runtime_seconds``, the daemon fails it. ``run_retries`` launches a
+   retry of the backfill's run, which records the chunk's three runs, and the backfill completes.
+   The build's run is not retried (``dagster/max_retries: 0``: the same build again is its retry).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from aml_pipeline.defs.assets import RUN_ASSETS
+from aml_pipeline.defs.inprocess import BUILD_PID_TAG
+from aml_pipeline.demo import DEMO_SPEC
 from aml_pipeline_tests.dagster_server import wait_for
 from aml_pipeline_tests.deploy.cluster import (
     RUNS_PER_CHUNK,
@@ -29,6 +41,7 @@ from aml_pipeline_tests.deploy.cluster import (
     _code_server_ready,
     chunk_range,
     deployment,
+    instance_env,
     raw_step_process,
 )
 
@@ -39,7 +52,9 @@ pytestmark = pytest.mark.timeout(2400)
 MAX_RUNTIME_S = 180
 
 
-def test_a_run_whose_host_died_is_failed_after_its_max_runtime_and_retried(tmp_path: Path, postgres_url: str) -> None:
+def test_runs_whose_host_died_are_failed_after_their_max_runtime_and_a_chunk_retried(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with deployment(
         tmp_path, postgres_url, seeded_runs=SEEDED, runs_per_chunk=RUNS_PER_CHUNK,
         max_concurrent_runs=3, tsdb_pool_limit=4,
@@ -49,6 +64,12 @@ def test_a_run_whose_host_died_is_failed_after_its_max_runtime_and_retried(tmp_p
         d.add_run_partitions(d.finished)
         code_server = d.services["code_server"]
 
+        # The test's own view of the instance, as deploy/dagster.yaml reads it from the environment.
+        for k, v in instance_env(postgres_url, d.env["DAGSTER_PG_DB"], int(d.env["AML_MAX_CONCURRENT_RUNS"])).items():
+            monkeypatch.setenv(k, v)
+        build = [sys.executable, "-m", "aml_pipeline.cli", "build", str(DEMO_SPEC),
+                 "--tsdb", d.tsdb_url, "--home", str(tmp_path / "cli-home"), "--json"]
+
         with d.points_locked():
             backfill_id = d.launch_backfill(chunk, "test: a chunk whose host dies")
             run_id, pid = wait_for(
@@ -56,6 +77,12 @@ def test_a_run_whose_host_died_is_failed_after_its_max_runtime_and_retried(tmp_p
                 timeout=900, what=f"the raw step of chunk {chunk[0]}..{chunk[-1]} waiting in its fetch",
                 diagnostics=lambda: d.backfill_diagnostics(backfill_id),
             )
+            cli = subprocess.Popen(build, env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            wait_for(lambda: d.fetches_waiting() >= 2 or cli.poll() is not None, timeout=600,
+                     what="the command-line build waiting in its fetch")
+            assert cli.poll() is None, cli.communicate()
+            cli.kill()
+            cli.communicate(timeout=60)
             assert code_server.owns(pid), f"pid {pid} is not a process of this deployment"
             code_server.kill()
         code_server.start()
@@ -63,11 +90,14 @@ def test_a_run_whose_host_died_is_failed_after_its_max_runtime_and_retried(tmp_p
         wait_for(lambda: _code_server_ready(port), timeout=600, what="the code server, started again",
                  diagnostics=code_server.diagnostics)
 
-        # 1. Nothing has noticed: the run is still started (if not, MAX_RUNTIME_S is too short
+        # 1. Nothing has noticed: both runs are still started (if not, MAX_RUNTIME_S is too short
         # for this machine, and the test says so rather than testing something else).
         dead = d.run(run_id)
         assert dead["status"] == "STARTED", (dead["status"], d.backfill_diagnostics(backfill_id))
         assert time.time() - dead["startTime"] < MAX_RUNTIME_S, "the max runtime passed before the code server was back"
+        with dg.DagsterInstance.from_config(d.env["DAGSTER_HOME"]) as instance:
+            [cli_run] = instance.get_runs(filters=dg.RunsFilter(tags={BUILD_PID_TAG: str(cli.pid)}))
+        assert cli_run.status == dg.DagsterRunStatus.STARTED, cli_run.status
 
         # 2. Failed after its max runtime, retried, and the retry records the chunk.
         backfill = d.wait_for_backfill(backfill_id, timeout=MAX_RUNTIME_S + 900)
@@ -87,3 +117,15 @@ def test_a_run_whose_host_died_is_failed_after_its_max_runtime_and_retried(tmp_p
             events = d.materializations(asset)
             assert sorted(e["partition"] for e in events) == chunk, (asset, "each run materialised exactly once")
             assert {e["runId"] for e in events} == {retry["runId"]}, (asset, events)
+
+        # The build's run: failed by the daemon too, and not retried.
+        def cli_run_ended() -> dg.DagsterRun | None:
+            with dg.DagsterInstance.from_config(d.env["DAGSTER_HOME"]) as instance:
+                run = instance.get_run_by_id(cli_run.run_id)
+                return run if run is not None and run.is_finished else None
+
+        ended = wait_for(cli_run_ended, timeout=MAX_RUNTIME_S + 600, what="the killed build's run ended")
+        assert ended.status == dg.DagsterRunStatus.FAILURE, ended.status
+        with dg.DagsterInstance.from_config(d.env["DAGSTER_HOME"]) as instance:
+            assert not instance.get_runs(filters=dg.RunsFilter(tags={"dagster/parent_run_id": cli_run.run_id}))
+            assert not instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
