@@ -323,57 +323,63 @@ def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_
     ``AML_BACKFILL_RUNS_PER_CHUNK``, with the build's tags and event settings. Sides, alternating,
     a fresh instance each: ``none``; ``metadata`` (the build's way: onto the materialisation,
     after Dagster's partition check, :func:`partition_lookup`); ``observation`` (one more event a
-    run, no check). Each side must leave every recorded run's figures where it put them."""
-    import dagster as dg
-
-    from aml_pipeline.config import backfill_runs_per_chunk
-    from aml_pipeline.defs.inprocess import build_event_settings
-
+    run, no check). Each side must leave the last recorded run's figures where it puts them."""
     keys = [f"run-{i:06d}" for i in range(partitions)]
     middle = (partitions - runs) // 2
-    recorded_keys = keys[middle:middle + runs]
-    chunk_runs = backfill_runs_per_chunk()
+    recorded = keys[middle:middle + runs]
     jobs = {mode: _run_stages_job("figures", figures=mode) for mode in FIGURE_MODES}
-    probe = recorded_keys[-1]
-    result: dict[str, Any] = {"partitions": partitions, "runs": runs, "chunk_runs": chunk_runs, "repeat": repeat,
-                              "ms_per_run": {}, "timings": {}}
-    instances = ["sqlite"] + ["pg"] * bool(pg_base_url) + ["pg_pooled"] * bool(pg_pooled_url)
-    for name in instances:
-        stack = contextlib.ExitStack()
-        state: dict[str, Any] = {}
-
-        def prepare(side: str, i: int, name: str = name, stack: contextlib.ExitStack = stack,
-                    state: dict[str, Any] = state) -> None:
-            stack.close()
-            pg_url = None if name == "sqlite" else fresh_instance_url(
-                pg_base_url, f"aml_bench_figures_{os.getpid()}", pg_pooled_url if name == "pg_pooled" else None)
-            state["instance"] = instance = stack.enter_context(persistent_instance(out / "figures-instance", pg_url))
-            instance.add_dynamic_partitions(jobs[side][0].name, keys)
-
-        def side(mode: str, state: dict[str, Any] = state):
-            partitions_def, job, carrier = jobs[mode]
-
-            def record() -> None:
-                instance = state["instance"]
-                _record_in_chunks(job, instance, recorded_keys, chunk_runs, f"figures ({mode})")
-                where = dg.AssetRecordsFilter(asset_key=carrier, asset_partitions=[probe])
-                events = (instance.fetch_observations if mode == "observation" else instance.fetch_materializations)(
-                    where, limit=1).records
-                carried = events[0].asset_event.metadata if events else {}
-                if (mode == "none") == ("windows" in carried):
-                    raise RuntimeError(f"figures ({mode}): run {probe}'s figures are not where this side puts them")
-            return record
-
-        try:
-            with build_event_settings():
-                cmp = side_by_side({mode: side(mode) for mode in FIGURE_MODES}, repeat=repeat, prepare=prepare)
-        finally:
-            stack.close()
+    result: dict[str, Any] = {"partitions": partitions, "runs": runs, "repeat": repeat, "ms_per_run": {}, "timings": {}}
+    instances = {"sqlite": None}
+    if pg_base_url:
+        instances["pg"] = lambda: fresh_instance_url(pg_base_url, f"aml_bench_figures_{os.getpid()}")
+    if pg_base_url and pg_pooled_url:
+        instances["pg_pooled"] = lambda: fresh_instance_url(pg_base_url, f"aml_bench_figures_{os.getpid()}", pg_pooled_url)
+    for name, instance_url in instances.items():
+        cmp = _figure_modes_side_by_side(jobs, keys, recorded, out / "figures-instance", instance_url, repeat)
         result["timings"][name] = cmp.to_json()
         result["ms_per_run"][name] = {mode: summarize([s * 1000 / runs for s in cmp.seconds[mode]])
                                       for mode in FIGURE_MODES}
     remove_tree(out / "figures-instance")
     return result
+
+
+def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: list[str], home: Path,
+                               instance_url: Any, repeat: int) -> Any:
+    """:func:`figures_cost` on one instance (``instance_url`` makes a fresh PostgreSQL database's
+    URL; None: SQLite files in ``home``)."""
+    import dagster as dg
+
+    from aml_pipeline.config import backfill_runs_per_chunk
+    from aml_pipeline.defs.inprocess import build_event_settings
+
+    chunk_runs = backfill_runs_per_chunk()
+    stack = contextlib.ExitStack()
+    state: dict[str, Any] = {}
+
+    def prepare(side: str, i: int) -> None:
+        stack.close()
+        state["instance"] = stack.enter_context(persistent_instance(home, instance_url() if instance_url else None))
+        state["instance"].add_dynamic_partitions(jobs[side][0].name, keys)
+
+    def side(mode: str):
+        _, job, carrier = jobs[mode]
+        where = dg.AssetRecordsFilter(asset_key=carrier, asset_partitions=[recorded[-1]])
+
+        def record() -> None:
+            instance = state["instance"]
+            _record_in_chunks(job, instance, recorded, chunk_runs, f"figures ({mode})")
+            fetch = instance.fetch_observations if mode == "observation" else instance.fetch_materializations
+            events = fetch(where, limit=1).records
+            carried = events[0].asset_event.metadata if events else {}
+            if (mode == "none") == ("windows" in carried):
+                raise RuntimeError(f"figures ({mode}): run {recorded[-1]}'s figures are not where this side puts them")
+        return record
+
+    try:
+        with build_event_settings():
+            return side_by_side({mode: side(mode) for mode in FIGURE_MODES}, repeat=repeat, prepare=prepare)
+    finally:
+        stack.close()
 
 
 def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,
