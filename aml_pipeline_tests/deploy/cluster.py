@@ -208,6 +208,15 @@ class Deployment:
     def fetches_waiting(self) -> int:
         return fetches_waiting(self.server_url)
 
+    def restart_code_server(self) -> None:
+        """Start the code server again (after :meth:`Service.kill`), as a service manager would on a
+        rebooted host, and wait until it answers."""
+        code_server = self.services["code_server"]
+        code_server.start()
+        port = int(self.env["AML_CODE_SERVER_PORT"])
+        wait_for(lambda: _code_server_ready(port), timeout=LOAD_TIMEOUT, what="the code server, started again",
+                 diagnostics=code_server.diagnostics)
+
     def launch_job(self, job: str) -> str:
         launched = self.graphql(LAUNCH_RUN, {"params": {"selector": {**self.repository, "jobName": job}}})["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched

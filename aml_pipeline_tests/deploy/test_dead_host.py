@@ -38,7 +38,6 @@ from aml_pipeline_tests.dagster_server import wait_for
 from aml_pipeline_tests.deploy.cluster import (
     RUNS_PER_CHUNK,
     SEEDED,
-    _code_server_ready,
     chunk_range,
     deployment,
     instance_env,
@@ -49,7 +48,7 @@ pytestmark = pytest.mark.timeout(2400)
 
 # Long enough for the code server to be back before it passes (it loads the definitions on a busy
 # 2-core machine), short enough for a test; the retry's own chunk must also end within it.
-MAX_RUNTIME_S = 180
+MAX_RUNTIME_S = 240
 
 
 def test_runs_whose_host_died_are_failed_after_their_max_runtime_and_a_chunk_retried(
@@ -85,16 +84,14 @@ def test_runs_whose_host_died_are_failed_after_their_max_runtime_and_a_chunk_ret
             cli.communicate(timeout=60)
             assert code_server.owns(pid), f"pid {pid} is not a process of this deployment"
             code_server.kill()
-        code_server.start()
-        port = int(d.env["AML_CODE_SERVER_PORT"])
-        wait_for(lambda: _code_server_ready(port), timeout=600, what="the code server, started again",
-                 diagnostics=code_server.diagnostics)
+        d.restart_code_server()
 
         # 1. Nothing has noticed: both runs are still started (if not, MAX_RUNTIME_S is too short
         # for this machine, and the test says so rather than testing something else).
         dead = d.run(run_id)
         assert dead["status"] == "STARTED", (dead["status"], d.backfill_diagnostics(backfill_id))
-        assert time.time() - dead["startTime"] < MAX_RUNTIME_S, "the max runtime passed before the code server was back"
+        since_start = time.time() - dead["startTime"]
+        assert since_start < MAX_RUNTIME_S, f"the code server was back only {since_start:.0f} s after the run started"
         with dg.DagsterInstance.from_config(d.env["DAGSTER_HOME"]) as instance:
             [cli_run] = instance.get_runs(filters=dg.RunsFilter(tags={BUILD_PID_TAG: str(cli.pid)}))
         assert cli_run.status == dg.DagsterRunStatus.STARTED, cli_run.status
