@@ -21,7 +21,7 @@ import contextlib
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -89,6 +89,19 @@ def fresh_instance_url(base_url: str, name: str, pooled_url: str | None = None) 
     from aml_pipeline_tests.pgbouncer import with_port
 
     return with_port(url, urlsplit(pooled_url).port)
+
+
+def instance_urls(pg_base_url: str | None, pg_pooled_url: str | None, name: str) -> dict[str, Callable[[], str | None]]:
+    """The instances a Dagster figure is measured on, each with a maker of a fresh instance's
+    PostgreSQL URL (:func:`fresh_instance_url`, database ``name``; None: SQLite files): ``sqlite``;
+    ``pg`` with ``pg_base_url``; ``pg_pooled`` with ``pg_pooled_url`` (a PgBouncer in front of it) too."""
+    urls: dict[str, Callable[[], str | None]] = {"sqlite": lambda: None}
+    if pg_base_url:
+        database = f"{name}_{os.getpid()}"
+        urls["pg"] = lambda: fresh_instance_url(pg_base_url, database)
+        if pg_pooled_url:
+            urls["pg_pooled"] = lambda: fresh_instance_url(pg_base_url, database, pg_pooled_url)
+    return urls
 
 
 def materialize(spec_dict: dict[str, Any], tsdb_url: str, out: Path, instance: Any, **kwargs: Any) -> dict[str, Any]:
@@ -284,14 +297,13 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
     partitions, job, carrier = _run_stages_job("floor", figures="none")
     keys = [f"run-{i:06d}" for i in range(runs)]
     chunk_runs = backfill_runs_per_chunk()
+    urls = instance_urls(pg_base_url, pg_pooled_url, "aml_bench_floor")
     stack = contextlib.ExitStack()
     state: dict[str, Any] = {}
 
     def prepare(side: str, i: int) -> None:
         stack.close()
-        pg_url = None if side == "sqlite" else fresh_instance_url(
-            pg_base_url, f"aml_bench_floor_{os.getpid()}", pg_pooled_url if side == "pg_pooled" else None)
-        state["instance"] = stack.enter_context(persistent_instance(out / "floor-instance", pg_url))
+        state["instance"] = stack.enter_context(persistent_instance(out / "floor-instance", urls[side]()))
 
     def record() -> None:
         instance = state["instance"]
@@ -301,8 +313,7 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
         if len(recorded) != runs:
             raise RuntimeError(f"orchestration floor: {len(recorded)} of {runs} partitions recorded")
 
-    sides = {"sqlite": record, **({"pg": record} if pg_base_url else {}),
-             **({"pg_pooled": record} if pg_pooled_url else {})}
+    sides = dict.fromkeys(urls, record)
     try:
         with build_event_settings():
             cmp = side_by_side(sides, repeat=repeat, prepare=prepare)
@@ -329,12 +340,7 @@ def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_
     recorded = keys[middle:middle + runs]
     jobs = {mode: _run_stages_job("figures", figures=mode) for mode in FIGURE_MODES}
     result: dict[str, Any] = {"partitions": partitions, "runs": runs, "repeat": repeat, "ms_per_run": {}, "timings": {}}
-    instances = {"sqlite": None}
-    if pg_base_url:
-        instances["pg"] = lambda: fresh_instance_url(pg_base_url, f"aml_bench_figures_{os.getpid()}")
-    if pg_base_url and pg_pooled_url:
-        instances["pg_pooled"] = lambda: fresh_instance_url(pg_base_url, f"aml_bench_figures_{os.getpid()}", pg_pooled_url)
-    for name, instance_url in instances.items():
+    for name, instance_url in instance_urls(pg_base_url, pg_pooled_url, "aml_bench_figures").items():
         cmp = _figure_modes_side_by_side(jobs, keys, recorded, out / "figures-instance", instance_url, repeat)
         result["timings"][name] = cmp.to_json()
         result["ms_per_run"][name] = {mode: summarize([s * 1000 / runs for s in cmp.seconds[mode]])
@@ -344,9 +350,8 @@ def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_
 
 
 def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: list[str], home: Path,
-                               instance_url: Any, repeat: int) -> Any:
-    """:func:`figures_cost` on one instance (``instance_url`` makes a fresh PostgreSQL database's
-    URL; None: SQLite files in ``home``)."""
+                               instance_url: Callable[[], str | None], repeat: int) -> Any:
+    """:func:`figures_cost` on one instance (``instance_url``: as :func:`instance_urls` makes them)."""
     import dagster as dg
 
     from aml_pipeline.config import backfill_runs_per_chunk
@@ -358,7 +363,7 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
 
     def prepare(side: str, i: int) -> None:
         stack.close()
-        state["instance"] = stack.enter_context(persistent_instance(home, instance_url() if instance_url else None))
+        state["instance"] = stack.enter_context(persistent_instance(home, instance_url()))
         state["instance"].add_dynamic_partitions(jobs[side][0].name, keys)
 
     def side(mode: str):
@@ -398,15 +403,12 @@ def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,
     from aml_pipeline.defs.partitions import run_partitions
 
     partitions = run_partitions("lookup")
-    instances = ["sqlite"] + ["pg"] * bool(pg_base_url) + ["pg_pooled"] * bool(pg_pooled_url)
     chunk_runs = DEFAULT_BACKFILL_RUNS_PER_CHUNK
     result: dict[str, Any] = {"counts": list(counts), "chunk_runs": chunk_runs, "repeat": repeat, "ms": {}}
-    for name in instances:
+    for name, instance_url in instance_urls(pg_base_url, pg_pooled_url, "aml_bench_lookup").items():
         result["ms"][name] = {}
         for count in counts:
-            pg_url = None if name == "sqlite" else fresh_instance_url(
-                pg_base_url, f"aml_bench_lookup_{os.getpid()}", pg_pooled_url if name == "pg_pooled" else None)
-            with persistent_instance(out / "lookup-instance", pg_url) as instance:
+            with persistent_instance(out / "lookup-instance", instance_url()) as instance:
                 keys = [f"run-{i:06d}" for i in range(count)]
                 instance.add_dynamic_partitions(partitions.name, keys)
                 chunk = keys[count // 2:count // 2 + chunk_runs]

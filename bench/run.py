@@ -278,24 +278,30 @@ def _parallel(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path
     res.check("1 and 2 workers publish the same sha256", p["same_sha256"])
 
 
+def _instance_servers(stack: contextlib.ExitStack) -> tuple[str | None, str | None, str | None, str | None]:
+    """The PostgreSQL server and the PgBouncer in front of it that the Dagster instance figures use,
+    entered on ``stack``: ``(base URL, where it comes from, pooler URL, why one is missing)``."""
+    try:
+        pg_base_url, server = stack.enter_context(pg_bench.postgres_server())
+    except pg_bench.NoServer as e:
+        return None, None, None, str(e)
+    try:
+        return pg_base_url, server, stack.enter_context(pg_bench.pooler(pg_base_url)), None
+    except pg_bench.NoServer as e:
+        return pg_base_url, server, None, str(e)
+
+
 def _orchestration(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
     n, minutes = cfg["orchestration_runs"], cfg["orchestration_minutes"]
     _log(f"orchestration: {n} runs x {minutes:g} min, Dagster (SQLite; PostgreSQL direct and through PgBouncer) vs library, "
          f"{cfg['orchestration_repeat']} repetition(s)")
     plant = make_workload_in_subprocess(work / "plant-small-runs", runs=n, minutes=minutes, reuse=a.keep)
     with contextlib.ExitStack() as stack:
-        pg_pooled_url = None
-        try:
-            pg_base_url, server = stack.enter_context(pg_bench.postgres_server())
-        except pg_bench.NoServer as e:
-            pg_base_url, server = None, None
-            res.missing("orchestration_ms_per_run_pg", str(e))
-            res.missing("orchestration_ms_per_run_pg_pooled", str(e))
-        else:
-            try:
-                pg_pooled_url = stack.enter_context(pg_bench.pooler(pg_base_url))
-            except pg_bench.NoServer as e:
-                res.missing("orchestration_ms_per_run_pg_pooled", str(e))
+        pg_base_url, server, pg_pooled_url, why = _instance_servers(stack)
+        if pg_base_url is None:
+            res.missing("orchestration_ms_per_run_pg", why)
+        if pg_pooled_url is None:
+            res.missing("orchestration_ms_per_run_pg_pooled", why)
         o = dagster_bench.run_orchestration(plant.spec, plant.tsdb_url, n, work / "orchestration",
                                             repeat=cfg["orchestration_repeat"], pg_base_url=pg_base_url,
                                             pg_pooled_url=pg_pooled_url)
@@ -325,12 +331,9 @@ def _run_figures(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: P
     _log(f"run_figures: each run's figures on its materialisation vs as an observation, {runs} of {n:,} run partitions "
          f"recorded, {repeat} repetition(s) per instance")
     with contextlib.ExitStack() as stack:
-        pg_base_url = pg_pooled_url = None
-        try:
-            pg_base_url, _ = stack.enter_context(pg_bench.postgres_server())
-            pg_pooled_url = stack.enter_context(pg_bench.pooler(pg_base_url))
-        except pg_bench.NoServer as e:
-            _log(f"run_figures: without {'PgBouncer' if pg_base_url else 'PostgreSQL'} ({e})")
+        pg_base_url, _, pg_pooled_url, why = _instance_servers(stack)
+        if why:
+            _log(f"run_figures: without {'PgBouncer' if pg_base_url else 'PostgreSQL'} ({why})")
         res["run_figures"] = dagster_bench.figures_cost(work / "run_figures", partitions=n, runs=runs, repeat=repeat,
                                                     pg_base_url=pg_base_url, pg_pooled_url=pg_pooled_url)
 
