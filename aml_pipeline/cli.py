@@ -455,22 +455,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 class _FirstLine(logging.Formatter):
     """``warning: <first line of the message>``: a database driver's message runs over several
-    lines (hints, a link), repeated at every retry."""
+    lines (hints, a link)."""
 
     def format(self, record: logging.LogRecord) -> str:
         lines = record.getMessage().strip().splitlines()
         return f"{record.levelname.lower()}: {lines[0] if lines else ''}"
 
 
+class _Once(logging.Filter):
+    """Each line once per command. While the instance database is down, Dagster logs the same
+    retry warning at every attempt of every call (26 lines before the build's one-line error,
+    measured with a stopped PostgreSQL); the first says what is happening."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        line = _FirstLine().format(record)
+        if line in self._seen:
+            return False
+        self._seen.add(line)
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     # Dagster flags beta parameters (backfill_policy, observable sources) at definition time;
     # useful to a Dagster developer, noise on a user's terminal.
     warnings.filterwarnings("ignore", message=r".*is currently in beta.*")
-    # What libraries log on the root logger (Dagster retrying its instance database), one line each.
+    # What libraries log on the root logger (Dagster retrying its instance database): one line
+    # each, each line once.
     if not logging.getLogger().handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setLevel(logging.WARNING)
         handler.setFormatter(_FirstLine())
+        handler.addFilter(_Once())
         logging.getLogger().addHandler(handler)
     args = build_parser().parse_args(argv)
     try:
