@@ -143,9 +143,11 @@ class Deployment:
             })["addDynamicPartition"]
             assert added["__typename"] == "AddDynamicPartitionSuccess", added
 
-    def launch_backfill(self, partitions: Sequence[str], title: str) -> str:
+    def launch_backfill(self, partitions: Sequence[str], title: str, tags: Mapping[str, str] | None = None) -> str:
+        """The run assets' backfill over ``partitions``, as the UI's launch dialog sends it (with its *Add tags*)."""
         launched = self.graphql(LAUNCH_BACKFILL, {"params": {
             "assetSelection": [self.key(n) for n in RUN_ASSETS], "partitionNames": list(partitions), "title": title,
+            "tags": [{"key": k, "value": v} for k, v in (tags or {}).items()],
         }})["launchPartitionBackfill"]
         assert launched["__typename"] == "LaunchBackfillSuccess", launched
         return launched["backfillId"]
