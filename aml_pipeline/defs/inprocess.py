@@ -248,13 +248,18 @@ def materialize_dataset(
             else:
                 if workers == 1:
                     runs_job = defs.resolve_job_def(runs_job_name(spec.id))
-                    for names, chunk in batches:
-                        _execute(runs_job, instance, run_config,
-                                 asset_selection=[dg.AssetKey([spec.id, n]) for n in names], tags=range_tags(chunk))
+                    chunk_runs_done = [
+                        _execute(runs_job, instance, run_config, asset_selection=[dg.AssetKey([spec.id, n]) for n in names],
+                                 tags=range_tags(chunk)).run_id
+                        for names, chunk in batches
+                    ]
                 else:
-                    _execute_parallel(spec, batches, instance, workers, console_log_level,
-                                      tsdb_url=tsdb_url, home=home, datasets_dir=datasets_dir)
-                run_stages_s = time.perf_counter() - started if batches else None
+                    chunk_runs_done = _execute_parallel(spec, batches, instance, workers, console_log_level,
+                                                        tsdb_url=tsdb_url, home=home, datasets_dir=datasets_dir)
+                # Up to the end of the last chunk's step, as for the one-chunk build (not the end of
+                # its Dagster run, which records the run's end after the step).
+                ends = [_run_stages_done(instance, run_id, spec.id, started_at) for run_id in chunk_runs_done]
+                run_stages_s = max((e for e in ends if e is not None), default=None)
                 result = _execute(defs.resolve_job_def(rebuild_job_name(spec.id)), instance, run_config)
             for names, chunk in batches:
                 for n in names:
@@ -397,8 +402,9 @@ def _execute_parallel(
     tsdb_url: str,
     home: Path,
     datasets_dir: Path | None,
-) -> None:
-    """Execute the chunk runs, ``workers`` at a time, each by Dagster's multiprocess executor."""
+) -> list[str]:
+    """Execute the chunk runs, ``workers`` at a time, each by Dagster's multiprocess executor;
+    return their run ids."""
     job = dg.build_reconstructable_job(
         __name__,
         "reconstruct_runs_job",
@@ -429,7 +435,7 @@ def _execute_parallel(
     # one-off CLI build needs); the steps' processes get that instance too.
     quiet = dg.DagsterInstance.from_ref(instance.get_ref()._replace(settings={}))
 
-    def one(batch: tuple[list[str], list[str]]) -> None:
+    def one(batch: tuple[list[str], list[str]]) -> str:
         names, chunk = batch
         result = dg.execute_job(
             job, quiet, run_config=run_config, tags={**build_tags(), **range_tags(chunk)},
@@ -449,13 +455,13 @@ def _execute_parallel(
             message = description or (data.error.message.strip() if data and data.error else "the run failed")
             code = message.split(":", 1)[0] if message[:1].isupper() and ":" in message else "BUILD_FAILED"
             raise AmlError(message.split(": ", 1)[1] if code != "BUILD_FAILED" else message, code=code)
+        return result.run_id
 
     # Threads only wait for Dagster: each chunk run's step runs in its own process. The first
     # failure stops chunks that have not started; those running finish (and are recorded).
     pool = ThreadPoolExecutor(workers, thread_name_prefix="chunk-run")
     try:
-        for future in as_completed([pool.submit(one, b) for b in batches]):
-            future.result()
+        return [future.result() for future in as_completed([pool.submit(one, b) for b in batches])]
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         quiet.dispose()

@@ -151,6 +151,11 @@ def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp
     assert out[1][1] == [f"{spec.id}__build"]  # one chunk: run stages and dataset in one Dagster run
     # Two workers: the runs in two Dagster runs of the run stages (in parallel), then the dataset.
     assert out[2][1] == [f"{spec.id}__rebuild", f"{spec.id}__runs", f"{spec.id}__runs"]
+    # Both time the run stages up to the end of the last run-stage step, the dataset after it.
+    for summary, _ in out.values():
+        seconds = summary["seconds"]
+        assert 0 < seconds["runStages"] < seconds["total"], seconds
+        assert seconds["dataset"] == pytest.approx(seconds["total"] - seconds["runStages"], abs=0.002), seconds
 
 
 def test_a_killed_step_process_ends_the_build_in_one_line_and_the_next_build_redoes_only_its_chunk(
