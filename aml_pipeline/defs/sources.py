@@ -13,6 +13,7 @@ the watermark and when it last changed instead of "Never observed".
 from __future__ import annotations
 
 import datetime as _dt
+import warnings
 
 import dagster as dg
 
@@ -29,31 +30,37 @@ def _version(watermark: int | None) -> str:
     return str(watermark) if watermark is not None else "empty"
 
 
-@dg.observable_source_asset(
-    key=TSDB_POINTS,
-    group_name="tsdb",
-    description="Points, runs and nodes in the plant's time-series database. Observed by its "
-    "availability watermark (the latest point timestamp), which each snapshot records as provenance; "
-    "each run's own TSDB version decides whether that run is rebuilt.",
-)
-def tsdb_points(tsdb: TsdbResource) -> dg.ObserveResult:
-    with tsdb.open() as db:
-        watermark = db.availability_watermark()
-        runs = db.list_runs(None, finished_only=False)
-        nodes = db.list_nodes()
-    finished = sum(r.finished for r in runs)
-    metadata: dict[str, object] = {
-        "tsdb": printable_url(tsdb.url),
-        "watermark_ms": watermark if watermark is not None else -1,
-        "runs_finished": finished,
-        "runs_in_progress": len(runs) - finished,
-        "nodes": len(nodes),
-    }
-    if watermark is not None:
-        metadata["watermark"] = dg.MetadataValue.timestamp(
-            _dt.datetime.fromtimestamp(watermark / 1000, tz=_dt.timezone.utc)
-        )
-    return dg.ObserveResult(data_version=dg.DataVersion(_version(watermark)), metadata=metadata)
+# Dagster notes its beta API on every import of this module: in the webserver's log, and in each
+# --workers build's step server, whose stderr is the user's terminal (the CLI filters it only in
+# its own process).
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.BetaWarning)
+
+    @dg.observable_source_asset(
+        key=TSDB_POINTS,
+        group_name="tsdb",
+        description="Points, runs and nodes in the plant's time-series database. Observed by its "
+        "availability watermark (the latest point timestamp), which each snapshot records as provenance; "
+        "each run's own TSDB version decides whether that run is rebuilt.",
+    )
+    def tsdb_points(tsdb: TsdbResource) -> dg.ObserveResult:
+        with tsdb.open() as db:
+            watermark = db.availability_watermark()
+            runs = db.list_runs(None, finished_only=False)
+            nodes = db.list_nodes()
+        finished = sum(r.finished for r in runs)
+        metadata: dict[str, object] = {
+            "tsdb": printable_url(tsdb.url),
+            "watermark_ms": watermark if watermark is not None else -1,
+            "runs_finished": finished,
+            "runs_in_progress": len(runs) - finished,
+            "nodes": len(nodes),
+        }
+        if watermark is not None:
+            metadata["watermark"] = dg.MetadataValue.timestamp(
+                _dt.datetime.fromtimestamp(watermark / 1000, tz=_dt.timezone.utc)
+            )
+        return dg.ObserveResult(data_version=dg.DataVersion(_version(watermark)), metadata=metadata)
 
 
 observe_tsdb_job = dg.define_asset_job(

@@ -208,8 +208,9 @@ def test_a_killed_step_process_ends_the_build_in_one_line_and_the_next_build_red
             spec, tsdb_url=dagster_plant_url, home=tmp_path / "clean", instance=clean)["sha256"]
 
 
-def _run_probe(tmp_path: Path, source: str, env: dict[str, str] | None = None) -> str:
-    """Run ``source`` as a script in a fresh interpreter; the last line it printed."""
+def _run_probe(tmp_path: Path, source: str, env: dict[str, str] | None = None, *, stderr: list[str] | None = None) -> str:
+    """Run ``source`` as a script in a fresh interpreter; the last line it printed (what it wrote
+    to stderr, its step server's and step processes' included, is appended to ``stderr``)."""
     import subprocess
     import sys
 
@@ -218,6 +219,8 @@ def _run_probe(tmp_path: Path, source: str, env: dict[str, str] | None = None) -
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path,
                          env=env)
     assert out.returncode == 0, out.stderr
+    if stderr is not None:
+        stderr.append(out.stderr)
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -242,7 +245,10 @@ def test_step_server_forks_with_the_step_modules_loaded(tmp_path, started):
     needs it; a process forked from it then has them (a plain forkserver does not)."""
     start = "from aml_pipeline.defs.inprocess import start_step_server; start_step_server()" if started else "pass"
     expected = ["aml_pipeline.defs.inprocess", "matplotlib.figure"] if started else []
-    assert _run_probe(tmp_path, _STEP_SERVER_PROBE.format(start=start)) == str(expected)
+    stderr: list[str] = []
+    assert _run_probe(tmp_path, _STEP_SERVER_PROBE.format(start=start), stderr=stderr) == str(expected)
+    # Its imports (the definitions' modules) write nothing to the terminal of a --workers build.
+    assert "Warning" not in stderr[0], stderr[0]
 
 
 _STEP_SETTINGS_PROBE = """
