@@ -12,6 +12,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export DAGSTER_HOME="${DAGSTER_HOME:-$PWD}"
+# The webserver and the daemon upload what is under $DAGSTER_HOME/logs whatever dagster.yaml says
+# about telemetry; an `aml-pipeline build --workers N` leaves Dagster's usage records there
+# (docs/operations.md, "Parallel builds"). This variable stops the upload.
+export DAGSTER_DISABLE_TELEMETRY="${DAGSTER_DISABLE_TELEMETRY:-1}"
 export VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"  # what `dg` expects of a project
 STOP_TIMEOUT_S=${STOP_TIMEOUT_S:-10}
 

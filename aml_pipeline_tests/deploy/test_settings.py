@@ -253,6 +253,8 @@ def test_the_example_environment_sets_every_variable_the_files_read_and_no_secre
     assert read - secrets <= assigned, sorted(read - secrets - assigned)
     assert not assigned & secrets, sorted(assigned & secrets)
     assert "AML_TSDB_POOL_LIMIT" in assigned  # read by init-instance.sh
+    # Read by Dagster's webserver and daemon: no upload of what --workers builds leave in logs/.
+    assert "DAGSTER_DISABLE_TELEMETRY" in assigned
     # The Helm values talk to PostgreSQL the way deploy/dagster.yaml does.
     helm = yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
     scheme = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())["storage"]["postgres"]["postgres_db"]["scheme"]
