@@ -464,7 +464,7 @@ class _FirstLine(logging.Formatter):
 
 class _Once(logging.Filter):
     """Each line once per command. While the instance database is down, Dagster logs the same
-    retry warning at every attempt of every call (26 lines before the build's one-line error,
+    retry warning at every attempt of every call (24 lines before the build's one-line error,
     measured with a stopped PostgreSQL); the first says what is happening."""
 
     def __init__(self) -> None:
