@@ -453,13 +453,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _first_line(record: logging.LogRecord) -> str:
+    lines = record.getMessage().strip().splitlines()
+    return f"{record.levelname.lower()}: {lines[0] if lines else ''}"
+
+
 class _FirstLine(logging.Formatter):
     """``warning: <first line of the message>``: a database driver's message runs over several
     lines (hints, a link)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        lines = record.getMessage().strip().splitlines()
-        return f"{record.levelname.lower()}: {lines[0] if lines else ''}"
+        return _first_line(record)
 
 
 class _Once(logging.Filter):
@@ -472,7 +476,7 @@ class _Once(logging.Filter):
         self._seen: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        line = _FirstLine().format(record)
+        line = _first_line(record)
         if line in self._seen:
             return False
         self._seen.add(line)
@@ -480,8 +484,9 @@ class _Once(logging.Filter):
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Dagster flags beta parameters (backfill_policy, observable sources) at definition time;
-    # useful to a Dagster developer, noise on a user's terminal.
+    # Dagster flags beta parameters (backfill_policy) at definition time; useful to a Dagster
+    # developer, noise on a user's terminal. (The TSDB source asset silences its own notice, for
+    # the processes that never pass through here.)
     warnings.filterwarnings("ignore", message=r".*is currently in beta.*")
     # What libraries log on the root logger (Dagster retrying its instance database): one line
     # each, each line once.
