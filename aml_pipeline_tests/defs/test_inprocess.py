@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from aml_pipeline.defs.inprocess import dataset_job_definitions, materialize_dataset, sync_run_partitions
+from aml_pipeline.defs.inprocess import _run_stages_done, dataset_job_definitions, materialize_dataset, sync_run_partitions
 from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, RUN_ASSETS
 from aml_pipeline.errors import AmlError
 from aml_pipeline.spec import parse_spec
@@ -42,6 +42,10 @@ def test_a_rebuild_with_nothing_new_materialises_and_publishes_nothing(dagster_s
     seconds = first["seconds"]  # the run stages are timed apart even inside the one __build run
     assert 0 < seconds["runStages"] < seconds["total"] and seconds["dataset"] == pytest.approx(
         seconds["total"] - seconds["runStages"], abs=0.002)
+    # The step's end, read from its end event alone, is the end Dagster's step statistics give.
+    [run] = instance.get_runs(limit=1)
+    [stats] = instance.get_run_step_stats(run.run_id, step_keys=[f"{dagster_spec.id}__run_stages"])
+    assert _run_stages_done(instance, run.run_id, dagster_spec.id, 0.0) == round(stats.end_time, 3)
     before = _snapshots(resources, dagster_spec)
 
     again = _build(dagster_spec, resources, instance)
