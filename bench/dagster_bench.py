@@ -210,9 +210,10 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
     return out_
 
 
-# How a run's figures reach the instance: "none" (the floor), "metadata" (what the build does:
-# add_asset_metadata per run partition, onto the materialisation of its last stage) or
-# "observation" (one AssetObservation per run partition beside the materialisations).
+# How a run's figures reach the instance: "none" (the floor), "metadata" (add_asset_metadata
+# per run partition, onto the materialisation of its last stage, after Dagster's partition check)
+# or "observation" (what the build does: one AssetObservation per run partition after the
+# materialisations).
 FIGURE_MODES = ("none", "metadata", "observation")
 
 
@@ -249,15 +250,14 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
     @dg.multi_asset(name=f"{spec_id}__run_stages", specs=specs, check_specs=checks,
                     backfill_policy=run_backfill_policy(), pool="aml_tsdb")
     def run_stages(context):  # noqa: ANN001 - Dagster passes the asset context
-        for run_id in context.partition_keys if figures != "none" else ():
-            if figures == "metadata":
-                context.add_asset_metadata(sample, asset_key=carrier, partition_key=run_id)
-            else:
-                yield dg.AssetObservation(asset_key=carrier, partition=run_id, metadata=sample)
+        for run_id in context.partition_keys if figures == "metadata" else ():
+            context.add_asset_metadata(sample, asset_key=carrier, partition_key=run_id)
         for spec in specs:
             yield dg.MaterializeResult(asset_key=spec.key, check_results=[
                 dg.AssetCheckResult(asset_key=spec.key, check_name=c.name, passed=True) for c in checks
             ] if spec.key == carrier else None)
+        for run_id in context.partition_keys if figures == "observation" else ():
+            yield dg.AssetObservation(asset_key=carrier, partition=run_id, metadata=sample)
 
     job = dg.Definitions(assets=[run_stages], jobs=[dg.define_asset_job(f"{spec_id}__runs")]).resolve_job_def(
         f"{spec_id}__runs")
@@ -332,8 +332,8 @@ def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_
     The floor's asset shape (:func:`_run_stages_job`) on a spec with ``partitions`` run
     partitions, of which ``runs`` (in the middle) are recorded in chunks of
     ``AML_BACKFILL_RUNS_PER_CHUNK``, with the build's tags and event settings. Sides, alternating,
-    a fresh instance each: ``none``; ``metadata`` (the build's way: onto the materialisation,
-    after Dagster's partition check, :func:`partition_lookup`); ``observation`` (one more event a
+    a fresh instance each: ``none``; ``metadata`` (onto the materialisation, after Dagster's
+    partition check, :func:`partition_lookup`); ``observation`` (the build's way: one more event a
     run, no check). Each side must leave the last recorded run's figures where it puts them."""
     keys = [f"run-{i:06d}" for i in range(partitions)]
     middle = (partitions - runs) // 2
@@ -389,10 +389,11 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
 
 def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,
                      pg_base_url: str | None = None, pg_pooled_url: str | None = None) -> dict[str, Any]:
-    """Milliseconds of the partition check Dagster makes for each run's figures
-    (``add_asset_metadata(..., partition_key=run)`` resolves the step's range against all of the
-    spec's run partitions), on a spec with ``counts`` run partitions: what a run's orchestration
-    cost grows by as a plant's history grows. Per instance (SQLite; PostgreSQL directly and through
+    """Milliseconds of the partition check Dagster makes for per-partition metadata on a
+    materialisation (``add_asset_metadata(..., partition_key=run)`` resolves the step's range
+    against all of the spec's run partitions), on a spec with ``counts`` run partitions: what the
+    ``metadata`` way of :func:`figures_cost` would add to every run as a plant's history grows, and
+    why the build observes each run's figures instead. Per instance (SQLite; PostgreSQL directly and through
     PgBouncer when given), a fresh instance per count, the check as Dagster calls it, ``repeat``
     times over a chunk of (at most) the default chunk size in the middle."""
     import time

@@ -9,14 +9,15 @@ with the core functions (:func:`plant_run_traces`).
   repetition draws every run once; the figure is the median over repetitions of the mean per
   run (min and max beside it). Reference, same runs and repetitions: the same traces drawn the
   plain matplotlib way (a subplot per node with its artists, ``savefig`` to PNG).
-* ``event_log_kb_per_run``: the plot's share of the event log. Each repetition materialises a
-  partitioned asset as ``cleaned_grid`` does (one single-run backfill, per-partition metadata
-  through ``add_asset_metadata``; every run's markdown five times, 20 partitions) in a
-  persistent SQLite instance (``DagsterInstance.local_temp``), once with the plot and once
-  without it, each in a fresh directory, and measures the directory's growth (after the
-  instance is closed); the figure is the difference per partition. SQLite storage keeps every
-  asset event twice (the run's shard and the index shard), so the growth is about twice the
-  markdown: the 30 KB budget means about 14 KB of markdown.
+* ``event_log_kb_per_run``: the plot's share of the event log. Each repetition builds the same
+  workload (``LOG_RUNS`` runs of the standard shape in a DuckDB file, ``bench.workload``) with
+  the real build (``materialize_dataset``) into two fresh persistent SQLite instances, one with
+  ``AML_RUN_PLOTS=on`` and one with ``off``, and measures each instance directory's size after
+  the build (the instance closed); the figure is the difference per run. What is stored is the
+  build's own: each run's figures (the cleaning and fetch tables, counts, path) with or
+  without its plot, in the observation the build records, in the run's shard and the index
+  shard of the SQLite event log. SQLite stores large rows in 4 KB overflow pages, so the figure
+  depends on the rows' real sizes: metadata of another shape would give another figure.
 
 Budget (per run, 16 nodes): 20 ms and 30 KB.
 
@@ -43,10 +44,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import dir_bytes, fresh_dir  # noqa: E402
-from bench.workload import HISTORY, HORIZON, N_CONTROLS, N_FEATURES, N_TARGETS, SPEC_ID  # noqa: E402
+from bench.workload import HISTORY, HORIZON, N_CONTROLS, N_FEATURES, N_TARGETS, SPEC_ID, make_workload  # noqa: E402
 
 BUDGET_MS, BUDGET_KB = 20.0, 30.0
-COPIES = 5
+LOG_RUNS = 8  # runs built for the event-log figure
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -78,33 +79,33 @@ def _naive_png(traces, units: list[str], title: str) -> bytes:
     return out.getvalue()
 
 
-def _event_log_growth(markdowns: list[str], with_plot: bool, directory: Path) -> float:
-    """Bytes a persistent SQLite instance grows by when one single-run backfill materialises one
-    partition per markdown, recording per-partition metadata as ``cleaned_grid`` does."""
-    keys = [f"R{i:04d}" for i in range(len(markdowns))]
-    partitions = dg.StaticPartitionsDefinition(["warm-up", *keys])
+def _build_event_log_bytes(workload, plots: bool, directory: Path) -> int:
+    """Bytes of a fresh persistent SQLite instance after the real build of ``workload`` with the
+    run plots on or off (``AML_RUN_PLOTS``)."""
+    import os
 
-    @dg.asset(key=["bench", "cleaned_grid"], partitions_def=partitions, backfill_policy=dg.BackfillPolicy.single_run())
-    def cleaned_grid(context):  # unannotated: this module postpones annotations
-        for key in context.partition_keys:
-            metadata: dict[str, Any] = {"grid_rows": 7201, "points_kept": 115_000, "points_removed": 700}
-            if with_plot and key in plot_of:
-                metadata["plot"] = dg.MetadataValue.md(plot_of[key])
-            context.add_asset_metadata(metadata, partition_key=key)
-        return dg.MaterializeResult(metadata={"runs": len(context.partition_keys)})
+    from aml_pipeline.defs.inprocess import materialize_dataset
+    from aml_pipeline.spec import parse_spec
 
-    plot_of = dict(zip(keys, markdowns))
     fresh_dir(directory)
-    instance = dg.DagsterInstance.local_temp(tempdir=str(directory))
+    home = directory / "instance"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    before = os.environ.get("AML_RUN_PLOTS")
+    os.environ["AML_RUN_PLOTS"] = "on" if plots else "off"
     try:
-        # a first run creates the storage, so what is measured is the events' growth alone
-        dg.materialize([cleaned_grid], instance=instance, partition_key="warm-up")
-        before = dir_bytes(directory)
-        dg.materialize([cleaned_grid], instance=instance, tags={
-            "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            summary = materialize_dataset(parse_spec(workload.spec), tsdb_url=workload.tsdb_url,
+                                          home=directory / "aml", instance=instance, console_log_level="CRITICAL")
     finally:
-        instance.dispose()
-    return float(dir_bytes(directory) - before)
+        if before is None:
+            os.environ.pop("AML_RUN_PLOTS", None)
+        else:
+            os.environ["AML_RUN_PLOTS"] = before
+    built = summary["materialized"]["run_windows"]
+    if built != len(workload.runs):
+        raise RuntimeError(f"event log: the build recorded {built} of {len(workload.runs)} runs")
+    return dir_bytes(home)
 
 
 def plant_run_traces(plant, spec, run, *, chunk: int = 20_000):
@@ -161,6 +162,7 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
         run_traces_markdown(next(iter(traces.values())), units, "warm-up")  # layout and font, once
         _naive_png(next(iter(traces.values())), units, "warm-up")
 
+        log_workload = make_workload(work / "log-plant", runs=LOG_RUNS, minutes=minutes)
         ours_ms, naive_ms, kb_with, kb_without = [], [], [], []
         markdowns: dict[str, str] = {}
         for i in range(repeat):
@@ -171,11 +173,9 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
             for run_id, tr in traces.items():
                 _naive_png(tr, units, f"run {run_id}")
             naive_ms.append((time.perf_counter() - t0) * 1e3 / len(traces))
-            # every run's markdown COPIES times: enough events that SQLite's page granularity
-            # does not dominate
-            recorded = list(markdowns.values()) * COPIES
-            kb_with.append(_event_log_growth(recorded, True, work / f"instance-with-{i}") / 1e3 / len(recorded))
-            kb_without.append(_event_log_growth(recorded, False, work / f"instance-without-{i}") / 1e3 / len(recorded))
+            runs_ = len(log_workload.runs)
+            kb_with.append(_build_event_log_bytes(log_workload, True, work / f"build-with-{i}") / 1e3 / runs_)
+            kb_without.append(_build_event_log_bytes(log_workload, False, work / f"build-without-{i}") / 1e3 / runs_)
         plot_kb = [a - b for a, b in zip(kb_with, kb_without)]
         markdown_kb = [len(m.encode()) / 1e3 for m in markdowns.values()]
         ms = _spread(ours_ms)
@@ -193,7 +193,7 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
             "budget": {"plot_ms_per_run": BUDGET_MS, "event_log_kb_per_run": BUDGET_KB},
             "met": {"plot_ms_per_run": ms["median"] <= BUDGET_MS, "event_log_kb_per_run": kb["median"] <= BUDGET_KB},
             "workload": {"runs": len(traces), "nodes": len(spec.node_ids), "run_minutes": minutes,
-                         "points": len(plant.points), "repeat": repeat},
+                         "points": len(plant.points), "repeat": repeat, "event_log_runs": len(log_workload.runs)},
         }
     finally:
         if own:

@@ -43,6 +43,17 @@ def latest(instance, key: dg.AssetKey, partition: str | None = None):
     return records[0].asset_materialization if records else None
 
 
+def run_figures(instance, key: dg.AssetKey, partition: str) -> dict:
+    """A run's figures as the UI's partition view shows them: the latest observation of the
+    partition, recorded after its latest materialisation."""
+    where = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition])
+    [observation] = instance.fetch_observations(where, limit=1).records
+    [materialization] = instance.fetch_materializations(where, limit=1).records
+    assert observation.storage_id > materialization.storage_id
+    assert observation.timestamp > materialization.timestamp  # what the UI compares
+    return observation.asset_observation.metadata
+
+
 def test_a_step_logs_at_most_its_progress_lines_and_always_the_last_run():
     for runs in range(1, 250):
         due = [i for i in range(1, runs + 1) if progress_line_due(i, runs)]
@@ -63,22 +74,22 @@ def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dags
     assert raw.tags.get("dagster/data_version")  # hash of the fetched points
     grid = latest(instance, dg.AssetKey([dagster_spec.id, "cleaned_grid"]), runs[0])
     assert grid.tags.get("dagster/data_version") and not grid.metadata
-    # All three built in one step: the run's figures are on run_windows, the fetch's as fetched_*.
-    figures = latest(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), runs[0])
-    assert figures.metadata["fetched_points"].value > 0 and figures.metadata["fetched_pages"].value >= len(dagster_spec.nodes)
-    table = figures.metadata["fetched_per_node"].value
+    # All three built in one step: the run's figures are observed on run_windows, the fetch's as fetched_*.
+    figures = run_figures(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), runs[0])
+    assert figures["fetched_points"].value > 0 and figures["fetched_pages"].value >= len(dagster_spec.nodes)
+    table = figures["fetched_per_node"].value
     assert sorted(r.data["node"] for r in table.records) == sorted(dagster_spec.node_ids)
+    assert not instance.fetch_observations(dg.AssetKey([dagster_spec.id, "cleaned_grid"]), limit=1).records
     # Fetched alone, raw_node_series carries them itself.
     materialize(dagster_spec, instance, resources, ["raw_node_series"], partition_key=runs[1])
-    alone = latest(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), runs[1])
-    assert alone.metadata["points"].value > 0 and "per_node" in alone.metadata
+    alone = run_figures(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), runs[1])
+    assert alone["points"].value > 0 and "per_node" in alone
     # The run's plot, drawn from the traces summarised while the run streamed (no run in memory).
-    assert "data:image/png;base64," in figures.metadata["plot"].value
+    assert "data:image/png;base64," in figures["plot"].value
     assert (resources["store"].dataset_store(dagster_spec.id).run_dir(runs[0]) / "grid.traces.npz").is_file()
-    causes = {c.name for c in figures.metadata["cleaning"].value.schema.columns}
+    causes = {c.name for c in figures["cleaning"].value.schema.columns}
     assert {"unit", "non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier", "missing_ratio"} <= causes
-    windows = latest(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), runs[0])
-    assert windows.metadata["windows"].value > 0
+    assert figures["windows"].value > 0
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert checks["has_windows"].passed
 
@@ -91,7 +102,7 @@ def test_with_run_plots_off_a_runs_figures_are_recorded_without_its_plot(dagster
     assert materialize(dagster_spec, instance, resources, RUN_ASSETS, partition_key=runs[0]).success
     monkeypatch.setenv("AML_RUN_PLOTS", "off")
     assert materialize(dagster_spec, instance, resources, RUN_ASSETS, partition_key=runs[1]).success
-    with_plot, without = latest(instance, key, runs[0]).metadata, latest(instance, key, runs[1]).metadata
+    with_plot, without = run_figures(instance, key, runs[0]), run_figures(instance, key, runs[1])
     assert "plot" in with_plot and "plot" not in without
     # Everything else is there: the cleaning table, the fetch and the windows.
     assert set(with_plot) - {"plot"} == set(without)
@@ -108,11 +119,32 @@ def test_single_run_backfill_keeps_per_run_metadata(dagster_spec, dagster_plant,
     )
     assert result.success
     # One run for all partitions, and each partition carries its own run's figures only.
-    raws = {r: latest(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), r) for r in runs}
-    points = {r: m.metadata["fetched_points"].value for r, m in raws.items()}
+    figures = {r: run_figures(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), r) for r in runs}
+    points = {r: m["fetched_points"].value for r, m in figures.items()}
     assert len(set(points.values())) > 1
-    assert all("runs" not in m.metadata for m in raws.values())
+    assert all("runs" not in m for m in figures.values())
     assert instance.get_materialized_partitions(dg.AssetKey([dagster_spec.id, "run_windows"])) == set(runs)
+
+
+def test_a_run_that_fails_in_a_chunk_loses_none_of_the_others(dagster_spec, dagster_plant, instance, resources):
+    runs = finished_runs(dagster_plant)
+    [unfinished] = [r.run_id for r in dagster_plant.runs if r.ended_at is None]
+    sync_run_partitions(instance, dagster_spec, runs)
+    # A partition for a run still in progress (added by hand: the sensor adds finished runs only).
+    instance.add_dynamic_partitions(run_partitions(dagster_spec.id).name, [unfinished])
+    result = materialize(dagster_spec, instance, resources, RUN_ASSETS, raise_on_error=False,
+                         tags={RANGE_START_TAG: runs[0], RANGE_END_TAG: unfinished})
+    assert not result.success
+    [failure] = result.get_step_failure_events()
+    description = failure.step_failure_data.user_failure_data.description
+    assert description.startswith(f"1 of {len(runs) + 1} runs failed; first: run {unfinished}: "), description
+    # Every other run of the step is recorded, stage by stage, with its figures after it.
+    for name in RUN_ASSETS:
+        assert instance.get_materialized_partitions(dg.AssetKey([dagster_spec.id, name])) == set(runs), name
+    windows_key = dg.AssetKey([dagster_spec.id, "run_windows"])
+    assert all(run_figures(instance, windows_key, r)["windows"].value > 0 for r in runs)
+    assert not instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=windows_key, asset_partitions=[unfinished]), limit=1).records
 
 
 def test_non_contiguous_selection_builds_only_the_selected_runs(dagster_spec, dagster_plant, instance, resources):
