@@ -288,9 +288,9 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
     The shape is the build's: the three run assets of one multi-asset step with its two checks and
     the ``aml_tsdb`` pool, run partitions of one spec (added first, as the build syncs them), one
     Dagster run per chunk of ``AML_BACKFILL_RUNS_PER_CHUNK`` runs over a partition range, with the
-    build's run tags and event settings. The body only yields the three results and the two check results;
-    no per-run metadata, so the partition check (:func:`partition_lookup`) is not in it. What the
-    build's ``ms_per_run`` adds on top of this floor is the product's own orchestration cost."""
+    build's run tags and event settings. The body only yields the three results and the two
+    check results, no per-run figures. What the build's ``ms_per_run`` adds on top of this floor
+    is the product's own orchestration cost (the figures' observations and the plots)."""
     from aml_pipeline.config import backfill_runs_per_chunk
     from aml_pipeline.defs.inprocess import build_event_settings
 
