@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from aml_pipeline.defs.partitions import RUN_ASSETS, run_partitions
+from aml_pipeline.defs.partitions import RUN_ASSETS
 from aml_pipeline.spec import DatasetSpec
 
 DATASET_ASSET_NAMES = ("dataset_split", "normalization_stats", "dataset_manifest")
@@ -32,7 +32,6 @@ def runs_job(spec: DatasetSpec):
     return dg.define_asset_job(
         name=runs_job_name(spec.id),
         selection=dg.AssetSelection.assets(*(dg.AssetKey([spec.id, n]) for n in RUN_ASSETS)),
-        partitions_def=run_partitions(spec.id),
         description=f"Fetch, clean and window runs of {spec.id} (a run partition or a range of them).",
     )
 
@@ -43,7 +42,6 @@ def build_job(spec: DatasetSpec):
     return dg.define_asset_job(
         name=build_job_name(spec.id),
         selection=dg.AssetSelection.assets(*(dg.AssetKey([spec.id, n]) for n in (*RUN_ASSETS, *DATASET_ASSET_NAMES))),
-        partitions_def=run_partitions(spec.id),
         description=f"Build {spec.id}: the run stages of a range of runs, then split, normalisation and snapshot.",
     )
 

@@ -72,7 +72,8 @@ def test_a_full_disk_in_the_cli_and_in_dagster(make_spec, plant, plant_url, tmp_
                 materialize_dataset(spec, tsdb_url=plant_url, home=tmp_path / "home", datasets_dir=root, instance=instance)
             failures = [
                 r.event_log_entry.dagster_event.step_failure_data
-                for r in instance.get_event_records(dg.EventRecordsFilter(dg.DagsterEventType.STEP_FAILURE))
+                for run in instance.get_runs()
+                for r in instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records
             ]
             assert failures and failures[-1].user_failure_data.description.startswith("DISK_FULL: ")
             assert "\n" not in failures[-1].user_failure_data.description
