@@ -23,7 +23,7 @@ def tick(instance, url):
 
 def test_the_project_defines_the_observation_job_and_a_running_schedule():
     defs = load_definitions()  # the project's entry point, as `dg dev` loads it
-    schedule = defs.get_schedule_def(f"{OBSERVE_JOB}_schedule")
+    schedule = defs.resolve_schedule_def(f"{OBSERVE_JOB}_schedule")
     assert schedule.job_name == OBSERVE_JOB
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     job = defs.resolve_job_def(OBSERVE_JOB)
