@@ -243,8 +243,8 @@ class RunStages:
         materialisations: the UI's partition view merges observations newer than the partition's
         materialisation into its metadata table. Metadata on the materialisation
         (``add_asset_metadata(partition_key=...)``) would cost Dagster a lookup of every run
-        partition of the spec per run (measured at 20,000 run partitions: 84 ms a run on SQLite,
-        87 ms through PgBouncer, against 13 and 5 ms for the observation: README, Benchmarks)."""
+        partition of the spec per run, which grows with the spec's runs where the observation
+        does not (measured at 20,000 run partitions: README, Benchmarks, ``run_figures``)."""
         for run_id, built in done.items():
             if built:
                 yield dg.AssetObservation(asset_key=self.key(list(built)[-1]), partition=run_id,
