@@ -54,6 +54,14 @@ class TsdbBusyError(TsdbError):
     code = "TSDB_BUSY"
 
 
+class TsdbUnavailableError(TsdbError):
+    """The TSDB could not be reached or dropped the connection mid-call (a server restart, a
+    network cut, the embedded file briefly locked): transient, so reads retry it with backoff
+    before the build fails."""
+
+    code = "TSDB_UNAVAILABLE"
+
+
 class UnknownRunError(TsdbError, KeyError):
     code = "UNKNOWN_RUN"
 
