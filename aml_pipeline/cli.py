@@ -125,7 +125,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     home = Path(args.home).resolve() if args.home else config.aml_home()
-    png = stored_run_figure_png(DatasetStore(config.store_dir(home), spec.id), args.run)
+    png = stored_run_figure_png(DatasetStore(config.store_dir(home), spec), args.run)
     out = Path(args.out) if args.out else Path(f"{spec.id}-{args.run}.png")
     atomic_write_bytes(out, png)
     print(out)

@@ -92,7 +92,7 @@ def seed_demo(tsdb_url: str, *, runs: int, seed: int = 0, own_file: Path | None 
 
 def explain_scope(spec: DatasetSpec, tsdb_url: str, say: Say) -> None:
     """Which runs of the TSDB the dataset takes and why the others are not in it."""
-    from aml_pipeline.pipeline.build import run_scope
+    from aml_pipeline.pipeline.plan import run_scope
 
     scope = run_scope(spec)
     with open_tsdb(tsdb_url) as db:

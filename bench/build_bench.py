@@ -149,7 +149,7 @@ def io_floor(spec_dict: dict[str, Any], tsdb_url: str, array_bytes: dict[str, in
     ``ndarray.tofile`` and fsync each. The arrays are allocated (and touched) before the clock."""
     import duckdb
 
-    from aml_pipeline.pipeline.build import run_scope
+    from aml_pipeline.pipeline.plan import run_scope
     from aml_pipeline.tsdb import open_tsdb
     from aml_pipeline.tsdb.duckdb import parse_duckdb_url
 

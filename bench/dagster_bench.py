@@ -237,7 +237,8 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
     (:data:`FIGURE_MODES`). Returns the partitions, the job and the asset carrying the figures."""
     import dagster as dg
 
-    from aml_pipeline.defs.partitions import RUN_ASSETS, run_backfill_policy, run_partitions
+    from aml_pipeline.defs.partitions import run_backfill_policy, run_partitions
+    from aml_pipeline.pipeline.stages import RUN_ASSETS
 
     if figures not in FIGURE_MODES:
         raise ValueError(f"figures must be one of {FIGURE_MODES}, got {figures!r}")
@@ -451,7 +452,9 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
     from concurrent.futures import ProcessPoolExecutor
 
     from aml_pipeline.defs.inprocess import start_step_server
+    from aml_pipeline.pipeline.stages import WINDOWS
     from aml_pipeline.pipeline.store import DatasetStore
+    from aml_pipeline.spec import parse_spec
 
     stack = contextlib.ExitStack()
     state: dict[str, Any] = {}
@@ -478,7 +481,7 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
 
         return call
 
-    spec_json, spec_id = json.dumps(spec_dict), spec_dict["id"]
+    spec_json = json.dumps(spec_dict)
     run_ids = _finished_runs(spec_dict, tsdb_url)
     half = -(-len(run_ids) // 2)  # as the build cuts them: contiguous chunks of at most half
 
@@ -488,8 +491,8 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
             for future in [pool.submit(library_run_stages, spec_json, tsdb_url, str(store), part) for part in parts]:
                 future.result()
             # The reference did the build's work: every run windowed.
-            windowed = DatasetStore(store, spec_id)
-            missing = [r for r in run_ids if windowed.read_meta(r, "windows") is None]
+            windowed = DatasetStore(store, parse_spec(spec_dict))
+            missing = [r for r in run_ids if windowed.read_meta(r, WINDOWS) is None]
             if missing:
                 raise RuntimeError(f"library run stages left {len(missing)} runs without windows: {missing[:3]}")
 
@@ -526,7 +529,7 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
 
 
 def _finished_runs(spec_dict: dict[str, Any], tsdb_url: str) -> list[str]:
-    from aml_pipeline.pipeline.build import run_scope
+    from aml_pipeline.pipeline.plan import run_scope
     from aml_pipeline.spec import parse_spec
     from aml_pipeline.tsdb import open_tsdb
 
@@ -540,10 +543,10 @@ def library_run_stages(spec_json: str, tsdb_url: str, store_root: str | None, ru
     as the Dagster run step does them (in a process of :func:`run_parallel`'s pool)."""
     import json
 
-    from aml_pipeline.pipeline.build import run_scope
-    from aml_pipeline.pipeline.runs import build_runs, check_nodes_known, run_fetcher
+    from aml_pipeline.pipeline.plan import BuildPlan
+    from aml_pipeline.pipeline.runs import build_runs
+    from aml_pipeline.pipeline.stages import RUN_STAGES
     from aml_pipeline.pipeline.store import DatasetStore
-    from aml_pipeline.pipeline.versions import RUN_STAGES
     from aml_pipeline.spec import parse_spec
     from aml_pipeline.tsdb import open_tsdb
     from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT
@@ -552,11 +555,9 @@ def library_run_stages(spec_json: str, tsdb_url: str, store_root: str | None, ru
     with open_tsdb(tsdb_url) as db:
         if store_root is None:
             return
-        catalog = check_nodes_known(spec, db.list_nodes())
-        store = DatasetStore(Path(store_root), spec.id)
-        fetch = run_fetcher(db, spec, store, db.list_runs(run_scope(spec), finished_only=True), catalog,
-                            page_limit=DEFAULT_PAGE_LIMIT, tsdb_versions=db.run_versions(run_ids))
-        for result in build_runs(spec, store, [(r, RUN_STAGES) for r in run_ids], fetch):
+        store = DatasetStore(Path(store_root), spec)
+        fetch = BuildPlan.read(db, store, run_ids=run_ids).fetcher(db, page_limit=DEFAULT_PAGE_LIMIT)
+        for result in build_runs(store, [(r, RUN_STAGES) for r in run_ids], fetch):
             if result.error is not None:
                 raise result.error
 

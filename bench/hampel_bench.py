@@ -40,8 +40,8 @@ _ROWS_PER_CHUNK = 1 << 16  # bounds the numpy reference's temporaries for long s
 def hampel_inputs(tsdb_url: str, spec_dict: dict[str, Any], max_runs: int | None = None) -> list[np.ndarray]:
     """The Hampel input series of every (run, measured node) of the workload."""
     from aml_pipeline.core.clean import clean_series
-    from aml_pipeline.pipeline.build import run_scope
-    from aml_pipeline.pipeline.runs import run_bounds
+    from aml_pipeline.pipeline.plan import run_scope
+    from aml_pipeline.pipeline.stages.raw import run_bounds
     from aml_pipeline.spec import parse_spec
     from aml_pipeline.tsdb import fetch_node_series, open_tsdb
 

@@ -71,7 +71,11 @@ def postgres_server() -> Iterator[tuple[str, str]]:
 def pooler(base_url: str) -> Iterator[str]:
     """The URL of a PgBouncer (session pooling, as docs/deployment.md deploys it) in front of the
     server of ``base_url``, stopped on exit. :class:`NoServer` when there is no ``pgbouncer``."""
-    from aml_pipeline_tests.pgbouncer import PgBouncerMissing, find_pgbouncer, pooled_url
+    from aml_pipeline_tests.pgbouncer import (
+        PgBouncerMissing,
+        find_pgbouncer,
+        pooled_url,
+    )
 
     try:
         find_pgbouncer()
@@ -95,8 +99,8 @@ def _measure(PostgresTsdb: Any, base_url: str, tsdb_url: str, spec_dict: dict[st
              server: str) -> dict[str, Any]:
     import psycopg
 
-    from aml_pipeline.pipeline.build import run_scope
-    from aml_pipeline.pipeline.runs import run_bounds
+    from aml_pipeline.pipeline.plan import run_scope
+    from aml_pipeline.pipeline.stages.raw import run_bounds
     from aml_pipeline.spec import parse_spec
     from aml_pipeline.tsdb import PointColumns, fetch_node_series, open_tsdb
 

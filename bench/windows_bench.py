@@ -1,12 +1,10 @@
 """Windowing: the snapshot writer's own path against PyTorch Forecasting, on the same runs.
 
 "Ours" is what the snapshot writer runs to produce the windows (:func:`production_windows`:
-``pipeline.dataset``'s window blocks over each run's stored model-unit grid, normalising grid
-rows with ``core.normalize.apply_norm`` and cutting x, u and y with ``core.windows.window_block``,
-in float32 blocks as written). The writer's names are followed in one place, :func:`_writer`,
-which knows both the writer that holds a run in memory (``_blocks_for`` over ``iter_runs``) and
-the chunked one that reads a run's grid block by block from the store (``window_blocks`` over
-``run_windows``; its reads are then part of our timed side, as they are of the writer's).
+``pipeline.snapshot_writer.window_blocks`` over each run's stored model-unit grid, read block by
+block from the store, normalising grid rows with ``core.normalize.apply_norm`` and cutting x, u
+and y with ``core.windows.window_block``, in float32 blocks as written; its reads of the store
+are part of our timed side, as they are of the writer's).
 
 PyTorch Forecasting gets the same runs' grids, normalised as the snapshot's x is (float32,
 identity normalisers, so its values are ours bit for bit), cut into segments of fully observed
@@ -34,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,44 +56,32 @@ class StoredRun:
     handle: Any
 
 
-def _writer() -> tuple[Callable[..., Iterator[np.ndarray]], Callable[[Any, Any], tuple[Any, list[StoredRun]]]]:
-    """The snapshot writer's windowing, and a loader of the runs it reads, in snapshot order:
-    the one place that follows the pipeline's names."""
-    from aml_pipeline.pipeline import dataset
+def _load_runs(store: Any) -> tuple[Any, list[StoredRun]]:
+    """The stored statistics and the runs the writer reads, in snapshot order."""
+    from aml_pipeline.pipeline.stages.norm import load_norm
+    from aml_pipeline.pipeline.stages.split import load_plan
+    from aml_pipeline.pipeline.stages.windows import RunWindows
 
-    if hasattr(dataset, "window_blocks"):  # the chunked writer: grid blocks read from the store
-
-        def load(spec: Any, store: Any) -> tuple[Any, list[StoredRun]]:
-            plan = dataset.load_plan(spec, store)
-            norm = dataset.load_norm(spec, store, plan)
-            runs = []
-            for _, run_id in plan.ordered_runs():
-                h = dataset.run_windows(store, plan, run_id)
-                runs.append(StoredRun(run_id, h.grid_rows(0, h.rows), h.starts().between(0, h.rows + 1), h))
-            return norm, runs
-
-        return dataset.window_blocks, load
-
-    def load_in_memory(spec: Any, store: Any) -> tuple[Any, list[StoredRun]]:  # a run held whole
-        plan = dataset.load_plan(spec, store)
-        norm = dataset.load_norm(spec, store)
-        runs = dataset.iter_runs(store, [r for _, r in plan.ordered_runs()])
-        return norm, [StoredRun(r.run_id, r.grid, r.starts, r) for r in runs]
-
-    return dataset._blocks_for, load_in_memory
+    plan = load_plan(store)
+    norm = load_norm(store, plan)
+    runs = []
+    for _, run_id in plan.ordered_runs():
+        h = RunWindows(store, run_id, plan.runs[run_id])
+        runs.append(StoredRun(run_id, h.grid_rows(0, h.rows), h.starts().between(0, h.rows + 1), h))
+    return norm, runs
 
 
 def production_windows(runs: list[StoredRun], spec: Any, norm: Any,
                        kinds: tuple[str, ...] = ("x", "u", "y")) -> Iterator[tuple[str, str, np.ndarray]]:
     """``(kind, run id, block)`` as the writer produces them: one pass per kind over the runs,
     blocks as float32 little-endian C-order arrays."""
-    from aml_pipeline.pipeline.dataset import Columns
+    from aml_pipeline.pipeline.snapshot_writer import window_blocks
+    from aml_pipeline.pipeline.stages.windows import Columns
 
-    blocks_for, _ = _writer()
     cols = Columns.of(spec)
     for kind in kinds:
         for run in runs:
-            for block in blocks_for(kind, run.handle, spec, cols, norm):
+            for block in window_blocks(kind, run.handle, spec, cols, norm):
                 yield kind, run.run_id, np.ascontiguousarray(block, dtype="<f4")
 
 
@@ -104,8 +90,7 @@ def _load(store_root: Path, spec_dict: dict[str, Any]) -> tuple[Any, Any, list[S
     from aml_pipeline.spec import parse_spec
 
     spec = parse_spec(spec_dict)
-    _, load = _writer()
-    norm, runs = load(spec, DatasetStore(store_root, spec.id))
+    norm, runs = _load_runs(DatasetStore(store_root, spec))
     return spec, norm, runs
 
 

@@ -30,22 +30,18 @@ from typing import Any
 import dagster as dg
 
 from aml_pipeline import config
-from aml_pipeline.defs.assets import DATASET_ASSETS
 from aml_pipeline.defs.datasets import dataset_definitions
-from aml_pipeline.defs.partitions import ASSET_OF_STAGE, RUN_ASSETS, plan_run_batches, range_tags, run_partitions
+from aml_pipeline.defs.partitions import range_tags, run_partitions
 from aml_pipeline.defs.resources import StoreResource, TsdbResource
 from aml_pipeline.defs.schedules import build_job_name, rebuild_job_name, runs_job_name
 from aml_pipeline.defs.shared_env import default_shared_env_resources
 from aml_pipeline.defs.sources import tsdb_points
 from aml_pipeline.errors import AmlError, BuildError
 from aml_pipeline.fsutil import process_alive
-from aml_pipeline.pipeline.build import run_scope
-from aml_pipeline.pipeline.incremental import stale_runs
-from aml_pipeline.pipeline.runs import check_nodes_known
-from aml_pipeline.pipeline.versions import RUN_STAGES
+from aml_pipeline.pipeline.plan import BuildPlan, run_batches
+from aml_pipeline.pipeline.stages import DATASET_ASSETS, RUN_ASSETS, RUN_STAGES, Stage
 from aml_pipeline.spec import DatasetSpec, parse_spec
 from aml_pipeline.tsdb import open_tsdb
-
 
 
 def sync_run_partitions(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids: list[str]) -> list[str]:
@@ -63,12 +59,11 @@ def sync_run_partitions(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids
     return instance.get_dynamic_partitions(name)
 
 
-def unrecorded_runs(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids: list[str]) -> dict[str, str]:
+def unrecorded_runs(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids: list[str]) -> dict[str, Stage]:
     """``{run id: stage}`` for the runs with a run-asset partition that ``instance`` has not recorded
     as materialised, from the first such asset's stage on. A step that died after storing some of
     its runs leaves their files fresh but unrecorded; so does a build recorded in another instance."""
-    recorded = {stage: instance.get_materialized_partitions(dg.AssetKey([spec.id, name]))
-                for stage, name in ASSET_OF_STAGE.items()}
+    recorded = {stage: instance.get_materialized_partitions(dg.AssetKey([spec.id, stage.asset])) for stage in RUN_STAGES}
     out = {}
     for run_id in run_ids:
         stage = next((stage for stage in RUN_STAGES if run_id not in recorded[stage]), None)
@@ -200,13 +195,9 @@ def materialize_dataset(
         raise AmlError(f"--workers must be >= 1, got {workers}", code="USAGE")
     if workers > 1:
         start_step_server()
-    with open_tsdb(tsdb_url) as db:
-        catalog = check_nodes_known(spec, db.list_nodes())
-        runs = db.list_runs(run_scope(spec), finished_only=True)
-        versions = db.run_versions([r.run_id for r in runs])
-    if not runs:
-        raise BuildError(f"spec {spec.id!r}: no finished runs in scope {run_scope(spec)}", code="NO_RUNS")
     store = StoreResource(home=str(home), datasets_dir=str(datasets_dir) if datasets_dir else None)
+    with open_tsdb(tsdb_url) as db:
+        plan = BuildPlan.read(db, store.dataset_store(spec), full=full)
     defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})
     run_config = {"loggers": {"console": {"config": {"log_level": console_log_level}}}}
     where = "of this build" if instance is None else f"in {instance.root_directory}"
@@ -220,20 +211,16 @@ def materialize_dataset(
         try:
             if not own:
                 fail_abandoned_runs(instance, spec)
-            keys = sync_run_partitions(instance, spec, [r.run_id for r in runs])
-            todo = (
-                dict.fromkeys((r.run_id for r in runs), "raw")
-                if full
-                else stale_runs(spec, store.dataset_store(spec.id), runs, tsdb_versions=versions, catalog=catalog)
-            )
+            keys = sync_run_partitions(instance, spec, plan.run_ids)
             if not own and not full:
                 for run_id, stage in unrecorded_runs(instance, spec, keys).items():
-                    todo[run_id] = min(stage, todo.get(run_id, stage), key=RUN_STAGES.index)
+                    plan.mark_stale(run_id, stage)
+            todo = plan.stale
             materialized = dict.fromkeys(RUN_ASSETS, 0)
             chunk_runs = config.backfill_runs_per_chunk()
             if workers > 1 and todo:
                 chunk_runs = max(1, min(chunk_runs, -(-len(todo) // workers)))
-            batches = plan_run_batches(keys, todo, chunk_runs)
+            batches = [([s.asset for s in stages], chunk) for stages, chunk in run_batches(keys, todo, chunk_runs)]
             dataset_keys = [dg.AssetKey([spec.id, n]) for n in DATASET_ASSETS]
             started, started_at = time.perf_counter(), time.time()
             run_stages_s: float | None = None

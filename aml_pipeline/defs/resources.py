@@ -15,7 +15,9 @@ from pathlib import Path
 import dagster as dg
 
 from aml_pipeline import config
+from aml_pipeline.pipeline.stages import StageVersions
 from aml_pipeline.pipeline.store import DatasetStore
+from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.tsdb import TsdbPort, open_tsdb
 from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT
 from aml_pipeline.tsdb.session import BriefHandle, TsdbSession
@@ -53,8 +55,8 @@ class StoreResource(dg.ConfigurableResource):
     home: str
     datasets_dir: str | None = None
 
-    def dataset_store(self, spec_id: str) -> DatasetStore:
-        return DatasetStore(config.store_dir(Path(self.home)), spec_id)
+    def dataset_store(self, spec: DatasetSpec, versions: StageVersions | None = None) -> DatasetStore:
+        return DatasetStore(config.store_dir(Path(self.home)), spec, versions)
 
     @property
     def home_path(self) -> Path:

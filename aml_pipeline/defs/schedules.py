@@ -2,10 +2,9 @@
 
 import dagster as dg
 
-from aml_pipeline.defs.partitions import RUN_ASSETS
+from aml_pipeline.pipeline.stages import DATASET_ASSETS, MANIFEST, RUN_ASSETS
 from aml_pipeline.spec import DatasetSpec
 
-DATASET_ASSET_NAMES = ("dataset_split", "normalization_stats", "dataset_manifest")
 # Hourly, a little after the hour: new runs added by the sensor since the last rebuild are in.
 DEFAULT_CRON = "15 * * * *"
 VERIFY_CRON = "30 4 * * *"
@@ -41,7 +40,7 @@ def build_job(spec: DatasetSpec):
     launches when one chunk covers the runs that need work)."""
     return dg.define_asset_job(
         name=build_job_name(spec.id),
-        selection=dg.AssetSelection.assets(*(dg.AssetKey([spec.id, n]) for n in (*RUN_ASSETS, *DATASET_ASSET_NAMES))),
+        selection=dg.AssetSelection.assets(*(dg.AssetKey([spec.id, n]) for n in (*RUN_ASSETS, *DATASET_ASSETS))),
         description=f"Build {spec.id}: the run stages of a range of runs, then split, normalisation and snapshot.",
     )
 
@@ -49,7 +48,7 @@ def build_job(spec: DatasetSpec):
 def rebuild_job(spec: DatasetSpec):
     return dg.define_asset_job(
         name=rebuild_job_name(spec.id),
-        selection=dg.AssetSelection.assets(*(dg.AssetKey([spec.id, n]) for n in DATASET_ASSET_NAMES)),
+        selection=dg.AssetSelection.assets(*(dg.AssetKey([spec.id, n]) for n in DATASET_ASSETS)),
         description=(
             f"Split, normalise and publish {spec.id} from the run partitions materialised so far; "
             "publishes nothing when nothing changed."
@@ -60,7 +59,7 @@ def rebuild_job(spec: DatasetSpec):
 def verify_job(spec: DatasetSpec):
     return dg.define_asset_job(
         name=verify_job_name(spec.id),
-        selection=dg.AssetSelection.checks_for_assets(dg.AssetKey([spec.id, "dataset_manifest"])),
+        selection=dg.AssetSelection.checks_for_assets(dg.AssetKey([spec.id, MANIFEST.asset])),
         description=(
             f"Re-run the four blocking checks of {spec.id}'s dataset_manifest on its current snapshot "
             "(hash against the catalog, splits, train-only statistics, no NaN): tampering after "

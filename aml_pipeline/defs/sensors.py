@@ -14,12 +14,15 @@ import json
 import dagster as dg
 
 from aml_pipeline import config
-from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, plan_run_batches, range_tags, run_partitions
+from aml_pipeline.defs.partitions import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    range_tags,
+    run_partitions,
+)
 from aml_pipeline.defs.resources import StoreResource, TsdbResource
-from aml_pipeline.pipeline.build import run_scope
-from aml_pipeline.pipeline.incremental import inputs_key, stale_runs
-from aml_pipeline.pipeline.runs import check_nodes_known
-from aml_pipeline.pipeline.versions import stage_versions
+from aml_pipeline.pipeline.plan import BuildPlan, run_batches
+from aml_pipeline.pipeline.stages import RUN_ASSETS, WINDOWS, StageVersions, inputs_key
 from aml_pipeline.spec import DatasetSpec
 
 MAX_ATTEMPTS = 3
@@ -35,6 +38,7 @@ _ACTIVE = [
 def new_run_sensor(spec: DatasetSpec) -> dg.SensorDefinition:
     runs_def = run_partitions(spec.id)
     name = f"{spec.id}__new_runs"
+    versions = StageVersions.of(spec)
 
     @dg.sensor(
         name=name,
@@ -44,21 +48,20 @@ def new_run_sensor(spec: DatasetSpec) -> dg.SensorDefinition:
             "changed runs, in chunks of runs per Dagster run; retries a failed chunk a few times. "
             "Runs still in progress are added once they finish."
         ),
-        asset_selection=[dg.AssetKey([spec.id, n]) for n in ("raw_node_series", "cleaned_grid", "run_windows")],
+        asset_selection=[dg.AssetKey([spec.id, n]) for n in RUN_ASSETS],
         minimum_interval_seconds=60,
     )
     def sensor(context: dg.SensorEvaluationContext, tsdb: TsdbResource, store: StoreResource):
         with tsdb.open() as db:
-            catalog = check_nodes_known(spec, db.list_nodes())
-            runs = db.list_runs(run_scope(spec), finished_only=True)
-            versions = db.run_versions([r.run_id for r in runs])
+            plan = BuildPlan.read(db, store.dataset_store(spec, versions), require_runs=False)
+            todo = plan.stale
+        runs = plan.runs
         known = context.instance.get_dynamic_partitions(runs_def.name)
         known_set = set(known)
         new = [r.run_id for r in runs if r.run_id not in known_set]
         order = known + new  # partition order once the new ones are added
         attempts: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
 
-        todo = stale_runs(spec, store.dataset_store(spec.id), runs, tsdb_versions=versions, catalog=catalog)
         busy = _in_flight(context, name, order)
         attempts = {r: n for r, n in attempts.items() if r in todo}  # built since: forget
         given_up = sorted(r for r in todo if r not in busy and attempts.get(r, 0) >= MAX_ATTEMPTS)
@@ -77,12 +80,12 @@ def new_run_sensor(spec: DatasetSpec) -> dg.SensorDefinition:
                 reason += f"; {len(given_up)} gave up after {MAX_ATTEMPTS} failed attempts: {', '.join(given_up[:5])}"
             return dg.SkipReason(reason)
 
-        fingerprints = stage_versions(spec)
         requests = []
-        for names, chunk in plan_run_batches(order, wanted, config.backfill_runs_per_chunk()):
+        for stages, chunk in run_batches(order, wanted, config.backfill_runs_per_chunk()):
+            names = [s.asset for s in stages]
             attempt = 1 + max(attempts.get(r, 0) for r in chunk)
             # Same inputs, same key: a repeated tick launches nothing twice; new data, new key.
-            digest = inputs_key(fingerprints.windows, names, [(r, versions.get(r)) for r in chunk])[:12]
+            digest = inputs_key(versions[WINDOWS], names, [(r, plan.tsdb_versions.get(r)) for r in chunk])[:12]
             requests.append(
                 dg.RunRequest(
                     run_key=f"{chunk[0]}..{chunk[-1]}@{digest}#{attempt}",

@@ -16,6 +16,15 @@ import numpy as np
 
 from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.core.manifest import SPLITS
+from aml_pipeline.pipeline.publish import Catalog, CatalogEntry
+
+# The blocking checks, by name, in the order they are reported.
+MANIFEST_CHECKS = {
+    "hash_verifies": "every hashed byte of the published snapshot matches its sha256 (sha256.json and the catalog)",
+    "no_run_in_two_splits": "no run appears in two splits; one block per run",
+    "norm_stats_from_train_only": "normalised train windows have mean 0 and std 1 (statistics fitted on train windows only)",
+    "no_nan_or_inf": "no NaN or inf in any array",
+}
 
 # Allowed deviation of the normalised train windows' mean from 0 and std from 1. float32 rounding
 # leaves about 1e-7; statistics that saw other windows move them by a fraction of a std.
@@ -238,3 +247,14 @@ def snapshot_checks(snapshot: Path, sha256: str, files: dict[str, str] | None = 
             check_finite_arrays(snapshot, manifest),
         ]
         return [hashed.result(), *others]
+
+
+def check_current(datasets_root: Path, spec_id: str) -> tuple[CatalogEntry | None, list[CheckOutcome]]:
+    """The blocking checks on the spec's current snapshot, from its bytes and the catalog's hash;
+    each failed with ``NO_SNAPSHOT`` when the spec has none."""
+    entry = Catalog(datasets_root).current(spec_id)
+    if entry is None:
+        why = f"NO_SNAPSHOT: spec {spec_id!r} has no current snapshot under {datasets_root}"
+        return None, [CheckOutcome(name, False, why) for name in MANIFEST_CHECKS]
+    outcomes = snapshot_checks(Path(entry.path), entry.sha256)
+    return entry, [CheckOutcome(o.name, o.passed, f"{entry.path}: {o.description}", o.metadata) for o in outcomes]

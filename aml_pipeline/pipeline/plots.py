@@ -39,6 +39,7 @@ import numpy as np
 
 from aml_pipeline.core.traces import RunTraces
 from aml_pipeline.errors import BuildError
+from aml_pipeline.pipeline.stages import GRID as GRID_STAGE
 from aml_pipeline.pipeline.store import DatasetStore
 
 # ---- colours ----------------------------------------------------------------------------------
@@ -354,8 +355,8 @@ def run_figure_png(traces: RunTraces, units: Sequence[str], title: str) -> bytes
 def stored_run_figure_png(store: DatasetStore, run_id: str) -> bytes:
     """The run's strip chart, as its ``plot`` metadata shows it, drawn from what the last build of
     its cleaned grid stored (the traces are stored whether or not the build drew the plot)."""
-    meta = store.read_meta(run_id, "grid")
-    path = store.file_path(run_id, "grid", "traces.npz")
+    meta = store.read_meta(run_id, GRID_STAGE)
+    path = store.file_path(run_id, GRID_STAGE, "traces.npz")
     if meta is None or not path.is_file():
         raise BuildError(
             f"run {run_id!r} of spec {store.spec_id!r}: no cleaned grid stored in {store.run_dir(run_id)}; "

@@ -26,9 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from aml_pipeline.fsutil import dir_lock, fsync_dir, remove_tree
-from aml_pipeline.pipeline.publish import CURRENT_LINK, Catalog, remove_abandoned_staging
-from aml_pipeline.pipeline.store import STAGES, DatasetStore
-from aml_pipeline.pipeline.versions import stage_versions
+from aml_pipeline.pipeline.publish import (
+    CURRENT_LINK,
+    Catalog,
+    remove_abandoned_staging,
+)
+from aml_pipeline.pipeline.stages import RUN_STAGES
+from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import DatasetSpec
 
 DEFAULT_KEEP = 3
@@ -77,7 +81,7 @@ def collect_garbage(
         if spec is None:
             report.skipped.append(f"{spec_id}: intermediates left alone (no spec file defines it)")
             continue
-        _intermediates(DatasetStore(store_root, spec_id), spec, dry_run, wait_s, report)
+        _intermediates(DatasetStore(store_root, spec), dry_run, wait_s, report)
     return report
 
 
@@ -150,8 +154,8 @@ def _discard(path: Path) -> int:
     return size
 
 
-def _intermediates(store: DatasetStore, spec: DatasetSpec, dry_run: bool, wait_s: float, report: GcReport) -> None:
-    versions = stage_versions(spec)
+def _intermediates(store: DatasetStore, dry_run: bool, wait_s: float, report: GcReport) -> None:
+    spec = store.spec
     with dir_lock(store.dir, shared=False, wait_s=wait_s) as locked:
         if not locked:
             report.skipped.append(f"{spec.id}: intermediates left alone (a build is running; try again)")
@@ -165,15 +169,16 @@ def _intermediates(store: DatasetStore, spec: DatasetSpec, dry_run: bool, wait_s
                 if not dry_run:
                     report.freed_bytes += tmp.stat().st_size
                     tmp.unlink(missing_ok=True)
-            for stage in STAGES:
+            for stage in RUN_STAGES:
                 meta = store.read_meta(run_dir.name, stage)
-                files = sorted(run_dir.glob(f"{stage}.*.npy"))
-                if meta is not None and meta.get("fingerprint") == versions.of(stage):
+                summary = store.meta_path(run_dir.name, stage)
+                files = sorted(f for f in run_dir.glob(f"{stage}.*") if f != summary)
+                if store.versions.is_current(stage, meta):
                     continue
                 if meta is None and not files:
                     continue
                 report.removed_stages.append(f"{spec.id}/{run_dir.name}/{stage}")
-                for f in [store.meta_path(run_dir.name, stage), *files]:  # the summary first
+                for f in [summary, *files]:  # the summary first
                     if f.exists():
                         report.freed_bytes += f.stat().st_size
                         if not dry_run:

@@ -17,13 +17,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.lib import format as npy
@@ -31,33 +30,42 @@ from numpy.lib import format as npy
 from aml_pipeline.errors import BuildError, disk_full
 from aml_pipeline.fsutil import dir_lock
 from aml_pipeline.ids import check_external_id, check_spec_id
+from aml_pipeline.pipeline.stages.base import Stage
+from aml_pipeline.spec import DatasetSpec
 
-STAGES = ("raw", "grid", "windows")
+if TYPE_CHECKING:
+    from aml_pipeline.pipeline.stages import StageVersions
 
 
 class DatasetStore:
-    """Intermediate artifacts of one dataset spec."""
+    """Intermediate artifacts of one dataset spec, and whether each is current for its
+    :class:`~aml_pipeline.pipeline.stages.StageVersions` (derived once, here or by the caller)."""
 
-    def __init__(self, root: str | Path, spec_id: str) -> None:
+    def __init__(self, root: str | Path, spec: DatasetSpec, versions: StageVersions | None = None) -> None:
         self.root = Path(root)
-        self.spec_id = check_spec_id(spec_id, what="spec id")
-        self.dir = self.root / spec_id
+        self.spec = spec
+        self.spec_id = check_spec_id(spec.id, what="spec id")
+        self.dir = self.root / spec.id
+        if versions is None:
+            from aml_pipeline.pipeline.stages import (
+                StageVersions,  # the stages' modules import this one
+            )
+
+            versions = StageVersions.of(spec)
+        self.versions = versions
 
     def run_dir(self, run_id: str) -> Path:
         return self.dir / "runs" / check_external_id(run_id, what="run id")
 
-    def meta_path(self, run_id: str, stage: str) -> Path:
-        _check_stage(stage)
-        return self.run_dir(run_id) / f"{stage}.json"
+    def meta_path(self, run_id: str, stage: Stage) -> Path:
+        return self.run_dir(run_id) / f"{_run_stage(stage)}.json"
 
-    def array_path(self, run_id: str, stage: str, name: str) -> Path:
-        _check_stage(stage)
-        return self.run_dir(run_id) / f"{stage}.{name}.npy"
+    def array_path(self, run_id: str, stage: Stage, name: str) -> Path:
+        return self.run_dir(run_id) / f"{_run_stage(stage)}.{name}.npy"
 
-    def file_path(self, run_id: str, stage: str, name: str) -> Path:
+    def file_path(self, run_id: str, stage: Stage, name: str) -> Path:
         """Where a small whole file of a stage (:meth:`StageWriter.file`) is once committed."""
-        _check_stage(stage)
-        return self.run_dir(run_id) / f"{stage}.{name}"
+        return self.run_dir(run_id) / f"{_run_stage(stage)}.{name}"
 
     @contextmanager
     def in_use(self, wait_s: float = 300.0) -> Iterator[None]:
@@ -69,14 +77,32 @@ class DatasetStore:
                 )
             yield
 
-    def read_meta(self, run_id: str, stage: str) -> dict[str, Any] | None:
+    def read_meta(self, run_id: str, stage: Stage) -> dict[str, Any] | None:
+        """The stored summary of a run's stage, current or not (None: not stored)."""
         try:
             return json.loads(self.meta_path(run_id, stage).read_bytes())
         except FileNotFoundError:
             return None
 
+    def current_meta(self, run_id: str, stage: Stage) -> dict[str, Any] | None:
+        """The stored summary of a run's stage if it was built for the spec's current version."""
+        meta = self.read_meta(run_id, stage)
+        return meta if self.versions.is_current(stage, meta) else None
+
+    def require(self, run_id: str, stage: Stage) -> dict[str, Any]:
+        """The current summary of a run's stage, which a later stage reads; else a BuildError."""
+        meta = self.read_meta(run_id, stage)
+        if meta is None:
+            raise BuildError(f"run {run_id!r}: {stage} stage has not been materialised for spec {self.spec_id!r}")
+        if not self.versions.is_current(stage, meta):
+            raise BuildError(
+                f"run {run_id!r}: the stored {stage} stage was built for another version of spec "
+                f"{self.spec_id!r} (fingerprint {meta.get('fingerprint')}, now {self.versions[stage]}); rematerialise the run"
+            )
+        return meta
+
     @contextmanager
-    def stage_writer(self, run_id: str, stage: str) -> Iterator[StageWriter]:
+    def stage_writer(self, run_id: str, stage: Stage) -> Iterator[StageWriter]:
         """Write a stage: arrays through the writer, then :meth:`StageWriter.commit` the summary."""
         writer = StageWriter(self, run_id, stage)
         try:
@@ -86,16 +112,46 @@ class DatasetStore:
         finally:
             writer.discard()
 
-    def read_flat(self, run_id: str, stage: str, name: str, start: int, stop: int) -> np.ndarray:
+    def read_flat(self, run_id: str, stage: Stage, name: str, start: int, stop: int) -> np.ndarray:
         """Elements ``start..stop-1`` of an array, in C order (a flat copy, no memory map)."""
         return read_npy_flat(self.array_path(run_id, stage, name), start, stop)
 
-    def read_rows(self, run_id: str, stage: str, name: str, start: int, stop: int) -> np.ndarray:
+    def read_rows(self, run_id: str, stage: Stage, name: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start..stop-1`` (first axis) of an array."""
         return read_npy_rows(self.array_path(run_id, stage, name), start, stop)
 
-    def array_shape(self, run_id: str, stage: str, name: str) -> tuple[int, ...]:
+    def array_shape(self, run_id: str, stage: Stage, name: str) -> tuple[int, ...]:
         return npy_header(self.array_path(run_id, stage, name))[0]
+
+    # ---- dataset stages: one JSON file each ---------------------------------------------------
+
+    def dataset_stage_path(self, stage: Stage) -> Path:
+        return self.dir / _dataset_stage_file(stage)
+
+    def write_dataset_stage(self, stage: Stage, body: Mapping[str, Any]) -> Path:
+        """A dataset stage's result, stamped with its current fingerprint."""
+        return self.write_json(_dataset_stage_file(stage), {"fingerprint": self.versions[stage], **body})
+
+    def current_dataset_stage(self, stage: Stage) -> dict[str, Any] | None:
+        """A dataset stage's stored result if it was built for the spec's current version."""
+        try:
+            stored = self.read_json(_dataset_stage_file(stage))
+        except FileNotFoundError:
+            return None
+        return stored if self.versions.is_current(stage, stored) else None
+
+    def require_dataset_stage(self, stage: Stage) -> dict[str, Any]:
+        """A dataset stage's current result, which a later stage reads; else a BuildError."""
+        try:
+            stored = self.read_json(_dataset_stage_file(stage))
+        except FileNotFoundError:
+            raise BuildError(f"spec {self.spec_id!r}: {stage.asset} has not been materialised yet") from None
+        if not self.versions.is_current(stage, stored):
+            raise BuildError(
+                f"spec {self.spec_id!r}: the stored {stage.asset} was built for another version of the spec; "
+                f"rematerialise {stage.asset}"
+            )
+        return stored
 
     def write_json(self, name: str, obj: Any) -> Path:
         path = self.dir / name
@@ -106,16 +162,12 @@ class DatasetStore:
     def read_json(self, name: str) -> Any:
         return json.loads((self.dir / name).read_bytes())
 
-    def stage_runs(self, stage: str) -> list[str]:
+    def stage_runs(self, stage: Stage) -> list[str]:
         """Runs that have a finished ``stage``."""
-        _check_stage(stage)
         runs = self.dir / "runs"
         if not runs.is_dir():
             return []
-        return sorted(p.parent.name for p in runs.glob(f"*/{stage}.json"))
-
-    def remove_run(self, run_id: str) -> None:
-        shutil.rmtree(self.run_dir(run_id), ignore_errors=True)
+        return sorted(p.parent.name for p in runs.glob(f"*/{_run_stage(stage)}.json"))
 
 
 class StageWriter:
@@ -292,6 +344,13 @@ def _os_call(fn, *args, path: Path, **kwargs):
         raise
 
 
-def _check_stage(stage: str) -> None:
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
+def _run_stage(stage: Stage) -> str:
+    if not stage.per_run:
+        raise ValueError(f"{stage} is a dataset stage; it has no per-run files")
+    return stage.name
+
+
+def _dataset_stage_file(stage: Stage) -> str:
+    if stage.per_run:
+        raise ValueError(f"{stage} is a run stage; its results are per run")
+    return stage.files[0]

@@ -9,15 +9,18 @@ from pathlib import Path
 
 import dagster as dg
 
-from aml_pipeline.defs.assets import DATASET_ASSETS, MANIFEST_CHECKS, PROGRESS_LINES, dataset_assets, progress_line_due
 from aml_pipeline.definitions import defs as load_definitions
+from aml_pipeline.defs.assets import dataset_assets
 from aml_pipeline.defs.datasets import dataset_definitions
 from aml_pipeline.defs.inprocess import materialize_dataset, sync_run_partitions
-from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, RUN_ASSETS, run_partitions
+from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, run_partitions
 from aml_pipeline.defs.sensors import new_run_sensor
 from aml_pipeline.defs.shared_env import default_shared_env_resources
 from aml_pipeline.defs.sources import tsdb_points
+from aml_pipeline.pipeline.checks import MANIFEST_CHECKS
 from aml_pipeline.pipeline.publish import current_snapshot
+from aml_pipeline.pipeline.runs import PROGRESS_LINES, progress_line_due
+from aml_pipeline.pipeline.stages import DATASET_ASSETS, RUN_ASSETS
 from aml_pipeline.spec import parse_spec
 
 
@@ -86,7 +89,7 @@ def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dags
     assert alone["points"].value > 0 and "per_node" in alone
     # The run's plot, drawn from the traces summarised while the run streamed (no run in memory).
     assert "data:image/png;base64," in figures["plot"].value
-    assert (resources["store"].dataset_store(dagster_spec.id).run_dir(runs[0]) / "grid.traces.npz").is_file()
+    assert (resources["store"].dataset_store(dagster_spec).run_dir(runs[0]) / "grid.traces.npz").is_file()
     causes = {c.name for c in figures["cleaning"].value.schema.columns}
     assert {"unit", "non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier", "missing_ratio"} <= causes
     assert figures["windows"].value > 0
@@ -191,7 +194,7 @@ def test_manifest_checks_block_publication_as_current(dagster_spec, dagster_plan
 
     # Tamper with the fitted statistics between the two assets: the snapshot is still written
     # (for inspection) but the blocking check fails and `current` keeps the previous snapshot.
-    norm_path = resources["store"].dataset_store(dagster_spec.id).dir / "norm.json"
+    norm_path = resources["store"].dataset_store(dagster_spec).dir / "norm.json"
     norm = json.loads(norm_path.read_bytes())
     norm["x"]["std"][0] *= 1.01
     norm_path.write_text(json.dumps(norm))

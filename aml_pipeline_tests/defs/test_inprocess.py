@@ -8,9 +8,15 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from aml_pipeline.defs.inprocess import _run_stages_done, dataset_job_definitions, materialize_dataset, sync_run_partitions
-from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, RUN_ASSETS
+from aml_pipeline.defs.inprocess import (
+    _run_stages_done,
+    dataset_job_definitions,
+    materialize_dataset,
+    sync_run_partitions,
+)
+from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG
 from aml_pipeline.errors import AmlError
+from aml_pipeline.pipeline.stages import RAW, RUN_ASSETS
 from aml_pipeline.spec import parse_spec
 
 
@@ -299,8 +305,8 @@ import uuid  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from aml_pipeline.defs.sensors import new_run_sensor  # noqa: E402
 from aml_pipeline.defs.resources import StoreResource, TsdbResource  # noqa: E402
+from aml_pipeline.defs.sensors import new_run_sensor  # noqa: E402
 from aml_pipeline.tsdb import PointColumns, open_tsdb  # noqa: E402
 from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema  # noqa: E402
 
@@ -343,9 +349,9 @@ def test_late_points_rebuild_that_run_and_only_that_run(dagster_spec, dagster_pl
         tick = sensor(dg.build_sensor_context(instance=instance, resources=resources))
         assert [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"])
                 for r in tick.run_requests] == [(late.run_id, late.run_id)]
-        store = resources["store"].dataset_store(dagster_spec.id)
-        before = store.read_meta(late.run_id, "raw")["points"][node]
+        store = resources["store"].dataset_store(dagster_spec)
+        before = store.read_meta(late.run_id, RAW)["points"][node]
         again = _build(dagster_spec, resources, instance)
         assert again["materialized"] == dict.fromkeys(RUN_ASSETS, 1)
-        assert store.read_meta(late.run_id, "raw")["points"][node] == before + ts.size
+        assert store.read_meta(late.run_id, RAW)["points"][node] == before + ts.size
         assert _build(dagster_spec, resources, instance)["materialized"] == dict.fromkeys(RUN_ASSETS, 0)

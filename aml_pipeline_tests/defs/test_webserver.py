@@ -26,12 +26,18 @@ from typing import Any
 import pytest
 
 from aml_pipeline import config
-from aml_pipeline.defs.assets import DATASET_ASSETS, MANIFEST_CHECKS, RUN_ASSETS
+from aml_pipeline.pipeline.checks import MANIFEST_CHECKS
 from aml_pipeline.demo import DEMO_SPEC, seed_plant
-from aml_pipeline.pipeline.build import run_scope
+from aml_pipeline.pipeline.plan import run_scope
+from aml_pipeline.pipeline.stages import DATASET_ASSETS, RUN_ASSETS
 from aml_pipeline.spec import load_spec
 from aml_pipeline.tsdb import open_tsdb
-from aml_pipeline_tests.dagster_server import DagsterDev, running, wait_for, write_instance_yaml
+from aml_pipeline_tests.dagster_server import (
+    DagsterDev,
+    running,
+    wait_for,
+    write_instance_yaml,
+)
 
 pytestmark = pytest.mark.timeout(2400)
 

@@ -38,11 +38,16 @@ from psycopg import sql
 
 from aml_pipeline import config
 from aml_pipeline.demo import DEMO_SPEC, seed_plant
-from aml_pipeline.pipeline.build import run_scope
+from aml_pipeline.pipeline.plan import run_scope
+from aml_pipeline.pipeline.stages import RUN_ASSETS
 from aml_pipeline.spec import DatasetSpec, load_spec
 from aml_pipeline.tsdb import open_tsdb
-from aml_pipeline.defs.assets import RUN_ASSETS
-from aml_pipeline_tests.dagster_server import MARKER_ENV, DagsterDev, free_port, wait_for
+from aml_pipeline_tests.dagster_server import (
+    MARKER_ENV,
+    DagsterDev,
+    free_port,
+    wait_for,
+)
 from aml_pipeline_tests.defs.test_webserver import (
     ADD_PARTITION,
     BACKFILL,

@@ -27,10 +27,16 @@ from typing import Any
 
 import pytest
 
-from aml_pipeline.defs.assets import RUN_ASSETS
 from aml_pipeline.defs.inprocess import materialize_dataset
+from aml_pipeline.pipeline.stages import RUN_ASSETS
 from aml_pipeline_tests.dagster_server import wait_for
-from aml_pipeline_tests.deploy.cluster import RUNS_PER_CHUNK, SEEDED, Deployment, chunk_range, deployment
+from aml_pipeline_tests.deploy.cluster import (
+    RUNS_PER_CHUNK,
+    SEEDED,
+    Deployment,
+    chunk_range,
+    deployment,
+)
 from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
 
 pytestmark = pytest.mark.timeout(2400)

@@ -35,9 +35,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from aml_pipeline.defs.assets import RUN_ASSETS
 from aml_pipeline.defs.inprocess import BUILD_PID_TAG
 from aml_pipeline.demo import DEMO_SPEC
+from aml_pipeline.pipeline.stages import RUN_ASSETS
 from aml_pipeline_tests.dagster_server import wait_for
 from aml_pipeline_tests.deploy.cluster import (
     RUNS_PER_CHUNK,

@@ -25,9 +25,9 @@ import dagster as dg
 import pytest
 
 from aml_pipeline.defs.inprocess import BUILD_PID_TAG, materialize_dataset
-from aml_pipeline.defs.partitions import RUN_ASSETS
 from aml_pipeline.demo import DEMO_SPEC, seed_plant
-from aml_pipeline.pipeline.build import run_scope
+from aml_pipeline.pipeline.plan import run_scope
+from aml_pipeline.pipeline.stages import RUN_ASSETS
 from aml_pipeline.spec import load_spec
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline_tests import pg_server

@@ -15,12 +15,17 @@ import psycopg
 import pytest
 
 from aml_pipeline.defs.inprocess import materialize_dataset
-from aml_pipeline.defs.partitions import RUN_ASSETS
+from aml_pipeline.pipeline.stages import RUN_ASSETS
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline_tests.deploy.cluster import database, instance_env, production_home
-from aml_pipeline_tests.pgbouncer import PgBouncerMissing, find_pgbouncer, pooled_url, reap_stale_poolers
+from aml_pipeline_tests.pgbouncer import (
+    PgBouncerMissing,
+    find_pgbouncer,
+    pooled_url,
+    reap_stale_poolers,
+)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from aml_pipeline.core.normalize import apply_norm
 from aml_pipeline.errors import BuildError, UnitContractError, UnknownNodeError
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
+from aml_pipeline.pipeline.stages import WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb import open_tsdb
@@ -57,7 +58,7 @@ def test_v1_snapshot_contents(make_spec, plant, plant_url, roots):
     assert sum(b["uniqueSteps"] for b in s["blocks"]) == n
 
     # Arrays are the stored model-unit grids, windowed and normalised with train stats.
-    store = DatasetStore(roots["store_root"], spec.id)
+    store = DatasetStore(roots["store_root"], spec)
     x = read_array(snap, "arrays/x.f32", m["shapes"]["x"])
     y = read_array(snap, "arrays/y.f32", m["shapes"]["y"])
     u = read_array(snap, "arrays/u.f32", m["shapes"]["u"])
@@ -65,7 +66,7 @@ def test_v1_snapshot_contents(make_spec, plant, plant_url, roots):
     ctrl = [spec.node_ids.index(c) for c in spec.control_ids]
     tgt = [spec.node_ids.index(t) for t in spec.target_ids]
     for run_id in in_splits:
-        a = {k: np.load(store.array_path(run_id, "windows", k)) for k in ("model", "starts")}
+        a = {k: np.load(store.array_path(run_id, WINDOWS, k)) for k in ("model", "starts")}
         a["grid"] = a["model"]
         for t in a["starts"][[0, -1]]:
             i = row if t == a["starts"][0] else row + len(a["starts"]) - 1

@@ -7,10 +7,15 @@ import hashlib
 import numpy as np
 import pytest
 
-from aml_pipeline.pipeline import run_reader, runs
 from aml_pipeline.pipeline.build import build_dataset
-from aml_pipeline.pipeline.dataset import fit_normalization, plan_dataset, write_snapshot_files
-from aml_pipeline.pipeline.runs import check_nodes_known, clean_run, fetch_run, window_run
+from aml_pipeline.pipeline.plan import check_nodes_known
+from aml_pipeline.pipeline.snapshot_writer import write_snapshot_files
+from aml_pipeline.pipeline.stages import GRID, WINDOWS, windows
+from aml_pipeline.pipeline.stages.grid import clean_run
+from aml_pipeline.pipeline.stages.norm import fit_normalization
+from aml_pipeline.pipeline.stages.raw import fetch_run
+from aml_pipeline.pipeline.stages.split import plan_dataset
+from aml_pipeline.pipeline.stages.windows import window_run
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
 
@@ -22,50 +27,49 @@ def _digest(path) -> str:
 @pytest.fixture
 def fetched(make_spec, plant_url, tmp_path):
     spec = make_spec(extras=True)
-    store = DatasetStore(tmp_path / "store", spec.id)
+    store = DatasetStore(tmp_path / "store", spec)
     with open_tsdb(plant_url) as db:
         catalog = check_nodes_known(spec, db.list_nodes())
         finished = [r for r in db.list_runs(None) if r.ended_at is not None]
         for run in finished:
-            fetch_run(db, spec, run, store, catalog, page_limit=97)  # many pages per node
+            fetch_run(db, store, run, catalog, page_limit=97)  # many pages per node
     return spec, store, [r.run_id for r in finished]
 
 
 def test_cleaning_in_chunks_of_any_size_is_byte_identical(fetched):
     spec, store, run_ids = fetched
     run_id = run_ids[0]
-    clean_run(spec, run_id, store, chunk_points=10**9)  # the whole run in one chunk
-    whole = _digest(store.array_path(run_id, "grid", "values"))
-    whole_meta = store.read_meta(run_id, "grid")
+    clean_run(store, run_id, chunk_points=10**9)  # the whole run in one chunk
+    whole = _digest(store.array_path(run_id, GRID, "values"))
+    whole_meta = store.read_meta(run_id, GRID)
     assert whole_meta["counts"][spec.node_ids[0]]["input"] > 100
     for chunk in (1, 2, 7, 64, 500):
-        clean_run(spec, run_id, store, chunk_points=chunk)
-        assert _digest(store.array_path(run_id, "grid", "values")) == whole, chunk
-        assert store.read_meta(run_id, "grid") == whole_meta
+        clean_run(store, run_id, chunk_points=chunk)
+        assert _digest(store.array_path(run_id, GRID, "values")) == whole, chunk
+        assert store.read_meta(run_id, GRID) == whole_meta
 
 
 def test_small_grid_blocks_give_the_same_windows_and_arrays(fetched, monkeypatch, tmp_path):
     spec, store, run_ids = fetched
     for r in run_ids:
-        clean_run(spec, r, store)
-        window_run(spec, r, store)
-    plan = plan_dataset(spec, run_ids, store)
-    norm = fit_normalization(spec, plan, store)
-    big = {r: (_digest(store.array_path(r, "windows", "model")), _digest(store.array_path(r, "windows", "starts")))
+        clean_run(store, r)
+        window_run(store, r)
+    plan = plan_dataset(store, run_ids)
+    norm = fit_normalization(store, plan)
+    big = {r: (_digest(store.array_path(r, WINDOWS, "model")), _digest(store.array_path(r, WINDOWS, "starts")))
            for r in run_ids}
-    files_big = write_snapshot_files(spec, plan, norm, store, tmp_path / "big", availability_watermark=1, captured_at="t")
+    files_big = write_snapshot_files(store, plan, norm, tmp_path / "big", availability_watermark=1, captured_at="t")
 
     # Blocks of 37 rows: every run (480 rows) streams through many blocks, windows straddle them.
-    monkeypatch.setattr(runs, "grid_block_rows", lambda n: 37)
-    monkeypatch.setattr(run_reader, "grid_block_rows", lambda n: 37)
+    monkeypatch.setattr(windows, "grid_block_rows", lambda n: 37)
     for r in run_ids:
-        window_run(spec, r, store)
-        assert (_digest(store.array_path(r, "windows", "model")), _digest(store.array_path(r, "windows", "starts"))) == big[r]
-    files_small = write_snapshot_files(spec, plan, norm, store, tmp_path / "small", availability_watermark=1, captured_at="t")
+        window_run(store, r)
+        assert (_digest(store.array_path(r, WINDOWS, "model")), _digest(store.array_path(r, WINDOWS, "starts"))) == big[r]
+    files_small = write_snapshot_files(store, plan, norm, tmp_path / "small", availability_watermark=1, captured_at="t")
     for name in ("arrays/x.f32", "arrays/u.f32", "arrays/y.f32", "arrays/timestamps.f64", "arrays/mask.f32"):
         assert files_small.files[name] == files_big.files[name], name
     # The statistics are accumulated one block per batch: the same up to rounding.
-    small_norm = fit_normalization(spec, plan, store)
+    small_norm = fit_normalization(store, plan)
     for k in ("x", "u", "y"):
         a, b = getattr(norm, k), getattr(small_norm, k)
         np.testing.assert_allclose(b.mean, a.mean, rtol=1e-12, atol=1e-12)

@@ -17,8 +17,10 @@ import pytest
 from aml_pipeline.core.hashing import DIGEST_FILE, hashed_files, verify_snapshot
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.checks import check_disjoint_splits, check_finite_arrays, check_norm_from_train
-from aml_pipeline.pipeline.dataset import DatasetPlan, fit_normalization, load_plan, write_snapshot_files
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
+from aml_pipeline.pipeline.snapshot_writer import write_snapshot_files
+from aml_pipeline.pipeline.stages.norm import fit_normalization
+from aml_pipeline.pipeline.stages.split import DatasetPlan, load_plan
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
 
@@ -66,17 +68,17 @@ def test_rewritten_digest_file_still_fails_against_the_catalog(published, roots)
 def test_checks_catch_what_they_check(published, make_spec, roots, tmp_path):
     snap, m = published.snapshot_dir, published.manifest
     spec = make_spec(extras=True)
-    store = DatasetStore(roots["store_root"], spec.id)
+    store = DatasetStore(roots["store_root"], spec)
 
     assert check_norm_from_train(snap, m).passed
     # Statistics that saw the validation windows, applied to the same windows: the normalised
     # train windows are no longer mean 0 / std 1, and the check says which columns.
-    plan = load_plan(spec, store)
+    plan = load_plan(store)
     leaky = DatasetPlan({**plan.split, "trainRunIds": plan.split["trainRunIds"] + plan.split["valRunIds"]},
-                        plan.lineage, plan.runs)
-    leaked_norm = fit_normalization(spec, leaky, store)
+                        plan.lineage, plan.runs, plan.fingerprint)
+    leaked_norm = fit_normalization(store, leaky)
     staging = tmp_path / "leaked"
-    files = write_snapshot_files(spec, plan, leaked_norm, store, staging, availability_watermark=None, captured_at="t")
+    files = write_snapshot_files(store, plan, leaked_norm, staging, availability_watermark=None, captured_at="t")
     outcome = check_norm_from_train(staging, files.manifest)
     assert not outcome.passed and "x:" in outcome.description
 

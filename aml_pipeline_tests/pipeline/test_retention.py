@@ -16,6 +16,7 @@ from aml_pipeline.fsutil import dir_lock
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.pipeline.retention import collect_garbage
+from aml_pipeline.pipeline.stages import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
 
@@ -67,19 +68,19 @@ def test_gc_removes_stages_of_another_spec_version_and_dead_temporaries(make_spe
     spec = make_spec()
     with open_tsdb(plant_url) as db:
         build_dataset(spec, db, **roots)
-    store = DatasetStore(roots["store_root"], spec.id)
-    run = store.stage_runs("windows")[0]
+    store = DatasetStore(roots["store_root"], spec)
+    run = store.stage_runs(WINDOWS)[0]
     (store.run_dir(run) / ".grid.values.0123456789ab.tmp").write_bytes(b"half written")
     edited = make_spec(stride=3)  # windows built for stride 1 are obsolete; raw and grid are not
     report = collect_garbage(roots["datasets_root"], roots["store_root"], {spec.id: edited}, keep=3)
     assert sorted({s.split("/")[-1] for s in report.removed_stages}) == ["windows"]
-    assert store.stage_runs("windows") == [] and store.stage_runs("raw") and store.stage_runs("grid")
+    assert store.stage_runs(WINDOWS) == [] and store.stage_runs(RAW) and store.stage_runs(GRID)
     assert not list(store.run_dir(run).glob(".*.tmp"))
     # The next build refetches and recleans nothing: the kept stages are what it needs.
     with open_tsdb(plant_url) as db:
         build_dataset(edited, db, **roots)
-    raw_meta = store.read_meta(run, "raw")
-    assert raw_meta is not None and store.read_meta(run, "windows") is not None
+    raw_meta = store.read_meta(run, RAW)
+    assert raw_meta is not None and store.read_meta(run, WINDOWS) is not None
 
 
 def test_gc_leaves_a_spec_alone_while_a_build_holds_it(make_spec, plant_url, roots):

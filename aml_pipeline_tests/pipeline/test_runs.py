@@ -7,16 +7,18 @@ import time
 
 import pytest
 
-from aml_pipeline.pipeline.build import run_scope
 from aml_pipeline.errors import BuildError, UnknownRunError
-from aml_pipeline.pipeline.runs import build_runs, check_nodes_known, fetch_run, run_fetcher
+from aml_pipeline.pipeline.plan import check_nodes_known, run_scope
+from aml_pipeline.pipeline.runs import build_runs
+from aml_pipeline.pipeline.stages.raw import fetch_run, run_fetcher
+from aml_pipeline.pipeline.stages import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
 
 
 def test_runs_come_back_in_order_with_each_failure_kept_to_its_run(make_spec, plant_url, tmp_path):
     spec = make_spec()
-    store = DatasetStore(tmp_path / "store", spec.id)
+    store = DatasetStore(tmp_path / "store", spec)
     with open_tsdb(plant_url) as db:
         catalog = check_nodes_known(spec, db.list_nodes())
         runs = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
@@ -34,13 +36,13 @@ def test_runs_come_back_in_order_with_each_failure_kept_to_its_run(make_spec, pl
                 if run_id == bad:
                     raise RuntimeError(f"TSDB gone while fetching {run_id}")
                 time.sleep(0.02)  # long enough that the next run would overlap if fetches could
-                return fetch_run(db, spec, runs[run_id], store, catalog, page_limit=5000)
+                return fetch_run(db, store, runs[run_id], catalog, page_limit=5000)
             finally:
                 with lock:
                     active[0] -= 1
 
-        work = [(r, ("raw", "grid", "windows")) for r in ids]
-        results = list(build_runs(spec, store, work, fetch))
+        work = [(r, (RAW, GRID, WINDOWS)) for r in ids]
+        results = list(build_runs(store, work, fetch))
 
     assert [r.run_id for r in results] == ids and fetched == ids
     assert max(overlaps) == 1  # one fetch at a time: the TSDB handle is never shared
@@ -51,26 +53,26 @@ def test_runs_come_back_in_order_with_each_failure_kept_to_its_run(make_spec, pl
         if r.run_id != bad:
             assert r.raw.total_points > 0 and r.grid.rows > 0 and r.windows.rows == r.grid.rows
     # Later stages alone read what is stored: no fetch is needed, and none may be asked for.
-    again = list(build_runs(spec, store, [(r, ("windows",)) for r in ids if r != bad], None))
+    again = list(build_runs(store, [(r, (WINDOWS,)) for r in ids if r != bad], None))
     assert [r.windows.windows for r in again] == [r.windows.windows for r in results if r.run_id != bad]
     with pytest.raises(ValueError, match="no fetch was given"):
-        next(build_runs(spec, store, [(ids[0], ("raw",))], None))
+        next(build_runs(store, [(ids[0], (RAW,))], None))
 
 
 def test_the_fetcher_reads_runs_in_scope_and_names_why_it_cannot_read_another(make_spec, plant_url, tmp_path):
     spec = make_spec()
-    store = DatasetStore(tmp_path / "store", spec.id)
+    store = DatasetStore(tmp_path / "store", spec)
     with open_tsdb(plant_url) as db:
         catalog = check_nodes_known(spec, db.list_nodes())
         finished = db.list_runs(run_scope(spec), finished_only=True)
         unfinished = [r for r in db.list_runs(run_scope(spec), finished_only=False) if r.ended_at is None]
         assert finished and unfinished
         ids = [r.run_id for r in finished]
-        fetch = run_fetcher(db, spec, store, finished, catalog, page_limit=5000, tsdb_versions=db.run_versions(ids))
+        fetch = run_fetcher(db, store, finished, catalog, page_limit=5000, tsdb_versions=db.run_versions(ids))
         raw = fetch(ids[1])
         assert raw.run_id == ids[1] and raw.total_points > 0
         # The run's TSDB version is recorded, for the next build's staleness check.
-        assert store.read_meta(ids[1], "raw")["tsdbVersion"] == db.run_versions([ids[1]])[ids[1]]
+        assert store.read_meta(ids[1], RAW)["tsdbVersion"] == db.run_versions([ids[1]])[ids[1]]
         with pytest.raises(BuildError, match=f"run '{unfinished[0].run_id}' has not finished"):
             fetch(unfinished[0].run_id)
         with pytest.raises(UnknownRunError, match="no-such-run"):

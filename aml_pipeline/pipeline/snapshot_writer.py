@@ -1,8 +1,9 @@
-"""Dataset-level stages: split runs, fit normalisation on train, write the snapshot.
+"""Writing a snapshot: every artifact into a staging directory, hashed and fsynced as it goes.
 
-Runs are streamed from the store one fixed grid block at a time
-(:mod:`aml_pipeline.pipeline.run_reader`), so memory is bounded by a block, not by a run or by the
-dataset.
+The manifest stage (:mod:`aml_pipeline.pipeline.stages.manifest`) calls :func:`write_snapshot_files`
+and then checks and publishes what it wrote. Runs are streamed from the store one fixed grid block
+at a time (:mod:`aml_pipeline.pipeline.run_reader`), so memory is bounded by a block, not by a run
+or by the dataset; hashing and fsync run in background threads beside the gathering.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,262 +20,17 @@ import numpy as np
 
 from aml_pipeline.core.clean import CLEAN_CAUSES
 from aml_pipeline.core.hashing import BackgroundSnapshotHasher, SnapshotHasher
-from aml_pipeline.core.lineage import RunContext, RunLineage, classify_lineage
-from aml_pipeline.core.manifest import SPLITS, build_manifest, build_sidecar, to_json_bytes
-from aml_pipeline.core.normalize import MomentAccumulator, NormStats, accumulate_window_stats, apply_norm
-from aml_pipeline.core.split import split_blocks, split_runs
+from aml_pipeline.core.manifest import build_manifest, build_sidecar, to_json_bytes
+from aml_pipeline.core.normalize import apply_norm
 from aml_pipeline.core.stats import LagCorrelation, NodeSummary, add_lag_pairs
 from aml_pipeline.core.windows import window_block
 from aml_pipeline.errors import BuildError
-from aml_pipeline.pipeline.incremental import inputs_key
-from aml_pipeline.pipeline.run_reader import RunWindows
+from aml_pipeline.pipeline.stages.norm import Normalization
+from aml_pipeline.pipeline.stages.split import DatasetPlan
+from aml_pipeline.pipeline.stages.windows import Columns, RunWindows
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.pipeline.versions import stage_versions
+from aml_pipeline.snapshot.layout import ARRAYS
 from aml_pipeline.spec import DatasetSpec
-
-SPLIT_FILE = "split.json"
-NORM_FILE = "norm.json"
-
-
-@dataclass
-class DatasetPlan:
-    """Which runs go where. ``split`` is the manifest's ``split`` section."""
-
-    split: dict[str, Any]
-    lineage: RunLineage | None
-    runs: dict[str, dict[str, Any]]  # run id -> windows-stage summary, for runs in the dataset
-
-    def ordered_runs(self) -> list[tuple[str, str]]:
-        """(split, run id) in snapshot order: train, val, test; runs in split order."""
-        return [(part, r) for part in SPLITS for r in self.split[f"{part}RunIds"]]
-
-    def key(self, spec: DatasetSpec) -> str:
-        """What the later stages are computed from: the split and each run's windows data version."""
-        return inputs_key(
-            stage_versions(spec).split,
-            self.split,
-            None if self.lineage is None else self.lineage.to_json(),
-            {r: m.get("dataVersion") for r, m in sorted(self.runs.items())},
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "split": self.split,
-            "lineage": None if self.lineage is None else self.lineage.to_json(),
-            "runs": self.runs,
-        }
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> DatasetPlan:
-        lin = obj.get("lineage")
-        return cls(obj["split"], None if lin is None else RunLineage(**lin), obj["runs"])
-
-
-def plan_dataset(spec: DatasetSpec, run_ids: Sequence[str], store: DatasetStore) -> DatasetPlan:
-    """Split the given runs (the dataset's partitions) by run, never by window."""
-    fingerprint = stage_versions(spec).windows
-    metas: dict[str, dict[str, Any]] = {}
-    excluded: list[dict[str, str]] = []
-    for run_id in run_ids:
-        meta = store.read_meta(run_id, "windows")
-        if meta is None:
-            excluded.append({"runId": run_id, "reason": "run_windows not materialised for this run"})
-        elif meta.get("fingerprint") != fingerprint:
-            raise BuildError(
-                f"run {run_id!r}: its windows were built for another version of spec {spec.id!r} "
-                f"({meta.get('fingerprint')}, now {fingerprint}); rematerialise the run partitions"
-            )
-        else:
-            metas[run_id] = meta
-
-    lineage: RunLineage | None = None
-    if spec.extras is not None:
-        lineage = classify_lineage(
-            (
-                RunContext(
-                    r,
-                    bool(m["run"]["context_confirmed"]),
-                    m["run"]["recipe_version"],
-                    m["run"]["recipe_content_hash"],
-                )
-                for r, m in metas.items()
-            ),
-            recipe_version=spec.extras.recipe_version,
-            recipe_content_hash=spec.extras.recipe_content_hash,
-        )
-        excluded.extend(lineage.excluded)
-
-    lineage_out = lineage.excluded_ids if lineage else set()
-    candidates: list[tuple[str, int]] = []
-    for run_id, meta in metas.items():
-        if run_id in lineage_out:
-            continue
-        if meta["windows"] == 0:
-            excluded.append({"runId": run_id, "reason": f"no windows: {meta['reason']}"})
-        else:
-            candidates.append((run_id, int(meta["run"]["started_at"])))
-    excluded.sort(key=lambda e: e["runId"])
-
-    if not candidates:
-        reasons = "; ".join(f"{e['runId']}: {e['reason']}" for e in excluded[:3])
-        more = f" (and {len(excluded) - 3} more)" if len(excluded) > 3 else ""
-        raise BuildError(
-            f"spec {spec.id!r}: the build yields no windows from {len(run_ids)} run(s)"
-            + (f" — {reasons}{more}" if reasons else ""),
-            code="NO_WINDOWS",
-        )
-    s = spec.split
-    parts = split_runs(candidates, method=s.method, train=s.train, val=s.val, test=s.test, seed=s.seed)
-    if not parts["train"]:
-        raise BuildError(
-            f"spec {spec.id!r}: no run falls into train ({len(candidates)} run(s) with windows, "
-            f"split {s.method}); normalisation is fitted on train only",
-            code="NO_TRAIN_RUNS",
-        )
-    windows = {r: int(metas[r]["windows"]) for r, _ in candidates}
-    split = {
-        "trainRunIds": parts["train"],
-        "valRunIds": parts["val"],
-        "testRunIds": parts["test"],
-        "excluded": excluded,
-        **{part: sum(windows[r] for r in parts[part]) for part in SPLITS},
-        "blocks": split_blocks(parts, windows),
-    }
-    return DatasetPlan(split, lineage, {r: metas[r] for r, _ in candidates})
-
-
-def _checked(spec: DatasetSpec, store: DatasetStore, name: str, asset: str, stage: str) -> dict[str, Any]:
-    try:
-        obj = store.read_json(name)
-    except FileNotFoundError:
-        raise BuildError(f"spec {spec.id!r}: {asset} has not been materialised yet") from None
-    if obj.get("fingerprint") != stage_versions(spec).of(stage):
-        raise BuildError(
-            f"spec {spec.id!r}: the stored {asset} was built for another version of the spec; "
-            f"rematerialise {asset}"
-        )
-    return obj
-
-
-def save_plan(spec: DatasetSpec, plan: DatasetPlan, store: DatasetStore) -> Path:
-    return store.write_json(SPLIT_FILE, {"fingerprint": stage_versions(spec).split, **plan.to_json()})
-
-
-def load_plan(spec: DatasetSpec, store: DatasetStore) -> DatasetPlan:
-    return DatasetPlan.from_json(_checked(spec, store, SPLIT_FILE, "dataset_split", "split"))
-
-
-def run_windows(store: DatasetStore, plan: DatasetPlan, run_id: str) -> RunWindows:
-    """The stored windows stage of a run of the plan."""
-    return RunWindows(store, run_id, plan.runs[run_id])
-
-
-@dataclass
-class Columns:
-    """Column indices of the three window groups in the node-ordered grid."""
-
-    controls: list[int]
-    targets: list[int]
-
-    @classmethod
-    def of(cls, spec: DatasetSpec) -> Columns:
-        idx = {n: j for j, n in enumerate(spec.node_ids)}
-        return cls([idx[n] for n in spec.control_ids], [idx[n] for n in spec.target_ids])
-
-
-@dataclass
-class Normalization:
-    x: NormStats
-    u: NormStats
-    y: NormStats
-
-    def to_json(self, spec: DatasetSpec) -> dict[str, Any]:
-        out = {}
-        for key, stats, names in (
-            ("x", self.x, spec.node_ids),
-            ("u", self.u, spec.control_ids),
-            ("y", self.y, spec.target_ids),
-        ):
-            out[key] = stats.to_json()
-            out[key]["zeroStd"] = [n for n, z in zip(names, stats.zero_std, strict=True) if z]
-        return out
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any], spec: DatasetSpec) -> Normalization:
-        def stats(key: str, names: list[str]) -> NormStats:
-            g = obj[key]
-            if len(g["mean"]) != len(names):
-                raise BuildError(
-                    f"spec {spec.id!r}: stored normalisation of {key} has {len(g['mean'])} columns, "
-                    f"the spec {len(names)}; rematerialise normalization_stats"
-                )
-            return NormStats(
-                mean=np.asarray(g["mean"], dtype=np.float64),
-                std=np.asarray(g["std"], dtype=np.float64),
-                zero_std=np.asarray([n in g["zeroStd"] for n in names], dtype=bool),
-                count=float("nan"),
-            )
-
-        return cls(stats("x", spec.node_ids), stats("u", spec.control_ids), stats("y", spec.target_ids))
-
-
-def save_norm(spec: DatasetSpec, norm: Normalization, store: DatasetStore, plan: DatasetPlan) -> Path:
-    return store.write_json(
-        NORM_FILE, {"fingerprint": stage_versions(spec).norm, "inputs": plan.key(spec), **norm.to_json(spec)}
-    )
-
-
-def fit_or_reuse_normalization(spec: DatasetSpec, plan: DatasetPlan, store: DatasetStore) -> tuple[Normalization, bool]:
-    """The stored statistics when they were fitted on exactly this plan (nothing is read again),
-    else freshly fitted and saved. Returns them and whether they were reused."""
-    try:
-        stored = store.read_json(NORM_FILE)
-    except FileNotFoundError:
-        stored = None
-    if stored and stored.get("fingerprint") == stage_versions(spec).norm and stored.get("inputs") == plan.key(spec):
-        return Normalization.from_json(stored, spec), True
-    norm = fit_normalization(spec, plan, store)
-    save_norm(spec, norm, store, plan)
-    return norm, False
-
-
-def load_norm(spec: DatasetSpec, store: DatasetStore, plan: DatasetPlan) -> Normalization:
-    """The stored statistics, which must have been fitted on ``plan``."""
-    obj = _checked(spec, store, NORM_FILE, "normalization_stats", "norm")
-    if obj.get("inputs") != plan.key(spec):
-        raise BuildError(
-            f"spec {spec.id!r}: the stored normalization_stats were fitted on another split or other "
-            "run data than the current dataset_split; rematerialise normalization_stats"
-        )
-    return Normalization.from_json(obj, spec)
-
-
-def fit_normalization(spec: DatasetSpec, plan: DatasetPlan, store: DatasetStore) -> Normalization:
-    """mean/std per column over train windows only (float64), streamed block by block.
-
-    Each fixed grid block of a run is one batch of the moment accumulators, with the starts of
-    every window that reads a row of it; runs are merged in split order.
-    """
-    cols = Columns.of(spec)
-    H, F = spec.history_steps, spec.horizon_steps
-    n = len(spec.node_ids)
-    total = tuple(MomentAccumulator(w) for w in (n, len(cols.controls), len(cols.targets)))
-    for run_id in plan.split["trainRunIds"]:
-        run = run_windows(store, plan, run_id)
-        acc = tuple(MomentAccumulator(a.n_cols) for a in total)
-        reader = run.starts()
-        for r0, r1 in run.blocks():
-            # Windows t read rows t-H..t+F-1: those touching rows r0..r1-1 start in r0-F+1..r1+H-1.
-            starts = reader.between(r0 - F + 1, r1 + H)
-            accumulate_window_stats(*acc, run.grid_rows(r0, r1), starts, H, F, cols.controls, cols.targets, first_row=r0)
-        for a, p in zip(total, acc, strict=True):
-            a.merge(p)
-    if total[0].count == 0:
-        raise BuildError(f"spec {spec.id!r}: no train windows to fit normalisation on", code="NO_TRAIN_RUNS")
-    return Normalization(*(a.result() for a in total))
-
-
-# ---- snapshot writing ------------------------------------------------------------------------
 
 
 @dataclass
@@ -411,14 +167,13 @@ def _write_file(path: Path, data: bytes, syncer: _Syncer, hasher: SnapshotHasher
 
 def array_name(kind: str) -> str:
     """The snapshot file of an array kind (``x`` -> ``arrays/x.f32``)."""
-    return f"arrays/{kind}.{'f64' if kind == 'timestamps' else 'f32'}"
+    return ARRAYS[kind][0]
 
 
 def write_snapshot_files(
-    spec: DatasetSpec,
+    store: DatasetStore,
     plan: DatasetPlan,
     norm: Normalization,
-    store: DatasetStore,
     staging: Path,
     *,
     availability_watermark: int | None,
@@ -438,6 +193,7 @@ def write_snapshot_files(
     ``wait_durable=False`` it returns once every byte is written (closed) and hashed, while
     the last fsyncs may still run: call ``wait_durable()`` on the result before publishing.
     """
+    spec = store.spec
     (staging / "arrays").mkdir(parents=True, exist_ok=False)
     cols = Columns.of(spec)
     spec_json = spec.to_json_bytes()
@@ -472,10 +228,10 @@ def write_snapshot_files(
         linked = dict(linked or {})
         if array_name("x") in linked:
             for run_id in run_order:  # the report is otherwise built during the x pass
-                report.add_run(run_windows(store, plan, run_id), plan)
+                report.add_run(RunWindows(store, run_id, plan.runs[run_id]), plan)
         for kind in kinds:
             name = array_name(kind)
-            dtype = "<f8" if kind == "timestamps" else "<f4"
+            dtype = ARRAYS[kind][1]
             if name in linked:
                 os.link(linked[name], staging / name)
                 hasher.add_file(name, staging / name)
@@ -486,7 +242,7 @@ def write_snapshot_files(
             try:
                 unsynced = 0
                 for run_id in run_order:
-                    run = run_windows(store, plan, run_id)
+                    run = RunWindows(store, run_id, plan.runs[run_id])
                     if kind == "x":
                         report.add_run(run, plan)
                     for block in window_blocks(kind, run, spec, cols, norm):

@@ -1,0 +1,185 @@
+"""The split stage: the dataset's runs split into train, val and test by run, never by window.
+
+v2 specs classify each run's lineage first (runs whose recipe does not match are excluded, with
+the reason); runs without windows are excluded too. Chronological or hashed
+(:func:`aml_pipeline.core.split.split_runs`); one block per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aml_pipeline.core.lineage import RunContext, RunLineage, classify_lineage
+from aml_pipeline.core.split import split_blocks, split_runs
+from aml_pipeline.errors import BuildError
+from aml_pipeline.pipeline.metadata import FilePath, Markdown, Table
+from aml_pipeline.pipeline.reports import lineage_rows, lineage_summary, overview_markdown
+from aml_pipeline.pipeline.stages.base import Stage, inputs_key
+from aml_pipeline.pipeline.stages.windows import WINDOWS
+from aml_pipeline.pipeline.store import DatasetStore
+from aml_pipeline.snapshot.layout import SPLITS
+from aml_pipeline.spec import DatasetSpec
+
+
+def _covers(spec: DatasetSpec, j: Mapping[str, Any]) -> dict[str, Any]:
+    extras = j.get("extras")
+    return {
+        "split": j["split"],
+        # v2 lineage decides which runs are excluded.
+        "lineage": None if extras is None else [extras["recipeVersion"], extras["recipeContentHash"]],
+    }
+
+
+SPLIT = Stage(
+    name="split",
+    asset="dataset_split",
+    upstream="windows",
+    per_run=False,
+    algorithm=1,
+    covers=_covers,
+    files=("split.json",),
+    description="Runs split by run (never by window) into train/val/test; lineage (v2); exclusions with reasons.",
+)
+
+
+@dataclass
+class DatasetPlan:
+    """Which runs go where. ``split`` is the manifest's ``split`` section; ``fingerprint`` the
+    split stage's version it was planned under."""
+
+    split: dict[str, Any]
+    lineage: RunLineage | None
+    runs: dict[str, dict[str, Any]]  # run id -> windows-stage summary, for runs in the dataset
+    fingerprint: str
+
+    def ordered_runs(self) -> list[tuple[str, str]]:
+        """(split, run id) in snapshot order: train, val, test; runs in split order."""
+        return [(part, r) for part in SPLITS for r in self.split[f"{part}RunIds"]]
+
+    def key(self) -> str:
+        """What the later stages are computed from: the split and each run's windows data version."""
+        return inputs_key(
+            self.fingerprint,
+            self.split,
+            None if self.lineage is None else self.lineage.to_json(),
+            {r: m.get("dataVersion") for r, m in sorted(self.runs.items())},
+        )
+
+    def line(self) -> str:
+        s = self.split
+        return (
+            f"split: train {len(s['trainRunIds'])} runs / {s['train']} windows, val {len(s['valRunIds'])} / "
+            f"{s['val']}, test {len(s['testRunIds'])} / {s['test']}, excluded {len(s['excluded'])}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "split": self.split,
+            "lineage": None if self.lineage is None else self.lineage.to_json(),
+            "runs": self.runs,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> DatasetPlan:
+        lin = obj.get("lineage")
+        return cls(obj["split"], None if lin is None else RunLineage(**lin), obj["runs"], obj["fingerprint"])
+
+
+def plan_dataset(store: DatasetStore, run_ids: Sequence[str]) -> DatasetPlan:
+    """Split the given runs (the dataset's partitions) by run, never by window."""
+    spec = store.spec
+    metas: dict[str, dict[str, Any]] = {}
+    excluded: list[dict[str, str]] = []
+    for run_id in run_ids:
+        meta = store.read_meta(run_id, WINDOWS)
+        if meta is None:
+            excluded.append({"runId": run_id, "reason": "run_windows not materialised for this run"})
+        elif not store.versions.is_current(WINDOWS, meta):
+            raise BuildError(
+                f"run {run_id!r}: its windows were built for another version of spec {spec.id!r} "
+                f"({meta.get('fingerprint')}, now {store.versions[WINDOWS]}); rematerialise the run partitions"
+            )
+        else:
+            metas[run_id] = meta
+
+    lineage: RunLineage | None = None
+    if spec.extras is not None:
+        lineage = classify_lineage(
+            (
+                RunContext(
+                    r,
+                    bool(m["run"]["context_confirmed"]),
+                    m["run"]["recipe_version"],
+                    m["run"]["recipe_content_hash"],
+                )
+                for r, m in metas.items()
+            ),
+            recipe_version=spec.extras.recipe_version,
+            recipe_content_hash=spec.extras.recipe_content_hash,
+        )
+        excluded.extend(lineage.excluded)
+
+    lineage_out = lineage.excluded_ids if lineage else set()
+    candidates: list[tuple[str, int]] = []
+    for run_id, meta in metas.items():
+        if run_id in lineage_out:
+            continue
+        if meta["windows"] == 0:
+            excluded.append({"runId": run_id, "reason": f"no windows: {meta['reason']}"})
+        else:
+            candidates.append((run_id, int(meta["run"]["started_at"])))
+    excluded.sort(key=lambda e: e["runId"])
+
+    if not candidates:
+        reasons = "; ".join(f"{e['runId']}: {e['reason']}" for e in excluded[:3])
+        more = f" (and {len(excluded) - 3} more)" if len(excluded) > 3 else ""
+        raise BuildError(
+            f"spec {spec.id!r}: the build yields no windows from {len(run_ids)} run(s)"
+            + (f" — {reasons}{more}" if reasons else ""),
+            code="NO_WINDOWS",
+        )
+    s = spec.split
+    parts = split_runs(candidates, method=s.method, train=s.train, val=s.val, test=s.test, seed=s.seed)
+    if not parts["train"]:
+        raise BuildError(
+            f"spec {spec.id!r}: no run falls into train ({len(candidates)} run(s) with windows, "
+            f"split {s.method}); normalisation is fitted on train only",
+            code="NO_TRAIN_RUNS",
+        )
+    windows = {r: int(metas[r]["windows"]) for r, _ in candidates}
+    split = {
+        "trainRunIds": parts["train"],
+        "valRunIds": parts["val"],
+        "testRunIds": parts["test"],
+        "excluded": excluded,
+        **{part: sum(windows[r] for r in parts[part]) for part in SPLITS},
+        "blocks": split_blocks(parts, windows),
+    }
+    return DatasetPlan(split, lineage, {r: metas[r] for r, _ in candidates}, store.versions[SPLIT])
+
+
+def save_plan(store: DatasetStore, plan: DatasetPlan) -> Path:
+    return store.write_dataset_stage(SPLIT, plan.to_json())
+
+
+def load_plan(store: DatasetStore) -> DatasetPlan:
+    return DatasetPlan.from_json(store.require_dataset_stage(SPLIT))
+
+
+def split_figures(store: DatasetStore, plan: DatasetPlan) -> dict[str, Any]:
+    """Windows and runs per split, the exclusions with reasons, lineage, and the overview plot."""
+    split = plan.split
+    return {
+        **{f"windows_{p}": split[p] for p in SPLITS},
+        **{f"runs_{p}": len(split[f"{p}RunIds"]) for p in SPLITS},
+        "runs_excluded": len(split["excluded"]),
+        "excluded": Table(split["excluded"]),
+        "overview": Markdown(overview_markdown(store, plan)),
+        "lineage_verified": plan.lineage.lineage_verified if plan.lineage else 0,
+        "lineage": lineage_summary(store, plan),
+        "lineage_per_run": Table(lineage_rows(store, plan)),
+        "path": FilePath(store.dataset_stage_path(SPLIT)),
+    }
