@@ -50,7 +50,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from aml_pipeline.defs.inprocess import materialize_dataset
+    from aml_pipeline.runner.build import materialize_dataset
     from aml_pipeline.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -76,7 +76,7 @@ def _instance(args: argparse.Namespace):
     if os.environ.get("DAGSTER_HOME") and not getattr(args, "ephemeral", False):
         import dagster as dg
 
-        from aml_pipeline.defs.inprocess import instance_failures
+        from aml_pipeline.runner.instance import instance_failures
 
         with instance_failures(f"in {os.environ['DAGSTER_HOME']}"):
             return dg.DagsterInstance.get()
@@ -468,8 +468,8 @@ class _FirstLine(logging.Formatter):
 
 class _Once(logging.Filter):
     """Each line once per command. While the instance database is down, Dagster logs the same
-    retry warning at every attempt of every call (24 lines before the build's one-line error,
-    measured with a stopped PostgreSQL); the first says what is happening."""
+    retry warning at every attempt of every call, dozens of lines before the build's one-line
+    error; the first says what is happening."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -513,7 +513,8 @@ def _runs_in_tsdb(url: str, limit: int = 4) -> str:
     """What the TSDB does hold, by line, product and recipe (for a NO_RUNS message)."""
     from collections import Counter
 
-    from aml_pipeline.tsdb import open_tsdb, printable_url
+    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.urls import redact_url
 
     try:
         with open_tsdb(url) as db:
@@ -521,14 +522,14 @@ def _runs_in_tsdb(url: str, limit: int = 4) -> str:
     except AmlError as e:
         return f"the TSDB cannot list its runs ({e.one_line()})"
     if not runs:
-        return f"{printable_url(url)} holds no runs at all (ingest them with `aml-pipeline ingest`)"
+        return f"{redact_url(url)} holds no runs at all (ingest them with `aml-pipeline ingest`)"
     groups = Counter((r.line_id, r.product_id, r.recipe_id, r.finished) for r in runs)
     shown = [
         f"{n} {'finished' if finished else 'running'} of line {line}, product {product}, recipe {recipe}"
         for (line, product, recipe, finished), n in groups.most_common(limit)
     ]
     more = f" and {len(groups) - limit} more groups" if len(groups) > limit else ""
-    return f"{printable_url(url)} holds {len(runs)} runs: " + "; ".join(shown) + more
+    return f"{redact_url(url)} holds {len(runs)} runs: " + "; ".join(shown) + more
 
 
 def _check_looks_like_a_snapshot(directory: Path) -> None:

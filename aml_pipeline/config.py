@@ -83,9 +83,10 @@ def backfill_runs_per_chunk() -> int:
 
 def run_plots() -> bool:
     """Whether each run's figures in the instance include its plot (``AML_RUN_PLOTS``: ``on``, the
-    default, or ``off``). The plot is about 14 KB of the 24 KB a run's figures take in the event
-    log, and about 6 ms of a run's orchestration; at tens of thousands of runs a deployment may
-    rather keep the event log small (the dataset's overview plot is drawn either way)."""
+    default, or ``off``). The plot is most of what a run's figures take in the event log, and part
+    of a run's orchestration time (``bench/plots_bench.py`` measures both); at tens of thousands
+    of runs a deployment may rather keep the event log small (the dataset's overview plot is
+    drawn either way)."""
     value = os.environ.get("AML_RUN_PLOTS", "").strip().lower() or "on"
     if value not in ("on", "off"):
         from aml_pipeline.errors import AmlError

@@ -18,7 +18,8 @@ from typing import Any
 from aml_pipeline import config
 from aml_pipeline.errors import AmlError
 from aml_pipeline.spec import DatasetSpec, load_spec
-from aml_pipeline.tsdb import open_tsdb, printable_url
+from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.urls import redact_url
 
 DEMO_SPEC = config.REPO_ROOT / "specs" / "reactor_a.yaml"
 
@@ -73,7 +74,7 @@ def seed_demo(tsdb_url: str, *, runs: int, seed: int = 0, own_file: Path | None 
     if own_file is None or not earlier_demo:
         what = f"{len(have)} runs of an earlier demo" if earlier_demo else f"{len(have)} runs that are not the demo's"
         raise AmlError(
-            f"{printable_url(tsdb_url)} holds {what}; the demo re-seeds only its own embedded file "
+            f"{redact_url(tsdb_url)} holds {what}; the demo re-seeds only its own embedded file "
             f"(AML_TSDB_URL unset): use a fresh AML_HOME, or remove that TSDB",
             code="DEMO_TSDB_IN_USE",
         )
@@ -142,13 +143,13 @@ def run_demo(
     console_log_level: str = "INFO",
     say: Say = _stderr,
 ) -> dict[str, Any]:
-    from aml_pipeline.defs.inprocess import materialize_dataset
+    from aml_pipeline.runner.build import materialize_dataset
 
     home.mkdir(parents=True, exist_ok=True)
     configured = os.environ.get("AML_TSDB_URL")
     url = configured or config.default_tsdb_url(home)
     own_file = None if configured else home / "tsdb.duckdb"
-    say(f"seeding the simulated plant ({runs} runs) into {printable_url(url)}")
+    say(f"seeding the simulated plant ({runs} runs) into {redact_url(url)}")
     seeding = seed_demo(url, runs=runs, own_file=own_file)
     if seeding.replaced:
         say(f"  it held the {seeding.replaced} runs of an earlier demo: re-seeded with {runs} runs "

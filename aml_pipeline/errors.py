@@ -100,12 +100,6 @@ class BuildError(AmlError):
     code = "BUILD_FAILED"
 
 
-class VerifyError(AmlError):
-    """A snapshot whose bytes do not match its recorded hash."""
-
-    code = "SNAPSHOT_TAMPERED"
-
-
 class DiskFullError(AmlError):
     """A write ran out of space (ENOSPC/EDQUOT): the step fails as one line naming the path, and
     how many bytes it needed where that is known; nothing partial is left visible."""

@@ -30,11 +30,3 @@ def check_external_id(value: str, *, what: str) -> str:
         )
     return value
 
-
-def invalid_external_ids(values) -> list[str]:
-    """The distinct values of an id column that :func:`check_external_id` would refuse."""
-    bad = []
-    for v in set(values):
-        if not isinstance(v, str) or not EXTERNAL_ID_RE.fullmatch(v) or ".." in v:
-            bad.append(v)
-    return sorted(bad, key=str)

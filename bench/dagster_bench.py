@@ -1,6 +1,6 @@
 """The Dagster build against the library-only build of the same workload.
 
-Dagster: ``aml_pipeline.defs.inprocess.materialize_dataset`` (what ``aml-pipeline build`` runs)
+Dagster: ``aml_pipeline.runner.build.materialize_dataset`` (what ``aml-pipeline build`` runs)
 with its default executor, recording into a persistent SQLite instance: a temporary
 ``DAGSTER_HOME`` with a ``dagster.yaml`` (:func:`persistent_instance`), created and opened
 before the clock, as a deployment's instance exists before a build. One fresh instance per
@@ -105,7 +105,7 @@ def instance_urls(pg_base_url: str | None, pg_pooled_url: str | None, name: str)
 
 
 def materialize(spec_dict: dict[str, Any], tsdb_url: str, out: Path, instance: Any, **kwargs: Any) -> dict[str, Any]:
-    from aml_pipeline.defs.inprocess import materialize_dataset
+    from aml_pipeline.runner.build import materialize_dataset
     from aml_pipeline.spec import parse_spec
 
     return materialize_dataset(
@@ -268,7 +268,7 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
 def _record_in_chunks(job: Any, instance: Any, keys: list[str], chunk_runs: int, what: str) -> None:
     """``job`` over ``keys`` in chunks of ``chunk_runs`` run partitions, one Dagster run each, with
     the build's run tags (its event settings are the caller's)."""
-    from aml_pipeline.defs.inprocess import build_tags
+    from aml_pipeline.runner.instance import build_tags
     from aml_pipeline.defs.partitions import range_tags
 
     run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -293,7 +293,7 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
     check results, no per-run figures. What the build's ``ms_per_run`` adds on top of this floor
     is the product's own orchestration cost (the figures' observations and the plots)."""
     from aml_pipeline.config import backfill_runs_per_chunk
-    from aml_pipeline.defs.inprocess import build_event_settings
+    from aml_pipeline.runner.jobs import build_event_settings
 
     partitions, job, carrier = _run_stages_job("floor", figures="none")
     keys = [f"run-{i:06d}" for i in range(runs)]
@@ -356,7 +356,7 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
     import dagster as dg
 
     from aml_pipeline.config import backfill_runs_per_chunk
-    from aml_pipeline.defs.inprocess import build_event_settings
+    from aml_pipeline.runner.jobs import build_event_settings
 
     chunk_runs = backfill_runs_per_chunk()
     stack = contextlib.ExitStack()
@@ -432,7 +432,7 @@ def workers_unsupported() -> str | None:
     """Why ``--workers`` (issue 11) cannot be measured yet, or None."""
     import inspect
 
-    from aml_pipeline.defs.inprocess import materialize_dataset
+    from aml_pipeline.runner.build import materialize_dataset
 
     if "workers" not in inspect.signature(materialize_dataset).parameters:
         return "materialize_dataset has no workers parameter yet (issue 11: build --workers N)"
@@ -451,7 +451,7 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from aml_pipeline.defs.inprocess import start_step_server
+    from aml_pipeline.runner.parallel import start_step_server
     from aml_pipeline.pipeline.stages import WINDOWS
     from aml_pipeline.pipeline.store import DatasetStore
     from aml_pipeline.spec import parse_spec

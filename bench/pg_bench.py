@@ -5,7 +5,7 @@ The workload's points are copied from its DuckDB file into a fresh schema (the a
 
 * fetch: ``fetch_node_series`` (keyset pages through ``PostgresTsdb.query_page``) for every
   (run, node) of the spec, as ``pipeline.runs.fetch_run`` reads them;
-* COPY: ``PostgresTsdb.copy_reference`` - ``COPY (SELECT ts, value, state FROM points WHERE
+* COPY: ``bench.pg_copy.copy_points`` - ``COPY (SELECT ts, value, state FROM points WHERE
   run_key = ANY(...) AND node_key = ANY(...)) TO STDOUT``, rows received and dropped by libpq.
 
 The three alternate (``bench.timing.side_by_side``), each timed around the whole call.
@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
+from bench.pg_copy import copy_points
 from bench.timing import side_by_side
 
 
@@ -144,7 +145,7 @@ def _measure(PostgresTsdb: Any, base_url: str, tsdb_url: str, spec_dict: dict[st
             return n
 
         def copy(fmt: str):
-            return lambda: db.copy_reference(run_ids, spec.node_ids, fmt=fmt)[0]
+            return lambda: copy_points(url, run_ids, spec.node_ids, fmt=fmt)[0]
 
         cmp = side_by_side({"fetch": fetch, "copy_text": copy("text"), "copy_binary": copy("binary")}, repeat=repeat)
         fetched, copied = cmp.values["fetch"], cmp.values["copy_text"]

@@ -85,7 +85,7 @@ def _build_event_log_bytes(workload, plots: bool, directory: Path) -> int:
     import os
     from unittest import mock
 
-    from aml_pipeline.defs.inprocess import materialize_dataset
+    from aml_pipeline.runner.build import materialize_dataset
     from aml_pipeline.spec import parse_spec
 
     fresh_dir(directory)

@@ -40,10 +40,10 @@ MAD_SCALE = 1.4826
 """Consistency constant making ``MAD_SCALE * MAD`` estimate the standard deviation of a normal."""
 
 # Largest window (2k+1) sorted by a network. Above it the comparator count (~w log^2 w) makes a
-# row-wise np.sort cheaper; measured crossover (one AVX-512 core) is around w = 41 (k = 20).
+# row-wise np.sort cheaper (bench/hampel_bench.py finds the crossover).
 _NETWORK_MAX_WINDOW = 41
-# A network costs ~1 us of call overhead per comparator whatever the length, so short series are
-# cheaper with a row-wise sort; the measured crossover is about 2 * w**2 interior points.
+# A network costs a fixed call overhead per comparator whatever the length, so short series are
+# cheaper with a row-wise sort, below about 2 * w**2 interior points.
 _NETWORK_MIN_POINTS_PER_W2 = 2
 # The network's live buffers (about 2k+4 float64 columns of one block) should stay in L2; blocks
 # much below 2K points pay more in ufunc call overhead than they gain in cache hits.

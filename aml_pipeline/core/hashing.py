@@ -21,46 +21,9 @@ from typing import Any
 # One definition of the layout and the hashed file list, shared with the consumers' reader
 # (aml_pipeline.snapshot, which imports nothing of the pipeline). DIGEST_FILE sits beside the
 # hashed files and is not itself hashed.
-from aml_pipeline.snapshot.layout import DIGEST_FILE, MANIFEST_FILE, SPEC_FILE, hashed_files
+from aml_pipeline.snapshot.layout import DIGEST_FILE, MANIFEST_FILE, SPEC_FILE, SnapshotHasher, hashed_files
 
 _CHUNK = 8 << 20
-
-
-class SnapshotHasher:
-    """Incremental form of the snapshot hash, so a writer can hash bytes as it writes them.
-
-    Also keeps a per-file sha256 so that a failed verification can name the file that changed.
-    """
-
-    def __init__(self, spec_json: bytes) -> None:
-        self._total = hashlib.sha256(spec_json)
-        self.files: dict[str, str] = {SPEC_FILE: hashlib.sha256(spec_json).hexdigest()}
-        self._name: str | None = None
-        self._file: Any = None
-
-    def begin(self, name: str) -> None:
-        if self._name is not None:
-            raise RuntimeError(f"file {self._name} is still open in the hasher")
-        self._total.update(name.encode("utf-8"))
-        self._name, self._file = name, hashlib.sha256()
-
-    def update(self, data: bytes | memoryview) -> None:
-        self._total.update(data)
-        self._file.update(data)
-
-    def end(self) -> None:
-        assert self._name is not None
-        self.files[self._name] = self._file.hexdigest()
-        self._name, self._file = None, None
-
-    def add_file(self, name: str, path: Path) -> None:
-        self.begin(name)
-        for chunk in _read_chunks(path):
-            self.update(chunk)
-        self.end()
-
-    def hexdigest(self) -> str:
-        return self._total.hexdigest()
 
 
 class BackgroundSnapshotHasher(SnapshotHasher):
@@ -177,27 +140,22 @@ class SnapshotDigest:
 
 
 def digest_snapshot(snapshot_dir: str | Path) -> SnapshotDigest:
-    """Recompute the hash of a snapshot directory from its files."""
-    root = Path(snapshot_dir)
-    spec_json = (root / SPEC_FILE).read_bytes()
-    manifest = json.loads((root / MANIFEST_FILE).read_bytes())
-    hasher = SnapshotHasher(spec_json)
-    for name in hashed_files(manifest):
-        hasher.add_file(name, root / name)
+    """Recompute the hash of a snapshot directory from its files, with per-file digests."""
+    hasher = _hash_files(Path(snapshot_dir), per_file=True)
     return SnapshotDigest(hasher.hexdigest(), hasher.files)
 
 
 def snapshot_sha256(snapshot_dir: str | Path) -> str:
     """The snapshot hash alone (one sha256 pass over the bytes; no per-file digests)."""
-    root = Path(snapshot_dir)
-    spec_json = (root / SPEC_FILE).read_bytes()
+    return _hash_files(Path(snapshot_dir), per_file=False).hexdigest()
+
+
+def _hash_files(root: Path, *, per_file: bool) -> SnapshotHasher:
     manifest = json.loads((root / MANIFEST_FILE).read_bytes())
-    total = hashlib.sha256(spec_json)
+    hasher = SnapshotHasher((root / SPEC_FILE).read_bytes(), per_file=per_file)
     for name in hashed_files(manifest):
-        total.update(name.encode("utf-8"))
-        for chunk in _read_chunks(root / name):
-            total.update(chunk)
-    return total.hexdigest()
+        hasher.add_file(name, root / name)
+    return hasher
 
 
 def _read_chunks(path: Path) -> Iterator[memoryview]:

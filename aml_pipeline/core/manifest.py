@@ -11,15 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aml_pipeline.core.lineage import RunLineage
+from aml_pipeline.snapshot.layout import ARRAYS, SIDECAR_FILE, SPLITS, V1_ARRAYS
 
-ARRAYS_V1 = {"x": "arrays/x.f32", "u": "arrays/u.f32", "y": "arrays/y.f32"}
-ARTIFACTS_V2 = {
-    **ARRAYS_V1,
-    "timestamps": "arrays/timestamps.f64",
-    "mask": "arrays/mask.f32",
-    "sidecar": "arrays/sidecar.json",
-}
-SPLITS = ("train", "val", "test")
+ARRAYS_V1 = {k: ARRAYS[k][0] for k in V1_ARRAYS}
+ARTIFACTS_V2 = {**{k: f for k, (f, _) in ARRAYS.items()}, "sidecar": SIDECAR_FILE}
 
 
 def to_json_bytes(obj: Any) -> bytes:

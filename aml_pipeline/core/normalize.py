@@ -198,27 +198,6 @@ def accumulate_window_stats(
     acc_y.add(grid[:, tgt], future)
 
 
-def fit_window_stats(
-    grid: np.ndarray,
-    starts: np.ndarray,
-    history: int,
-    horizon: int,
-    control_cols: Sequence[int],
-    target_cols: Sequence[int],
-) -> tuple[MomentAccumulator, MomentAccumulator, MomentAccumulator]:
-    """Fresh x/u/y accumulators holding one run's windows (see :func:`accumulate_window_stats`)."""
-    grid = np.asarray(grid, dtype=np.float64)
-    if grid.ndim != 2:
-        raise ValueError(f"grid must be 2-D [rows, nodes], got shape {grid.shape}")
-    acc = (
-        MomentAccumulator(grid.shape[1]),
-        MomentAccumulator(len(control_cols)),
-        MomentAccumulator(len(target_cols)),
-    )
-    accumulate_window_stats(*acc, grid, starts, history, horizon, control_cols, target_cols)
-    return acc
-
-
 def apply_norm(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
     """``float32((v - mean) / std)`` computed in float64, broadcasting over the last axis."""
     v = np.asarray(values, dtype=np.float64)

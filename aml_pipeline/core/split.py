@@ -13,7 +13,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 
-SPLITS: tuple[str, ...] = ("train", "val", "test")
+from aml_pipeline.snapshot.layout import SPLITS
 SPLIT_METHODS: tuple[str, ...] = ("chronological", "hashed")
 
 

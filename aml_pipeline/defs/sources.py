@@ -20,7 +20,7 @@ import dagster as dg
 from aml_pipeline.defs.assets import TSDB_POINTS
 from aml_pipeline.defs.resources import TsdbResource
 from aml_pipeline.errors import AmlError
-from aml_pipeline.tsdb import printable_url
+from aml_pipeline.urls import redact_url
 
 OBSERVE_JOB = "observe_tsdb"
 OBSERVE_CRON = "*/15 * * * *"
@@ -50,7 +50,7 @@ with warnings.catch_warnings():
             nodes = db.list_nodes()
         finished = sum(r.finished for r in runs)
         metadata: dict[str, object] = {
-            "tsdb": printable_url(tsdb.url),
+            "tsdb": redact_url(tsdb.url),
             "watermark_ms": watermark if watermark is not None else -1,
             "runs_finished": finished,
             "runs_in_progress": len(runs) - finished,

@@ -31,11 +31,11 @@ from __future__ import annotations
 import hashlib
 import os
 import select
-from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from aml_pipeline.urls import redact_url
 from aml_pipeline.lease.base import (
     DEFAULT_LEASE_NAME,
     EnvLease,
@@ -109,20 +109,6 @@ def advisory_key(name: str) -> int:
     """The signed 64-bit advisory-lock key of a lease name (stable across hosts and versions)."""
     digest = hashlib.sha256(f"aml_pipeline.lease:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def redact_url(url: str) -> str:
-    """``url`` without password or query string, for messages and status."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        port = f":{parts.port}" if parts.port else ""
-        user = f"{parts.username}@" if parts.username else ""
-        return f"{parts.scheme}://{user}{host}{port}{parts.path}"
-    except ValueError:
-        return "postgresql://<unparseable url>"
 
 
 def _ascii(text: str) -> str:

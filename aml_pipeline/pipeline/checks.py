@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from aml_pipeline.core.hashing import verify_snapshot
-from aml_pipeline.core.manifest import SPLITS
+from aml_pipeline.snapshot.layout import ARRAYS, MANIFEST_FILE, SPLITS, V1_ARRAYS
 from aml_pipeline.pipeline.publish import Catalog, CatalogEntry
 
 # The blocking checks, by name, in the order they are reported.
@@ -89,7 +89,7 @@ def check_norm_from_train(snapshot: Path, manifest: dict[str, Any]) -> CheckOutc
     n_train = int(manifest["split"]["train"])
     problems: list[str] = []
     worst = 0.0
-    for key, rel in (("x", "arrays/x.f32"), ("u", "arrays/u.f32"), ("y", "arrays/y.f32")):
+    for key, rel in ((k, ARRAYS[k][0]) for k in V1_ARRAYS):
         shape = manifest["shapes"][key]
         cols = int(shape[2])
         if cols == 0 or n_train == 0:
@@ -196,7 +196,7 @@ def _column_sums_and_squares(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def check_finite_arrays(snapshot: Path, manifest: dict[str, Any]) -> CheckOutcome:
     """No NaN or inf in any array, read back from disk in chunks (bounded memory)."""
-    arrays = dict(manifest.get("artifacts") or {"x": "arrays/x.f32", "u": "arrays/u.f32", "y": "arrays/y.f32"})
+    arrays = dict(manifest.get("artifacts") or {k: ARRAYS[k][0] for k in V1_ARRAYS})
     arrays.pop("sidecar", None)
     bad: dict[str, int] = {}
     total = 0
@@ -236,7 +236,7 @@ def count_nonfinite(a: np.ndarray) -> int:
 
 def snapshot_checks(snapshot: Path, sha256: str, files: dict[str, str] | None = None) -> list[CheckOutcome]:
     """The four blocking checks, from the snapshot's own bytes (and its recorded hash)."""
-    manifest = json.loads((snapshot / "manifest.json").read_bytes())
+    manifest = json.loads((snapshot / MANIFEST_FILE).read_bytes())
     # The hash re-reads every byte and is sequential by nature (sha256 releases the GIL): it
     # runs beside the other checks, which read the bytes (and the train windows) themselves.
     with ThreadPoolExecutor(1, thread_name_prefix="check-hash") as pool:

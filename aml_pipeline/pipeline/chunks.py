@@ -22,12 +22,11 @@ from aml_pipeline import config
 GRID_BLOCK_BYTES = 8 << 20
 MIN_GRID_BLOCK_ROWS = 4096
 # Working set of cleaning and aligning, per raw point: the raw columns, masks, index arrays and the
-# Hampel network's buffers (measured peak about 100 bytes per point).
+# Hampel network's buffers, with room to spare over the peak ``bench/memory.py`` sees.
 CLEAN_BYTES_PER_POINT = 128
 # Share of the budget one cleaning chunk may take (the rest: interpreter, libraries, TSDB cache,
-# writer blocks). A small share also keeps the peak flat across run lengths: a 2-day run at 1 Hz
-# already fills whole chunks (262,144 points at the default 1024 MB), so a 16-day run peaks at
-# about the same memory (measured: 228 MB and 250 MB).
+# writer blocks). A small share also keeps the peak flat across run lengths: a run of a couple of
+# days at 1 Hz already fills whole chunks, so a run of weeks peaks at about the same memory.
 CLEAN_BUDGET_SHARE = 32
 
 
@@ -48,10 +47,10 @@ def release_freed_memory() -> bool:
     Streaming a run allocates and frees chunk-sized arrays over and over. glibc keeps freed
     blocks in its heap for reuse (fast: no page faults the next time), but fragmentation lets the
     resident size creep up with the number of chunks, i.e. with the run's length. The stages
-    trim after each node that took more than one chunk (page, block), which bounds it (measured:
-    a 16-day run peaked 1.33x a 2-day one without it); a node of one chunk leaves nothing the
-    next node would not reuse, and trimming there too cost about 15 % of a build of short runs
-    in page faults (as did a fixed mmap threshold: every large array in its own mapping).
+    trim after each node that took more than one chunk (page, block), which bounds it; a node of
+    one chunk leaves nothing the next node would not reuse, and trimming there too costs a build
+    of short runs its time in page faults (as does a fixed mmap threshold: every large array in
+    its own mapping).
     """
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from aml_pipeline.core.clean import CLEAN_CAUSES
-from aml_pipeline.core.hashing import BackgroundSnapshotHasher, SnapshotHasher
+from aml_pipeline.core.hashing import BackgroundSnapshotHasher
+from aml_pipeline.snapshot.layout import SnapshotHasher
 from aml_pipeline.core.manifest import build_manifest, build_sidecar, to_json_bytes
 from aml_pipeline.core.normalize import apply_norm
 from aml_pipeline.core.stats import LagCorrelation, NodeSummary, add_lag_pairs
@@ -29,7 +30,7 @@ from aml_pipeline.pipeline.stages.norm import Normalization
 from aml_pipeline.pipeline.stages.split import DatasetPlan
 from aml_pipeline.pipeline.stages.windows import Columns, RunWindows
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.snapshot.layout import ARRAYS
+from aml_pipeline.snapshot.layout import ARRAYS, SIDECAR_FILE
 from aml_pipeline.spec import DatasetSpec
 
 
@@ -268,7 +269,7 @@ def write_snapshot_files(
                 )
         if extras is not None:
             sidecar = to_json_bytes(build_sidecar(extras, plan.split, watermark))
-            _write_file(staging / "arrays" / "sidecar.json", sidecar, syncer, hasher, "arrays/sidecar.json")
+            _write_file(staging / SIDECAR_FILE, sidecar, syncer, hasher, SIDECAR_FILE)
         report_json = report.result(plan)
         _write_file(staging / "report.json", to_json_bytes(report_json), syncer)
         digest = hasher.hexdigest()

@@ -12,6 +12,7 @@ in order, the name (UTF-8) followed by the file's bytes.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,9 +22,8 @@ SPEC_FILE = "spec.json"
 MANIFEST_FILE = "manifest.json"
 DIGEST_FILE = "sha256.json"
 CATALOG_FILE = "catalog.sqlite"
-V1_FILES = (MANIFEST_FILE, "arrays/x.f32", "arrays/u.f32", "arrays/y.f32")
 SPLITS = ("train", "val", "test")
-# Array name -> (manifest artifact key, file, dtype). timestamps and mask exist in v2 only.
+# Array kind (the manifest's artifact key) -> (file, dtype). timestamps and mask exist in v2 only.
 ARRAYS = {
     "x": ("arrays/x.f32", "<f4"),
     "u": ("arrays/u.f32", "<f4"),
@@ -32,6 +32,8 @@ ARRAYS = {
     "mask": ("arrays/mask.f32", "<f4"),
 }
 V1_ARRAYS = ("x", "u", "y")
+SIDECAR_FILE = "arrays/sidecar.json"
+V1_FILES = (MANIFEST_FILE, *(ARRAYS[k][0] for k in V1_ARRAYS))
 
 # The pipeline's rule for run ids (aml_pipeline/ids.py), repeated here because this package
 # imports nothing else of aml_pipeline: a snapshot whose run ids break it was not made by it.
@@ -64,6 +66,50 @@ def hashed_files(manifest: Mapping[str, Any]) -> list[str]:
             if name not in files:
                 files.append(str(name))
     return files
+
+
+class SnapshotHasher:
+    """The snapshot hash, fed as the files are read or written: ``spec.json``'s bytes, then for
+    each hashed file (:func:`hashed_files` order) :meth:`begin` with its name, its bytes through
+    :meth:`update`, :meth:`end`. With ``per_file`` it also keeps each file's own sha256
+    (:attr:`files`), which names what changed when the hash does not match."""
+
+    def __init__(self, spec_json: bytes, *, per_file: bool = True) -> None:
+        self._total = hashlib.sha256(spec_json)
+        self.per_file = per_file
+        self.files: dict[str, str] = {SPEC_FILE: hashlib.sha256(spec_json).hexdigest()} if per_file else {}
+        self._name: str | None = None
+        self._file: Any = None
+
+    def begin(self, name: str) -> None:
+        if self._name is not None:
+            raise RuntimeError(f"file {self._name} is still open in the hasher")
+        self._total.update(name.encode("utf-8"))
+        self._name, self._file = name, hashlib.sha256() if self.per_file else None
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._total.update(data)
+        if self._file is not None:
+            self._file.update(data)
+
+    def end(self) -> None:
+        assert self._name is not None
+        if self._file is not None:
+            self.files[self._name] = self._file.hexdigest()
+        self._name, self._file = None, None
+
+    def add_file(self, name: str, path: Path) -> None:
+        self.begin(name)
+        with open(path, "rb", buffering=0) as f:
+            while chunk := f.read(_HASH_CHUNK):
+                self.update(chunk)
+        self.end()
+
+    def hexdigest(self) -> str:
+        return self._total.hexdigest()
+
+
+_HASH_CHUNK = 8 << 20
 
 
 def inside(root: Path, name: str) -> Path:

@@ -71,9 +71,6 @@ class Variable:
     scale: float
     offset: float
 
-    def to_engineering(self, model_values: np.ndarray) -> np.ndarray:
-        return (np.asarray(model_values, dtype=np.float64) - self.offset) / self.scale
-
 
 def _int_list(value: Any, what: str, root: Path) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):

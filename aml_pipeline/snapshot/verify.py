@@ -13,7 +13,6 @@ datasets root the snapshot was published under, looked up read-only): rewriting 
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import os
@@ -28,6 +27,7 @@ from .layout import (
     MANIFEST_FILE,
     SPEC_FILE,
     SnapshotError,
+    SnapshotHasher,
     hashed_files,
     inside,
 )
@@ -111,30 +111,26 @@ def _stream(f: BinaryIO, buf: bytearray, *hashes: Any) -> None:
 
 def _digests(opened: OpenedSnapshot, names: list[str], buf: bytearray) -> tuple[str, dict[str, str]]:
     """The snapshot hash and the per-file digests (``spec.json`` included)."""
-    total = hashlib.sha256(opened.spec_bytes)
-    per_file = {SPEC_FILE: hashlib.sha256(opened.spec_bytes).hexdigest()}
-    for name in names:
-        total.update(name.encode("utf-8"))
-        one = hashlib.sha256()
-        if name == MANIFEST_FILE:
-            total.update(opened.manifest_bytes)
-            one.update(opened.manifest_bytes)
-        else:
-            _stream(opened.files[name], buf, total, one)
-        per_file[name] = one.hexdigest()
-    return total.hexdigest(), per_file
+    hasher = _hash(opened, names, buf, per_file=True)
+    return hasher.hexdigest(), hasher.files
 
 
 def _total(opened: OpenedSnapshot, names: list[str], buf: bytearray) -> str:
     """The snapshot hash alone: one sha256 pass over every hashed byte."""
-    total = hashlib.sha256(opened.spec_bytes)
+    return _hash(opened, names, buf, per_file=False).hexdigest()
+
+
+def _hash(opened: OpenedSnapshot, names: list[str], buf: bytearray, *, per_file: bool) -> SnapshotHasher:
+    """The hash rule over the snapshot's open files (the manifest as it was read)."""
+    hasher = SnapshotHasher(opened.spec_bytes, per_file=per_file)
     for name in names:
-        total.update(name.encode("utf-8"))
+        hasher.begin(name)
         if name == MANIFEST_FILE:
-            total.update(opened.manifest_bytes)
+            hasher.update(opened.manifest_bytes)
         else:
-            _stream(opened.files[name], buf, total)
-    return total.hexdigest()
+            _stream(opened.files[name], buf, hasher)
+        hasher.end()
+    return hasher
 
 
 def open_files(root: str | os.PathLike[str], *, verify: bool = True, expected_sha256: str | None = None,

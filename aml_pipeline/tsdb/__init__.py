@@ -29,7 +29,6 @@ __all__ = [
     "TsdbSession",
     "fetch_node_series",
     "open_tsdb",
-    "printable_url",
 ]
 
 
@@ -54,12 +53,3 @@ def open_tsdb(url: str, *, read_only: bool = True, lock_timeout_s: float = DEFAU
         f"unsupported TSDB URL {url!r}: use duckdb:///path/to/file.duckdb or postgresql://user@host/db",
         code="TSDB_URL_INVALID",
     )
-
-
-def printable_url(url: str) -> str:
-    """``url`` safe to print or log: a PostgreSQL password becomes ``***``."""
-    if url.startswith(("postgresql://", "postgres://")):
-        from aml_pipeline.tsdb.postgres import redact_url
-
-        return redact_url(url)
-    return url

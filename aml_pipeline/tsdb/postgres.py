@@ -49,8 +49,6 @@ Reads
     into four packed big-endian binary columns (``string_agg(int8send(ts), '')``, ...) so
     one row crosses the wire per page and numpy decodes it without a Python object per point.
     The order is checked on the client (and restored if a plan ever changed it).
-    :meth:`PostgresTsdb.copy_reference` times a raw ``COPY (SELECT ts, value, state ...) TO
-    STDOUT`` of the same rows, the reference the benchmark reports the page path against.
 
     ``availability_watermark`` is ``ingest_state.max_ts``, maintained by every ingest in its
     transaction (O(1) instead of a scan of all points; it never decreases, also when
@@ -73,12 +71,12 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 import psycopg
 import pyarrow as pa
-from psycopg import pq, sql
+from psycopg import sql
 from psycopg.types.numeric import Int4, Int8
 
 from aml_pipeline.errors import (
@@ -114,6 +112,7 @@ from aml_pipeline.tsdb.port import (
 )
 from aml_pipeline.tsdb.versions import migrated_version
 from aml_pipeline.tsdb.writer import PointRows, RunState, StoredRun, write_ingest
+from aml_pipeline.urls import redact_text, redact_url, url_secrets
 
 SCHEMA_VERSION = 2
 DEFAULT_SCHEMA = "aml"
@@ -257,50 +256,28 @@ def parse_postgres_url(url: str) -> _ParsedUrl:
     parts = urlsplit(url)
     if parts.scheme not in URL_SCHEMES:
         raise TsdbError(
-            f"not a PostgreSQL URL: {_redact_text(url)!r} (use postgresql://user@host:5432/db)",
+            f"not a PostgreSQL URL: {redact_url(url)!r} (use postgresql://user@host:5432/db)",
             code="TSDB_URL_INVALID",
         )
     if parts.fragment:
         raise TsdbError(
-            f"PostgreSQL URL {_redact_text(url)!r} must not have a fragment", code="TSDB_URL_INVALID"
+            f"PostgreSQL URL {redact_url(url)!r} must not have a fragment", code="TSDB_URL_INVALID"
         )
-    secrets: list[str] = []
-    netloc = parts.netloc
-    redacted_netloc = netloc
-    if "@" in netloc:
-        userinfo, hosts = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            user, password = userinfo.split(":", 1)
-            if password:
-                secrets += [password, unquote(password)]
-            redacted_netloc = f"{user}:***@{hosts}"
-    query = parse_qsl(parts.query, keep_blank_values=True)
     schema = DEFAULT_SCHEMA
     passthrough: list[tuple[str, str]] = []
-    redacted_query: list[tuple[str, str]] = []
     seen_schema = False
-    for key, value in query:
-        if key == "schema":
-            if seen_schema:
-                raise TsdbError(
-                    f"PostgreSQL URL {_redact_text(url)!r}: schema= given twice", code="TSDB_URL_INVALID"
-                )
-            seen_schema = True
-            schema = value
-            redacted_query.append((key, value))
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key != "schema":
+            passthrough.append((key, value))
             continue
-        passthrough.append((key, value))
-        if key == "password" and value:
-            secrets += [value, quote(value, safe="")]
-            redacted_query.append((key, "***"))
-        else:
-            redacted_query.append((key, value))
-    secrets = [s for s in dict.fromkeys(secrets) if s]
-    # quote, not quote_plus: libpq decodes %20 but takes "+" literally (options=-c%20x%3Dy).
-    redacted = urlunsplit((parts.scheme, redacted_netloc, parts.path, urlencode(redacted_query, quote_via=quote), ""))
+        if seen_schema:
+            raise TsdbError(f"PostgreSQL URL {redact_url(url)!r}: schema= given twice", code="TSDB_URL_INVALID")
+        seen_schema, schema = True, value
+    redacted = redact_url(url)
     check_schema_name(schema, redacted)
-    conninfo = urlunsplit((parts.scheme, netloc, parts.path, urlencode(passthrough, quote_via=quote), ""))
-    return _ParsedUrl(conninfo, schema, redacted, secrets)
+    # quote, not quote_plus: libpq decodes %20 but takes "+" literally (options=-c%20x%3Dy).
+    conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(passthrough, quote_via=quote), ""))
+    return _ParsedUrl(conninfo, schema, redacted, url_secrets(url))
 
 
 def check_schema_name(schema: str, where: str = "") -> str:
@@ -318,24 +295,6 @@ def check_schema_name(schema: str, where: str = "") -> str:
             code="TSDB_URL_INVALID",
         )
     return schema
-
-
-_PASSWORD_IN_TEXT = re.compile(r"(://[^/@:\s]*:)[^@/\s]*@")
-
-
-def _redact_text(text: str) -> str:
-    return _PASSWORD_IN_TEXT.sub(r"\1***@", str(text))
-
-
-def redact_url(url: str) -> str:
-    """``url`` fit for output: a PostgreSQL URL's password (in the user part or ``password=``)
-    replaced by ``***``; anything else is returned unchanged."""
-    if isinstance(url, str) and url.startswith(tuple(f"{s}://" for s in URL_SCHEMES)):
-        try:
-            return parse_postgres_url(url).redacted
-        except TsdbError:
-            pass
-    return _redact_text(url)
 
 
 # ---- adapter -----------------------------------------------------------------------------------
@@ -627,7 +586,7 @@ class PostgresTsdb:
         text = " ".join(str(e).split())
         for secret in self._parsed.secrets:
             text = text.replace(secret, "***")
-        return _redact_text(text)
+        return redact_text(text)
 
     @contextmanager
     def _reading(self, what: str) -> Iterator[None]:
@@ -801,50 +760,6 @@ class PostgresTsdb:
                 order = np.lexsort((seq, ts))
                 ts, value, state, seq = ts[order], value[order], state[order], seq[order]
         return ts, value, state, seq
-
-    def copy_reference(
-        self,
-        run_ids: Sequence[str] | None = None,
-        node_ids: Sequence[str] | None = None,
-        *,
-        fmt: str = "text",
-    ) -> tuple[int, float]:
-        """Time a raw ``COPY (SELECT ts, value, state FROM points ...) TO STDOUT`` of the points
-        of ``run_ids`` x ``node_ids`` (None = all), for benchmarks: ``(rows, seconds)``.
-
-        The rows are received through libpq's own COPY loop and thrown away, the fastest way a
-        Python client can pull them (no decoding, no order); ``fmt`` is ``text`` or ``binary``.
-        """
-        if fmt not in ("text", "binary"):
-            raise ValueError(f"fmt must be 'text' or 'binary', got {fmt!r}")
-        with self._lock, self._reading("COPY reference"):
-            conn = self._c
-            where: list[str] = []
-            params: list[Any] = []
-            if run_ids is not None:
-                where.append("run_key = ANY(%s::int4[])")
-                params.append([self._run_key(conn, r) for r in run_ids])
-            if node_ids is not None:
-                where.append("node_key = ANY(%s::int4[])")
-                params.append([self._node_key(conn, n) for n in node_ids])
-            query = f"SELECT ts, value, state FROM {self._s}.points"
-            if where:
-                query += " WHERE " + " AND ".join(where)
-            statement = f"COPY ({query}) TO STDOUT (FORMAT {fmt})"
-            # COPY takes no bind parameters: psycopg binds them client-side, quoted.
-            text = psycopg.ClientCursor(conn).mogrify(statement, params)
-            pg = conn.pgconn
-            start = time.perf_counter()
-            try:
-                pg.send_query(text.encode(conn.info.encoding))
-                rows = _drain_copy_out(pg, conn.info.encoding)
-            except BaseException:
-                # Interrupted inside the COPY: the connection's protocol state is unknown.
-                # Drop it; the next call connects afresh.
-                conn.close()
-                raise
-            seconds = time.perf_counter() - start
-        return rows, seconds
 
     # ---- versions ------------------------------------------------------------------------------
     def run_versions(self, run_ids: Sequence[str]) -> dict[str, str]:
@@ -1035,28 +950,3 @@ def _lock_id(schema: str) -> int:
     digest = hashlib.sha256(f"aml_pipeline.tsdb:{schema}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
-
-def _drain_copy_out(pg: pq.abc.PGconn, encoding: str) -> int:
-    """Finish a ``COPY ... TO STDOUT`` sent with ``send_query``: receive and discard the data,
-    collect the results; the number of rows COPY reports. Raises the server's error."""
-    error: psycopg.Error | None = None
-    rows = 0
-    result = pg.get_result()
-    if result is not None and result.status == pq.ExecStatus.COPY_OUT:
-        get = pg.get_copy_data
-        while True:
-            nbytes, _ = get(0)
-            if nbytes < 0:
-                break
-        result = pg.get_result()
-    while result is not None:
-        if result.status == pq.ExecStatus.COMMAND_OK:
-            status = (result.command_status or b"").split()
-            if len(status) == 2 and status[0] == b"COPY":
-                rows = int(status[1])
-        elif error is None and result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.BAD_RESPONSE):
-            error = psycopg.errors.error_from_result(result, encoding=encoding)
-        result = pg.get_result()
-    if error is not None:
-        raise error
-    return rows

@@ -56,9 +56,9 @@ class TsdbSession:
         """The session's handle, opened now if it is not open."""
         with self._lock:
             if self._closed:
-                from aml_pipeline.tsdb import printable_url
+                from aml_pipeline.urls import redact_url
 
-                raise TsdbError(f"{printable_url(self.url)}: this TSDB session is closed")
+                raise TsdbError(f"{redact_url(self.url)}: this TSDB session is closed")
             if self._handle is None:
                 from aml_pipeline.tsdb import open_tsdb
 
@@ -102,9 +102,9 @@ class TsdbSession:
         self.close()
 
     def __repr__(self) -> str:
-        from aml_pipeline.tsdb import printable_url
+        from aml_pipeline.urls import redact_url
 
-        return f"TsdbSession({printable_url(self.url)!r}, opens={self.opens}, holding={self.holding})"
+        return f"TsdbSession({redact_url(self.url)!r}, opens={self.opens}, holding={self.holding})"
 
 
 class BriefHandle:

@@ -10,7 +10,6 @@ from aml_pipeline.core.normalize import (
     NormStats,
     accumulate_window_stats,
     apply_norm,
-    fit_window_stats,
     window_row_weights,
 )
 from aml_pipeline.core.windows import window_starts
@@ -180,6 +179,14 @@ def test_row_weighted_fit_equals_mean_std_over_explicit_windows(stride: int) -> 
         assert r.count == len(windows) * windows[0].shape[0]
         np.testing.assert_allclose(r.mean, mean, rtol=1e-12)
         np.testing.assert_allclose(r.std, std, rtol=1e-9)
+
+
+def fit_window_stats(grid, starts, history, horizon, ctrl, tgt):
+    """Fresh x/u/y accumulators holding one run's windows."""
+    grid = np.asarray(grid, dtype=np.float64)
+    acc = (MomentAccumulator(grid.shape[1]), MomentAccumulator(len(ctrl)), MomentAccumulator(len(tgt)))
+    accumulate_window_stats(*acc, grid, starts, history, horizon, ctrl, tgt)
+    return acc
 
 
 def test_fit_window_stats_per_run_then_merge_equals_streaming() -> None:

@@ -5,7 +5,6 @@ import pytest
 
 from aml_pipeline.core.windows import (
     explain_no_windows,
-    gather_windows,
     window_block,
     window_starts,
     window_timestamps,
@@ -83,6 +82,12 @@ def test_explain_rounds_small_and_near_total_ratios_honestly() -> None:
     assert reason == "no window without missing values; most missing: B (>99% missing), A (50%), C (<1%)"
 
 
+def gather_windows(grid, starts, history, horizon, ctrl, tgt):
+    """x, u and y of every start, cut as the snapshot writer cuts them (window_block)."""
+    return (window_block(grid, starts, -history, 0), window_block(grid[:, ctrl], starts, 0, horizon),
+            window_block(grid[:, tgt], starts, 0, horizon))
+
+
 def test_gather_windows_values_and_shapes() -> None:
     g = _grid(8)
     starts = window_starts(g, 3, 2, 1, CTRL, TGT)
@@ -158,10 +163,10 @@ def test_window_starts_validates_arguments(H, F, stride, ctrl, tgt, message: str
         window_starts(_grid(10), H, F, stride, ctrl, tgt)
 
 
-def test_gather_rejects_starts_outside_the_grid_and_bad_grids() -> None:
-    with pytest.raises(ValueError, match="window start 2"):
+def test_windows_outside_the_grid_and_bad_grids_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"\[t-3, t\+0\) falls outside the 10 grid rows"):
         gather_windows(_grid(10), np.array([2]), 3, 2, CTRL, TGT)
-    with pytest.raises(ValueError, match="window start 9"):
+    with pytest.raises(ValueError, match=r"\[t\+0, t\+2\) falls outside the 10 grid rows"):
         gather_windows(_grid(10), np.array([9]), 3, 2, CTRL, TGT)
     with pytest.raises(ValueError, match="2-D"):
         window_starts(np.zeros(10), 3, 2, 1, CTRL, TGT)

@@ -12,7 +12,7 @@ import dagster as dg
 from aml_pipeline.definitions import defs as load_definitions
 from aml_pipeline.defs.assets import dataset_assets
 from aml_pipeline.defs.datasets import dataset_definitions
-from aml_pipeline.defs.inprocess import materialize_dataset, sync_run_partitions
+from aml_pipeline.runner.build import materialize_dataset, sync_run_partitions
 from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, run_partitions
 from aml_pipeline.defs.sensors import new_run_sensor
 from aml_pipeline.defs.shared_env import default_shared_env_resources

@@ -35,7 +35,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from aml_pipeline.defs.inprocess import BUILD_PID_TAG
+from aml_pipeline.runner.instance import BUILD_PID_TAG
 from aml_pipeline.demo import DEMO_SPEC
 from aml_pipeline.pipeline.stages import RUN_ASSETS
 from aml_pipeline_tests.dagster_server import wait_for

@@ -24,7 +24,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from aml_pipeline.defs.inprocess import BUILD_PID_TAG, materialize_dataset
+from aml_pipeline.runner.build import materialize_dataset
+from aml_pipeline.runner.instance import BUILD_PID_TAG
 from aml_pipeline.demo import DEMO_SPEC, seed_plant
 from aml_pipeline.pipeline.plan import run_scope
 from aml_pipeline.pipeline.stages import RUN_ASSETS

@@ -66,7 +66,7 @@ class DemoData:
 def demo_dataset(tmp_path_factory) -> DemoData:
     """The simulated plant (12 runs) built into reactor_a's snapshot through Dagster, once."""
     if "demo" not in _CACHE:
-        from aml_pipeline.defs.inprocess import materialize_dataset
+        from aml_pipeline.runner.build import materialize_dataset
         from aml_pipeline.demo import DEMO_SPEC, seed_plant
         from aml_pipeline.spec import load_spec
 

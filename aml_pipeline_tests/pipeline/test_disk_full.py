@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 from aml_pipeline.core.hashing import verify_snapshot
-from aml_pipeline.defs.inprocess import materialize_dataset
+from aml_pipeline.runner.build import materialize_dataset
 from aml_pipeline.errors import DiskFullError
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot

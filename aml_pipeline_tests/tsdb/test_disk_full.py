@@ -25,7 +25,8 @@ from psycopg import sql
 from aml_pipeline.errors import DiskFullError
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
 from aml_pipeline.tsdb.port import Node, PointColumns, Run, fetch_node_series
-from aml_pipeline.tsdb.postgres import PostgresTsdb, redact_url
+from aml_pipeline.tsdb.postgres import PostgresTsdb
+from aml_pipeline.urls import redact_url
 from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
 
 REPO = Path(__file__).resolve().parents[2]

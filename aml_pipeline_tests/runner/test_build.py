@@ -8,12 +8,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from aml_pipeline.defs.inprocess import (
-    _run_stages_done,
-    dataset_job_definitions,
-    materialize_dataset,
-    sync_run_partitions,
-)
+from aml_pipeline.runner.build import _run_stages_done, materialize_dataset, sync_run_partitions
+from aml_pipeline.runner.jobs import dataset_job_definitions
 from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG
 from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.stages import RAW, RUN_ASSETS
@@ -237,7 +233,7 @@ def _run_probe(tmp_path: Path, source: str, env: dict[str, str] | None = None, *
 _STEP_SERVER_PROBE = """
 import multiprocessing, sys
 def loaded(queue):
-    queue.put(sorted(m for m in ("matplotlib.figure", "aml_pipeline.defs.inprocess") if m in sys.modules))
+    queue.put(sorted(m for m in ("matplotlib.figure", "aml_pipeline.runner.parallel") if m in sys.modules))
 if __name__ == "__main__":
     {start}
     ctx = multiprocessing.get_context("forkserver")
@@ -253,8 +249,8 @@ if __name__ == "__main__":
 def test_step_server_forks_with_the_step_modules_loaded(tmp_path, started):
     """--workers starts the forkserver itself, with the step modules preloaded, before Dagster
     needs it; a process forked from it then has them (a plain forkserver does not)."""
-    start = "from aml_pipeline.defs.inprocess import start_step_server; start_step_server()" if started else "pass"
-    expected = ["aml_pipeline.defs.inprocess", "matplotlib.figure"] if started else []
+    start = "from aml_pipeline.runner.parallel import start_step_server; start_step_server()" if started else "pass"
+    expected = ["aml_pipeline.runner.parallel", "matplotlib.figure"] if started else []
     stderr: list[str] = []
     assert _run_probe(tmp_path, _STEP_SERVER_PROBE.format(start=start), stderr=stderr) == str(expected)
     # Its imports (the definitions' modules) write nothing to the terminal of a --workers build.
@@ -263,7 +259,8 @@ def test_step_server_forks_with_the_step_modules_loaded(tmp_path, started):
 
 _STEP_SETTINGS_PROBE = """
 import json, multiprocessing, os
-from aml_pipeline.defs.inprocess import STEP_SETTINGS, build_event_settings, reconstruct_runs_job, start_step_server, step_settings
+from aml_pipeline.runner.jobs import build_event_settings
+from aml_pipeline.runner.parallel import STEP_SETTINGS, reconstruct_runs_job, start_step_server, step_settings
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 def step(spec_json, settings, queue):
     job = reconstruct_runs_job(spec_json, "duckdb:///nowhere.duckdb", "home", None, settings, "probe")
@@ -292,7 +289,8 @@ def test_step_processes_get_the_builds_settings(tmp_path):
     step process still builds its job and its runs with the build's settings."""
     import json
 
-    from aml_pipeline.defs.inprocess import BUILD_EVENT_SETTINGS, STEP_SETTINGS
+    from aml_pipeline.runner.jobs import BUILD_EVENT_SETTINGS
+    from aml_pipeline.runner.parallel import STEP_SETTINGS
 
     env = {k: v for k, v in os.environ.items() if k not in STEP_SETTINGS} | {"AML_RUN_PLOTS": "on", "AML_MEMORY_MB": "512"}
     got = json.loads(_run_probe(tmp_path, _STEP_SETTINGS_PROBE, env))
