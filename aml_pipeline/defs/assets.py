@@ -10,7 +10,7 @@ their own I/O through the store resource (nothing goes through an IO manager), s
 stream runs from disk.
 """
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,12 +43,8 @@ from aml_pipeline.spec import DatasetSpec
 
 TSDB_POINTS = dg.AssetKey(["tsdb", "points"])
 PLOTS_OFF = " (no plot: AML_RUN_PLOTS=off)"
-# Where a run's figures are (one observation per run, see run_stage_assets).
-FIGURES_WHERE = (
-    "A run's figures are one observation of its partition, after the materialisation, on the last "
-    "of its stages built in the same step: on run_windows when all three were built (the fetch "
-    "figures as fetched_*). The partition's metadata table in the UI shows them."
-)
+# Where a run's figures are (see _figures).
+FIGURES_WHERE = "The partition's metadata table in the UI (the asset's Partitions tab) shows a run's figures."
 
 
 def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
@@ -162,32 +158,16 @@ def _record(spec: DatasetSpec, stages: Sequence[Stage], outcomes: list[RunOutcom
 
 
 def _figures(spec: DatasetSpec, outcomes: list[RunOutcome]) -> Iterator[dg.AssetObservation]:
-    """Each run's figures, one observation on the last of its stages built, yielded after the
-    materialisations: the UI's partition view merges observations newer than the partition's
-    materialisation into its metadata table. Metadata on the materialisation
+    """Each stage's figures of each run, as an observation of the stage's own asset partition,
+    yielded after the materialisations: the UI's partition view merges observations newer than
+    the partition's materialisation into its metadata table, so a person who opens the cleaned
+    grid of a run sees what cleaning did. Metadata on the materialisation
     (``add_asset_metadata(partition_key=...)``) would cost Dagster a lookup of every run
     partition of the spec per run, which grows with the spec's runs where the observation
     does not (the ``run_figures`` benchmark measures both)."""
     for o in outcomes:
-        if o.figures:
-            last = list(o.figures)[-1]
-            yield dg.AssetObservation(asset_key=asset_key(spec, last), partition=o.run_id,
-                                      metadata=to_metadata(_merged(o.figures)))
-
-
-def _merged(figures: Mapping[Stage, Mapping[str, Any]]) -> dict[str, Any]:
-    """One run's figures from the stages built for it, as its last stage records them: the fetch
-    figures renamed (``fetched_*``) when a later stage carries them."""
-    if len(figures) == 1:
-        return dict(next(iter(figures.values())))
-    merged: dict[str, Any] = {}
-    raw = figures.get(RAW)
-    if raw is not None:
-        merged.update(fetched_points=raw["points"], fetched_pages=raw["pages"], fetched_per_node=raw["per_node"])
-    for stage, f in figures.items():
-        if stage is not RAW:
-            merged.update(f)
-    return merged
+        for stage, figures in o.figures.items():
+            yield dg.AssetObservation(asset_key=asset_key(spec, stage), partition=o.run_id, metadata=to_metadata(figures))
 
 
 def _window_checks(spec: DatasetSpec, outcomes: list[RunOutcome]) -> list[dg.AssetCheckResult]:

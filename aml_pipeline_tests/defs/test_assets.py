@@ -77,22 +77,25 @@ def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dags
     assert raw.tags.get("dagster/data_version")  # hash of the fetched points
     grid = latest(instance, dg.AssetKey([dagster_spec.id, "cleaned_grid"]), runs[0])
     assert grid.tags.get("dagster/data_version") and not grid.metadata
-    # All three built in one step: the run's figures are observed on run_windows, the fetch's as fetched_*.
-    figures = run_figures(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), runs[0])
-    assert figures["fetched_points"].value > 0 and figures["fetched_pages"].value >= len(dagster_spec.nodes)
-    table = figures["fetched_per_node"].value
+    # All three built in one step: each stage's figures on its own asset's partition.
+    fetch = run_figures(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), runs[0])
+    assert fetch["points"].value > 0 and fetch["pages"].value >= len(dagster_spec.nodes)
+    table = fetch["per_node"].value
     assert sorted(r.data["node"] for r in table.records) == sorted(dagster_spec.node_ids)
-    assert not instance.fetch_observations(dg.AssetKey([dagster_spec.id, "cleaned_grid"]), limit=1).records
-    # Fetched alone, raw_node_series carries them itself.
+    cleaning = run_figures(instance, dg.AssetKey([dagster_spec.id, "cleaned_grid"]), runs[0])
+    windows = run_figures(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), runs[0])
+    assert {"points", "per_node", "plot", "cleaning"}.isdisjoint(windows) and "windows" not in cleaning
+    # Fetched alone, raw_node_series carries the same figures.
     materialize(dagster_spec, instance, resources, ["raw_node_series"], partition_key=runs[1])
     alone = run_figures(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), runs[1])
     assert alone["points"].value > 0 and "per_node" in alone
     # The run's plot, drawn from the traces summarised while the run streamed (no run in memory).
-    assert "data:image/png;base64," in figures["plot"].value
+    assert "data:image/png;base64," in cleaning["plot"].value
     assert (resources["store"].dataset_store(dagster_spec).run_dir(runs[0]) / "grid.traces.npz").is_file()
-    causes = {c.name for c in figures["cleaning"].value.schema.columns}
+    causes = {c.name for c in cleaning["cleaning"].value.schema.columns}
     assert {"unit", "non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier", "missing_ratio"} <= causes
-    assert figures["windows"].value > 0
+    assert cleaning["worst_missing_node"].value.split(" ")[0] in dagster_spec.node_ids
+    assert windows["windows"].value > 0
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert checks["has_windows"].passed
 
@@ -101,15 +104,15 @@ def test_with_run_plots_off_a_runs_figures_are_recorded_without_its_plot(dagster
                                                                        resources, monkeypatch):
     runs = finished_runs(dagster_plant)
     sync_run_partitions(instance, dagster_spec, runs)
-    key = dg.AssetKey([dagster_spec.id, "run_windows"])
+    key = dg.AssetKey([dagster_spec.id, "cleaned_grid"])
     assert materialize(dagster_spec, instance, resources, RUN_ASSETS, partition_key=runs[0]).success
     monkeypatch.setenv("AML_RUN_PLOTS", "off")
     assert materialize(dagster_spec, instance, resources, RUN_ASSETS, partition_key=runs[1]).success
     with_plot, without = run_figures(instance, key, runs[0]), run_figures(instance, key, runs[1])
     assert "plot" in with_plot and "plot" not in without
-    # Everything else is there: the cleaning table, the fetch and the windows.
+    # Everything else is there: the cleaning table and its figures.
     assert set(with_plot) - {"plot"} == set(without)
-    assert without["cleaning"].value.records and without["windows"].value > 0
+    assert without["cleaning"].value.records and without["max_missing_ratio"].value >= 0
     # What the switch is for: the event log's share of the run, measured on what is stored.
     assert len(dg.serialize_value(without)) < len(dg.serialize_value(with_plot)) / 1.5
 
@@ -122,8 +125,8 @@ def test_single_run_backfill_keeps_per_run_metadata(dagster_spec, dagster_plant,
     )
     assert result.success
     # One run for all partitions, and each partition carries its own run's figures only.
-    figures = {r: run_figures(instance, dg.AssetKey([dagster_spec.id, "run_windows"]), r) for r in runs}
-    points = {r: m["fetched_points"].value for r, m in figures.items()}
+    figures = {r: run_figures(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), r) for r in runs}
+    points = {r: m["points"].value for r, m in figures.items()}
     assert len(set(points.values())) > 1
     assert all("runs" not in m for m in figures.values())
     assert instance.get_materialized_partitions(dg.AssetKey([dagster_spec.id, "run_windows"])) == set(runs)

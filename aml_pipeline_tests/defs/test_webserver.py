@@ -381,17 +381,26 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
         assert node["partitionStats"] == {
             "numMaterialized": len(selected), "numPartitions": len(finished), "numFailed": 0, "numMaterializing": 0,
         }, (name, node["partitionStats"])
-    # Each partition of the two-run range got its own figures, not just the range's summary: the
-    # partition view's metadata table is the latest materialisation's entries and those of the
-    # observations newer than it.
+    # Each partition of the two-run range got its own figures, not just the range's summary, and
+    # each stage's figures are on its own asset (the one a person opens): the partition view's
+    # metadata table is the latest materialisation's entries and those of the observations newer
+    # than it.
+    own = {
+        "raw_node_series": {"points", "pages", "per_node"},
+        "cleaned_grid": {"cleaning", "plot", "max_missing_ratio", "worst_missing_node", "points_removed"},
+        "run_windows": {"windows", "reason"},
+    }
     for run_id in selected:
-        events = server.graphql(PARTITION_EVENTS, {"key": key("run_windows"), "partition": run_id})
-        history = events["assetOrError"]["assetEventHistory"]["results"]
-        latest = next(e for e in history if e["__typename"] == "MaterializationEvent")
-        labels = {m["label"] for e in history if e["__typename"] == "ObservationEvent"
-                  and int(e["timestamp"]) > int(latest["timestamp"]) for m in e["metadataEntries"]}
-        labels |= {m["label"] for m in latest["metadataEntries"]}
-        assert {"fetched_points", "fetched_pages", "cleaning", "plot", "windows"} <= labels, (run_id, events)
+        for name, expected in own.items():
+            events = server.graphql(PARTITION_EVENTS, {"key": key(name), "partition": run_id})
+            history = events["assetOrError"]["assetEventHistory"]["results"]
+            latest = next(e for e in history if e["__typename"] == "MaterializationEvent")
+            labels = {m["label"] for e in history if e["__typename"] == "ObservationEvent"
+                      and int(e["timestamp"]) > int(latest["timestamp"]) for m in e["metadataEntries"]}
+            labels |= {m["label"] for m in latest["metadataEntries"]}
+            assert expected <= labels, (run_id, name, events)
+            others = set().union(*(v for n, v in own.items() if n != name))
+            assert not labels & others, (run_id, name, labels & others)
 
     # 4. The rebuild job: split, normalise and publish from the partitions materialised so far.
     launched = server.graphql(

@@ -55,6 +55,12 @@ GRID = Stage(
 )
 
 
+def worst_missing(missing: Mapping[str, float]) -> str:
+    """The node missing the largest share of the grid, with that share."""
+    node, ratio = max(missing.items(), key=lambda kv: kv[1])
+    return f"{node} ({ratio:.1%})"
+
+
 @dataclass
 class GridSummary:
     run_id: str
@@ -82,6 +88,7 @@ class GridSummary:
                   "missing_ratio": round(self.missing[n], 4)} for n in spec.node_ids]
             ),
             "max_missing_ratio": max(self.missing.values()),
+            "worst_missing_node": worst_missing(self.missing),
         }
         if plot and self.traces is not None:
             from aml_pipeline.pipeline.plots import (

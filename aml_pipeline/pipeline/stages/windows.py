@@ -69,18 +69,7 @@ class WindowsSummary:
     data_version: str
 
     def figures(self, store: DatasetStore, *, plot: bool = False) -> dict[str, Any]:
-        return {
-            "windows": self.windows,
-            "grid_rows": self.rows,
-            "reason": self.reason or "",
-            "worst_missing_node": worst_missing(self.missing),
-        }
-
-
-def worst_missing(missing: Mapping[str, float]) -> str:
-    """The node missing the largest share of the grid, with that share."""
-    node, ratio = max(missing.items(), key=lambda kv: kv[1])
-    return f"{node} ({ratio:.1%})"
+        return {"windows": self.windows, "reason": self.reason or "", "grid_rows": self.rows}
 
 
 # A node missing more than this share of a run's grid is worth a look (a warning, not an error).
