@@ -211,23 +211,28 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
 
 
 # How a run's figures reach the instance: "none" (the floor), "metadata" (add_asset_metadata
-# per run partition, onto the materialisation of its last stage, after Dagster's partition check)
-# or "observation" (what the build does: one AssetObservation per run partition after the
-# materialisations).
-FIGURE_MODES = ("none", "metadata", "observation")
+# per run partition, onto the materialisation of its last stage, after Dagster's partition check),
+# "observation" (one AssetObservation per run partition after the materialisations, all three
+# stages' figures on the last) or "stage_observations" (what the build does: each stage's figures
+# as an observation of its own asset's partition, three a run).
+FIGURE_MODES = ("none", "metadata", "observation", "stage_observations")
 
 
-def _run_figures_sample() -> dict[str, Any]:
-    """A run's figures as the build attaches them, without the plot (whose bytes are the same
-    either way): counts, the per-node table, the run's path."""
+def _run_figures_sample() -> list[dict[str, Any]]:
+    """A run's figures per run stage as the build attaches them, without the plot (whose bytes are
+    the same either way): counts, the per-node table, the run's path."""
     import dagster as dg
 
     nodes = [dg.TableRecord({"node": f"node_{i}", "points": 5_400, "pages": 1}) for i in range(6)]
     schema = dg.TableSchema(columns=[dg.TableColumn("node", "string"), dg.TableColumn("points", "int"),
                                      dg.TableColumn("pages", "int")])
-    return {"fetched_points": 32_400, "fetched_pages": 6, "fetched_per_node": dg.MetadataValue.table(nodes, schema=schema),
-            "grid_rows": 5_400, "points_kept": 32_310, "points_removed": 90, "windows": 170, "reason": "",
-            "worst_missing_node": "node_3 (0.4%)", "path": dg.MetadataValue.path("/data/aml/datasets/spec/runs/run")}
+    return [
+        {"points": 32_400, "pages": 6, "per_node": dg.MetadataValue.table(nodes, schema=schema),
+         "path": dg.MetadataValue.path("/data/aml/datasets/spec/runs/run")},
+        {"grid_rows": 5_400, "points_kept": 32_310, "points_removed": 90, "max_missing_ratio": 0.004,
+         "worst_missing_node": "node_3 (0.4%)"},
+        {"windows": 170, "reason": "", "grid_rows": 5_400},
+    ]
 
 
 def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
@@ -246,7 +251,8 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
     specs = [dg.AssetSpec([spec_id, n], partitions_def=partitions) for n in RUN_ASSETS]
     carrier = specs[-1].key
     checks = [dg.AssetCheckSpec(name, asset=carrier) for name in ("has_windows", "missing_ratio_below_threshold")]
-    sample = _run_figures_sample()
+    per_stage = _run_figures_sample()
+    sample = {k: v for figures in per_stage for k, v in figures.items()}
 
     @dg.multi_asset(name=f"{spec_id}__run_stages", specs=specs, check_specs=checks,
                     backfill_policy=run_backfill_policy(), pool="aml_tsdb")
@@ -259,6 +265,9 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
             ] if spec.key == carrier else None)
         for run_id in context.partition_keys if figures == "observation" else ():
             yield dg.AssetObservation(asset_key=carrier, partition=run_id, metadata=sample)
+        for run_id in context.partition_keys if figures == "stage_observations" else ():
+            for spec, stage_figures in zip(specs, per_stage, strict=True):
+                yield dg.AssetObservation(asset_key=spec.key, partition=run_id, metadata=stage_figures)
 
     job = dg.Definitions(assets=[run_stages], jobs=[dg.define_asset_job(f"{spec_id}__runs")]).resolve_job_def(
         f"{spec_id}__runs")
@@ -374,7 +383,7 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
         def record() -> None:
             instance = state["instance"]
             _record_in_chunks(job, instance, recorded, chunk_runs, f"figures ({mode})")
-            fetch = instance.fetch_observations if mode == "observation" else instance.fetch_materializations
+            fetch = instance.fetch_materializations if mode in ("none", "metadata") else instance.fetch_observations
             events = fetch(where, limit=1).records
             carried = events[0].asset_event.metadata if events else {}
             if (mode == "none") == ("windows" in carried):

@@ -323,7 +323,7 @@ def _orchestration(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work:
 
 def _run_figures(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
     n, runs, repeat = cfg["run_figures_partitions"], cfg["run_figures_runs"], cfg["run_figures_repeat"]
-    _log(f"run_figures: each run's figures on its materialisation vs as an observation, {runs} of {n:,} run partitions "
+    _log(f"run_figures: each run's figures on its materialisation, as one observation, or one per stage (the build), {runs} of {n:,} run partitions "
          f"recorded, {repeat} repetition(s) per instance")
     with contextlib.ExitStack() as stack:
         pg_base_url, _, pg_pooled_url, why = _instance_servers(stack)
