@@ -157,7 +157,7 @@ def run_demo(
     else:
         say(f"  {seeding.written} points ingested" if seeding.written else f"  already seeded with these {runs} runs")
     if instance is not None:
-        from aml_pipeline.defs.sources import observe_tsdb
+        from aml_pipeline.components.sources import observe_tsdb
 
         version = observe_tsdb(instance, url, console_log_level=console_log_level)
         say(f"observed tsdb/points in the Dagster instance: watermark {_when(version)}")

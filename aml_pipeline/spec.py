@@ -12,10 +12,10 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from aml_pipeline.core.units import UnitTransform, check_unit_contract
@@ -38,7 +38,13 @@ class NodeSpec(_Model):
     node_id: str
     role: Role = "feature"
     interp: Literal["linear", "hold"] = "linear"
-    range: tuple[float, float] | None = None
+    # A plain array in the JSON schema (tools that draw samples from it, like Dagster's component
+    # docs, know no per-position items).
+    range: Annotated[
+        tuple[float, float] | None,
+        WithJsonSchema({"anyOf": [{"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
+                                  {"type": "null"}]}),
+    ] = None
     hampel_k: int | None = Field(default=None, ge=0)
     hampel_min_dev: float | None = Field(default=None, ge=0)
     max_interp_ms: int | None = Field(default=None, ge=0)

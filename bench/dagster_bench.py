@@ -242,7 +242,7 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
     (:data:`FIGURE_MODES`). Returns the partitions, the job and the asset carrying the figures."""
     import dagster as dg
 
-    from aml_pipeline.defs.partitions import run_backfill_policy, run_partitions
+    from aml_pipeline.components.partitions import run_backfill_policy, run_partitions
     from aml_pipeline.pipeline.stages import RUN_ASSETS
 
     if figures not in FIGURE_MODES:
@@ -278,7 +278,7 @@ def _record_in_chunks(job: Any, instance: Any, keys: list[str], chunk_runs: int,
     """``job`` over ``keys`` in chunks of ``chunk_runs`` run partitions, one Dagster run each, with
     the build's run tags (its event settings are the caller's)."""
     from aml_pipeline.runner.instance import build_tags
-    from aml_pipeline.defs.partitions import range_tags
+    from aml_pipeline.components.partitions import range_tags
 
     run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     for start in range(0, len(keys), chunk_runs):
@@ -411,7 +411,7 @@ def partition_lookup(out: Path, *, counts: tuple[int, ...], repeat: int,
     import dagster as dg
 
     from aml_pipeline.config import DEFAULT_BACKFILL_RUNS_PER_CHUNK
-    from aml_pipeline.defs.partitions import run_partitions
+    from aml_pipeline.components.partitions import run_partitions
 
     partitions = run_partitions("lookup")
     chunk_runs = DEFAULT_BACKFILL_RUNS_PER_CHUNK
@@ -681,7 +681,7 @@ def event_counts(instance: Any) -> dict[str, int]:
 # Where a sample's time goes, by the file of the frame (or of its nearest classified caller).
 _LIBRARY = ("/aml_pipeline/pipeline/", "/aml_pipeline/core/", "/aml_pipeline/tsdb/")
 _PLOTS = "/aml_pipeline/pipeline/plots.py"
-_WIRING = "/aml_pipeline/defs/"
+_WIRING = ("/aml_pipeline/components/", "/aml_pipeline/runner/")
 _DAGSTER = ("/dagster/", "/dagster_shared/", "/dagster_pipes/")
 
 
@@ -690,7 +690,7 @@ def _classify(path: str) -> str | None:
         return "plots"
     if any(p in path for p in _LIBRARY):
         return "library"
-    if _WIRING in path:
+    if any(p in path for p in _WIRING):
         return "wiring"
     if any(p in path for p in _DAGSTER):
         return "dagster"

@@ -1,6 +1,6 @@
 """The shared Python environment (DESIGN.md section 6): building it and using it under its lease.
 
-One implementation for the Dagster resource/job (``aml_pipeline.defs.shared_env``) and the CLI
+One implementation for the Dagster resource/job (``aml_pipeline.components.shared_env``) and the CLI
 (``aml-pipeline env status|rebuild``)::
 
     settings = EnvSettings.from_environment(installer="copy")

@@ -105,8 +105,8 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def default_venv_path() -> Path:
-    return config.aml_home() / "shared-env" / "venv"
+def default_venv_path(home: Path | None = None) -> Path:
+    return (home or config.aml_home()) / "shared-env" / "venv"
 
 
 @dataclass(frozen=True)

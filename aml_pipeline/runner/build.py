@@ -19,9 +19,9 @@ from typing import Any
 import dagster as dg
 
 from aml_pipeline import config
-from aml_pipeline.defs.partitions import range_tags, run_partitions
-from aml_pipeline.defs.resources import StoreResource, TsdbResource
-from aml_pipeline.defs.schedules import build_job_name, rebuild_job_name, runs_job_name
+from aml_pipeline.components.partitions import range_tags, run_partitions
+from aml_pipeline.components.resources import StoreResource, TsdbResource
+from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name
 from aml_pipeline.errors import AmlError, BuildError
 from aml_pipeline.pipeline.plan import BuildPlan, run_batches
 from aml_pipeline.pipeline.stages import DATASET_ASSETS, MANIFEST, RUN_ASSETS, RUN_STAGES, Stage

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import dagster as dg
 
-from aml_pipeline.defs.schedules import build_job_name, rebuild_job_name, runs_job_name
+from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name
 from aml_pipeline.errors import AmlError
 from aml_pipeline.fsutil import process_alive
 from aml_pipeline.spec import DatasetSpec

@@ -9,9 +9,9 @@ from typing import Any
 
 import dagster as dg
 
-from aml_pipeline.defs.datasets import dataset_definitions
-from aml_pipeline.defs.shared_env import default_shared_env_resources
-from aml_pipeline.defs.sources import tsdb_points
+from aml_pipeline.components.dataset import dataset_definitions
+from aml_pipeline.components.resources import plant_resources
+from aml_pipeline.components.sources import tsdb_points
 from aml_pipeline.spec import DatasetSpec
 
 
@@ -19,7 +19,7 @@ def dataset_job_definitions(spec: DatasetSpec, resources: dict[str, Any]) -> dg.
     """The spec's definitions (as the code location has them) with these resources."""
     return dg.Definitions.merge(
         dataset_definitions(spec),
-        dg.Definitions(assets=[tsdb_points], resources={**default_shared_env_resources(), **resources}),
+        dg.Definitions(assets=[tsdb_points], resources={**plant_resources(), **resources}),
     )
 
 

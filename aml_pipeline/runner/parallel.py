@@ -14,9 +14,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from aml_pipeline.defs.resources import StoreResource, TsdbResource
-from aml_pipeline.defs.partitions import range_tags
-from aml_pipeline.defs.schedules import runs_job_name
+from aml_pipeline.components.resources import StoreResource, TsdbResource
+from aml_pipeline.components.partitions import range_tags
+from aml_pipeline.components.schedules import runs_job_name
 from aml_pipeline.errors import AmlError
 from aml_pipeline.runner.instance import build_tags
 from aml_pipeline.runner.jobs import BUILD_EVENT_SETTINGS, dataset_job_definitions

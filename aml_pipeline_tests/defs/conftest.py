@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from aml_pipeline.defs.resources import StoreResource, TsdbResource
+from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
 from aml_pipeline.spec import DatasetSpec, parse_spec
 from aml_pipeline.tsdb import open_tsdb

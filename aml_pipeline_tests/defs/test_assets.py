@@ -10,13 +10,13 @@ from pathlib import Path
 import dagster as dg
 
 from aml_pipeline.definitions import defs as load_definitions
-from aml_pipeline.defs.assets import dataset_assets
-from aml_pipeline.defs.datasets import dataset_definitions
+from aml_pipeline.components.assets import dataset_assets
+from aml_pipeline.components.dataset import dataset_definitions
 from aml_pipeline.runner.build import materialize_dataset, sync_run_partitions
-from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG, run_partitions
-from aml_pipeline.defs.sensors import new_run_sensor
-from aml_pipeline.defs.shared_env import default_shared_env_resources
-from aml_pipeline.defs.sources import tsdb_points
+from aml_pipeline.components.partitions import RANGE_END_TAG, RANGE_START_TAG, run_partitions
+from aml_pipeline.components.sensors import new_run_sensor
+from aml_pipeline.components.resources import plant_resources
+from aml_pipeline.components.sources import tsdb_points
 from aml_pipeline.pipeline.checks import MANIFEST_CHECKS
 from aml_pipeline.pipeline.publish import current_snapshot
 from aml_pipeline.pipeline.runs import PROGRESS_LINES, progress_line_due
@@ -308,7 +308,7 @@ def test_sensor_retries_a_failed_build_a_bounded_number_of_times(dagster_spec, d
 
 
 def test_schedule_rebuilds_the_dataset_assets(dagster_spec, resources):
-    all_resources = {**resources, **default_shared_env_resources()}
+    all_resources = {**plant_resources(), **resources}
     defs = dg.Definitions.merge(dataset_definitions(dagster_spec), dg.Definitions(resources=all_resources))
     [schedule] = [s for s in defs.schedules if s.name == f"{dagster_spec.id}__rebuild_schedule"]
     assert schedule.cron_schedule == "15 * * * *"
@@ -338,7 +338,7 @@ def test_verify_job_rechecks_the_published_snapshot(dagster_spec, instance, reso
     summary = materialize_dataset(
         dagster_spec, tsdb_url=resources["tsdb"].url, home=Path(resources["store"].home), instance=instance
     )
-    all_resources = {**resources, **default_shared_env_resources()}
+    all_resources = {**plant_resources(), **resources}
     defs = dg.Definitions.merge(dataset_definitions(dagster_spec), dg.Definitions(resources=all_resources))
     verify = defs.resolve_job_def(f"{dagster_spec.id}__verify")
     manifest_key = dg.AssetKey([dagster_spec.id, "dataset_manifest"])

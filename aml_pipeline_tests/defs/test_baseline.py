@@ -13,8 +13,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from aml_pipeline.defs.baseline import baseline_assets
-from aml_pipeline.defs.resources import StoreResource
+from aml_pipeline.components.baseline import baseline_assets
+from aml_pipeline.components.resources import StoreResource
 from aml_pipeline.demo import DEMO_SPEC
 from aml_pipeline.envs import rebuild_shared_env, shared_env_status
 from aml_pipeline.lease import EnvBusy

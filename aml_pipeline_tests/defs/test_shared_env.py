@@ -10,13 +10,13 @@ import dagster as dg
 import pytest
 import yaml
 
-from aml_pipeline.defs.shared_env import (
+from aml_pipeline.components.resources import plant_resources
+from aml_pipeline.components.shared_env import (
     REBUILD_JOB,
     SHARED_ENV_KEY,
     SHARED_ENV_POOL,
     SharedEnvResource,
     busy_failure,
-    default_shared_env_resources,
     rebuild_shared_env_job,
     shared_env_asset,
 )
@@ -142,15 +142,15 @@ def test_rebuild_runs_in_a_pool_limited_to_one(tmp_path):
 def test_default_resources_read_the_lease_location_through_env_var(monkeypatch, tmp_path):
     monkeypatch.setenv("AML_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("AML_ENV_LOCATION", raising=False)
-    res = default_shared_env_resources()["shared_env"]
+    res = plant_resources()["shared_env"]
     assert res.lease_location == str(tmp_path / "home" / "env")
     assert res.venv_path == str(tmp_path / "home" / "shared-env" / "venv")
     monkeypatch.setenv("AML_ENV_LOCATION", str(tmp_path / "locks"))
-    res = default_shared_env_resources()["shared_env"]
+    res = plant_resources()["shared_env"]
     assert isinstance(res.lease_location, dg.EnvVar) and res.lease_location.env_var_name == "AML_ENV_LOCATION"
     with dg.build_resources({"shared_env": res}) as built:  # resolved when Dagster initialises it
         assert built.shared_env.settings().lease_location == str(tmp_path / "locks")
-    assert isinstance(default_shared_env_resources()["pipes_subprocess_client"], dg.PipesSubprocessClient)
+    assert isinstance(plant_resources()["pipes_subprocess_client"], dg.PipesSubprocessClient)
 
 
 def test_resource_refuses_an_unknown_installer(tmp_path):

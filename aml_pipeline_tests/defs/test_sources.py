@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from aml_pipeline.definitions import defs as load_definitions
-from aml_pipeline.defs.assets import TSDB_POINTS
-from aml_pipeline.defs.resources import TsdbResource
-from aml_pipeline.defs.sources import OBSERVE_JOB, observe_tsdb, observe_tsdb_schedule
+from aml_pipeline.components.assets import TSDB_POINTS
+from aml_pipeline.components.resources import TsdbResource
+from aml_pipeline.components.sources import OBSERVE_JOB, observe_tsdb, observe_tsdb_schedule
 from aml_pipeline.simulate.plant import simulate_plant
 from aml_pipeline.tsdb import PointColumns, open_tsdb
 

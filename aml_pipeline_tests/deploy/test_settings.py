@@ -16,9 +16,9 @@ import yaml
 
 from aml_pipeline import config
 from aml_pipeline.celery_config import executor_config
-from aml_pipeline.defs.assets import dataset_assets
+from aml_pipeline.components.assets import dataset_assets
 from aml_pipeline.defs.executor import executor as executor_definitions
-from aml_pipeline.defs.partitions import run_backfill_policy
+from aml_pipeline.components.partitions import run_backfill_policy
 from aml_pipeline.demo import DEMO_SPEC
 from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.stages import DATASET_ASSETS, RUN_ASSETS

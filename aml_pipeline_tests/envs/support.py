@@ -39,7 +39,7 @@ def env_settings(base: Path, **kw: Any) -> EnvSettings:
 
 
 def shared_env_resource(settings: EnvSettings, **kw: Any):
-    from aml_pipeline.defs.shared_env import SharedEnvResource
+    from aml_pipeline.components.shared_env import SharedEnvResource
 
     return SharedEnvResource(
         lease_location=settings.lease_location,

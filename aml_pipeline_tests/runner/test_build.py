@@ -10,7 +10,7 @@ import pytest
 
 from aml_pipeline.runner.build import _run_stages_done, materialize_dataset, sync_run_partitions
 from aml_pipeline.runner.jobs import dataset_job_definitions
-from aml_pipeline.defs.partitions import RANGE_END_TAG, RANGE_START_TAG
+from aml_pipeline.components.partitions import RANGE_END_TAG, RANGE_START_TAG
 from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.stages import RAW, RUN_ASSETS
 from aml_pipeline.spec import parse_spec
@@ -303,8 +303,8 @@ import uuid  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from aml_pipeline.defs.resources import StoreResource, TsdbResource  # noqa: E402
-from aml_pipeline.defs.sensors import new_run_sensor  # noqa: E402
+from aml_pipeline.components.resources import StoreResource, TsdbResource  # noqa: E402
+from aml_pipeline.components.sensors import new_run_sensor  # noqa: E402
 from aml_pipeline.tsdb import PointColumns, open_tsdb  # noqa: E402
 from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema  # noqa: E402
 

@@ -14,13 +14,13 @@ import json
 import dagster as dg
 
 from aml_pipeline import config
-from aml_pipeline.defs.partitions import (
+from aml_pipeline.components.partitions import (
     RANGE_END_TAG,
     RANGE_START_TAG,
     range_tags,
     run_partitions,
 )
-from aml_pipeline.defs.resources import StoreResource, TsdbResource
+from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.pipeline.plan import BuildPlan, run_batches
 from aml_pipeline.pipeline.stages import RUN_ASSETS, WINDOWS, StageVersions, inputs_key
 from aml_pipeline.spec import DatasetSpec

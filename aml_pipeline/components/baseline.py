@@ -19,8 +19,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from aml_pipeline.defs.resources import StoreResource
-from aml_pipeline.defs.shared_env import SHARED_ENV_KEY, SharedEnvResource, busy_failure
+from aml_pipeline.components.resources import StoreResource
+from aml_pipeline.components.shared_env import SHARED_ENV_KEY, SharedEnvResource, busy_failure
 from aml_pipeline.errors import AmlError
 from aml_pipeline.lease import EnvBusy
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot

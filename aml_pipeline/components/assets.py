@@ -17,9 +17,9 @@ from typing import Any
 import dagster as dg
 
 from aml_pipeline import config, progress
-from aml_pipeline.defs.metadata import to_metadata
-from aml_pipeline.defs.partitions import run_backfill_policy, run_partitions
-from aml_pipeline.defs.resources import StoreResource, TsdbResource
+from aml_pipeline.components.metadata import to_metadata
+from aml_pipeline.components.partitions import run_backfill_policy, run_partitions
+from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.checks import MANIFEST_CHECKS, CheckOutcome, check_current
 from aml_pipeline.pipeline.plan import BuildPlan

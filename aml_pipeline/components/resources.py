@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
@@ -68,17 +69,24 @@ class StoreResource(dg.ConfigurableResource):
 
 
 def _env_or(name: str, default: str) -> str | dg.EnvVar:
+    """``dg.EnvVar(name)`` when the variable is set (the UI then shows where the value comes from),
+    else ``default``."""
     return dg.EnvVar(name) if os.environ.get(name) else default
 
 
-def default_resources() -> dict[str, dg.ConfigurableResource]:
-    home = config.aml_home()
+def plant_resources(*, tsdb_url_env: str = "AML_TSDB_URL", home_env: str = "AML_HOME",
+                    env_location_env: str = "AML_ENV_LOCATION", datasets_dir: str | None = None) -> dict[str, Any]:
+    """The resources every dataset of a code location shares, read from the environment variables
+    named (``AML_*`` by default); unset, the documented defaults under ``./.aml`` apply."""
+    from aml_pipeline.components.shared_env import SharedEnvResource
+    from aml_pipeline.envs import default_venv_path
+
+    home = Path(os.environ.get(home_env) or Path.cwd() / ".aml").resolve()
     return {
-        "tsdb": TsdbResource(url=_env_or("AML_TSDB_URL", config.default_tsdb_url(home))),
-        "store": StoreResource(home=_env_or("AML_HOME", str(home))),
+        "tsdb": TsdbResource(url=_env_or(tsdb_url_env, config.default_tsdb_url(home))),
+        "store": StoreResource(home=_env_or(home_env, str(home)), datasets_dir=datasets_dir),
+        "shared_env": SharedEnvResource(
+            lease_location=_env_or(env_location_env, str(home / "env")), venv_path=str(default_venv_path(home)),
+        ),
+        "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }
-
-
-@dg.definitions
-def resources() -> dg.Definitions:
-    return dg.Definitions(resources=default_resources())

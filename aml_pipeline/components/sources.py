@@ -17,8 +17,8 @@ import warnings
 
 import dagster as dg
 
-from aml_pipeline.defs.assets import TSDB_POINTS
-from aml_pipeline.defs.resources import TsdbResource
+from aml_pipeline.components.assets import TSDB_POINTS
+from aml_pipeline.components.resources import TsdbResource
 from aml_pipeline.errors import AmlError
 from aml_pipeline.urls import redact_url
 

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from aml_pipeline import config as settings
-from aml_pipeline.defs.resources import StoreResource
+from aml_pipeline.components.resources import StoreResource
 from aml_pipeline.pipeline.retention import DEFAULT_KEEP, collect_garbage
 from aml_pipeline.spec import discover_specs
 
@@ -55,8 +55,3 @@ gc_schedule = dg.ScheduleDefinition(
     default_status=dg.DefaultScheduleStatus.STOPPED,
     description="Runs aml_gc daily at 03:00 (off until turned on).",
 )
-
-
-@dg.definitions
-def maintenance() -> dg.Definitions:
-    return dg.Definitions(jobs=[gc_job], schedules=[gc_schedule])

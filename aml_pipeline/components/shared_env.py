@@ -17,7 +17,6 @@
 ``aml-pipeline env status|rebuild`` call the same functions (:mod:`aml_pipeline.envs`).
 """
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -25,14 +24,12 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from aml_pipeline import config
 from aml_pipeline.envs import (
     DEFAULT_CHECK_IMPORTS,
     DEFAULT_REQUIREMENTS,
     EnvBuild,
     EnvInUse,
     EnvSettings,
-    default_venv_path,
     rebuild_shared_env,
     shared_env_status,
     use_shared_env,
@@ -165,34 +162,12 @@ rebuild_shared_env_job = dg.define_asset_job(
 )
 
 
-def default_shared_env_resources() -> dict[str, Any]:
-    location = os.environ.get("AML_ENV_LOCATION")
-    return {
-        "shared_env": SharedEnvResource(
-            lease_location=dg.EnvVar("AML_ENV_LOCATION") if location else config.env_location(),
-            venv_path=str(default_venv_path()),
-        ),
-        "pipes_subprocess_client": dg.PipesSubprocessClient(),
-    }
-
-
-@dg.definitions
-def shared_env_definitions() -> dg.Definitions:
-    return dg.Definitions(
-        assets=[shared_env_asset],
-        jobs=[rebuild_shared_env_job],
-        resources=default_shared_env_resources(),
-    )
-
-
 __all__ = [
     "REBUILD_JOB",
     "SHARED_ENV_KEY",
     "SHARED_ENV_POOL",
     "SharedEnvResource",
     "busy_failure",
-    "default_shared_env_resources",
     "rebuild_shared_env_job",
     "shared_env_asset",
-    "shared_env_definitions",
 ]

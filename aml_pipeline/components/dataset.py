@@ -1,0 +1,219 @@
+"""The dataset component types, and the one function that turns a spec into Dagster definitions.
+
+A dataset contributes, per spec: the run-partitioned stage assets and the dataset assets with
+their checks, the baseline model, the new-run sensor, the run, build, rebuild and verify jobs and
+the rebuild and verify schedules (:func:`dataset_definitions`). Every dataset of a code location
+shares one plant part (:func:`plant_definitions`): the ``tsdb``, ``store``, ``shared_env`` and
+``pipes_subprocess_client`` resources, the ``tsdb/points`` source asset with its observation job
+and schedule, the shared environment's asset and rebuild job, and the ``aml_gc`` job and schedule.
+Components with the same settings share the very same plant objects, which is what lets Dagster
+merge several datasets into one code location; components with different settings cannot be
+merged (one TSDB and one store per code location: Dagster refuses two resources under one key).
+"""
+
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import dagster as dg
+from pydantic import BaseModel, ConfigDict, Field
+
+from aml_pipeline import config
+from aml_pipeline.components.assets import dataset_assets
+from aml_pipeline.components.baseline import baseline_assets
+from aml_pipeline.components.maintenance import gc_job, gc_schedule
+from aml_pipeline.components.resources import plant_resources
+from aml_pipeline.components.schedules import build_job, rebuild_job, rebuild_schedule, runs_job, verify_job, verify_schedule
+from aml_pipeline.components.sensors import new_run_sensor
+from aml_pipeline.components.shared_env import rebuild_shared_env_job, shared_env_asset
+from aml_pipeline.components.sources import observe_tsdb_job, observe_tsdb_schedule, tsdb_points
+from aml_pipeline.spec import DatasetSpec, discover_specs, parse_spec
+
+log = dg.get_dagster_logger("aml_pipeline")
+
+
+def dataset_definitions(spec: DatasetSpec) -> dg.Definitions:
+    """Everything one dataset spec contributes (its plant part aside: :func:`plant_definitions`)."""
+    rebuild, verify = rebuild_job(spec), verify_job(spec)
+    return dg.Definitions(
+        assets=[*dataset_assets(spec), *baseline_assets(spec)],
+        sensors=[new_run_sensor(spec)],
+        jobs=[runs_job(spec), build_job(spec), rebuild, verify],
+        schedules=[rebuild_schedule(spec, rebuild), verify_schedule(spec, verify)],
+    )
+
+
+def shared_resources(tsdb_url_env: str, home_env: str, env_location_env: str, datasets_dir: str | None) -> dg.Definitions:
+    """The resources every dataset of a code location uses, one object per setting (and per value
+    of the variables it names): components with the same settings hand Dagster the very same
+    resources, which it merges."""
+    names = (tsdb_url_env, home_env, env_location_env)
+    return _shared_resources(names, tuple(os.environ.get(n) for n in names), datasets_dir, str(Path.cwd()))
+
+
+@lru_cache(maxsize=16)
+def _shared_resources(names: tuple[str, str, str], values: tuple[str | None, ...], datasets_dir: str | None,
+                      cwd: str) -> dg.Definitions:
+    tsdb_url_env, home_env, env_location_env = names
+    return dg.Definitions(resources=plant_resources(tsdb_url_env=tsdb_url_env, home_env=home_env,
+                                                    env_location_env=env_location_env, datasets_dir=datasets_dir))
+
+
+def plant_definitions() -> dg.Definitions:
+    """What a code location's datasets share besides the resources: the ``tsdb/points`` source with
+    its observation job and schedule, the shared environment and its rebuild job, ``aml_gc``."""
+    return dg.Definitions(
+        assets=[tsdb_points, shared_env_asset],
+        jobs=[observe_tsdb_job, rebuild_shared_env_job, gc_job],
+        schedules=[observe_tsdb_schedule, gc_schedule],
+    )
+
+
+class PlantSettings(BaseModel):
+    """Where datasets' data comes from and where it goes: names of environment variables, so no
+    URL or password is ever written into a ``defs.yaml``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tsdb_url_env: str = Field(
+        default="AML_TSDB_URL",
+        description="Environment variable holding the TSDB: duckdb:///file.duckdb, postgresql://user@host/db, or a "
+        "source description (YAML) of the plant's own tables.",
+    )
+    home_env: str = Field(
+        default="AML_HOME",
+        description="Environment variable holding the directory of intermediates and published datasets (unset: ./.aml).",
+    )
+    env_location_env: str = Field(
+        default="AML_ENV_LOCATION",
+        description="Environment variable holding the shared environment's lease location (unset: <home>/env).",
+    )
+    datasets_dir: str | None = Field(default=None, description="Where snapshots are published (None: <home>/datasets).")
+
+    def resources(self) -> dg.Definitions:
+        return shared_resources(self.tsdb_url_env, self.home_env, self.env_location_env, self.datasets_dir)
+
+
+class DatasetAttributes(PlantSettings):
+    spec: DatasetSpec = Field(description="The dataset spec: the keys of a spec file (docs/spec.md), camelCase.")
+
+
+class SpecFolderAttributes(PlantSettings):
+    path: str | None = Field(
+        default=None,
+        description="The specs folder, relative to the project root (None: $AML_SPECS, else the specs/ folder).",
+    )
+
+
+class _Component(dg.Component):
+    """A component whose ``defs.yaml`` attributes are validated by a pydantic model (its JSON
+    schema is what ``dg check yaml`` checks, its validators what loading checks, errors naming
+    the field) and kept as :attr:`attributes`."""
+
+    attributes_model: type[BaseModel]
+
+    def __init__(self, attributes: BaseModel) -> None:
+        self.attributes = attributes
+
+    @classmethod
+    def get_model_cls(cls) -> type[BaseModel]:
+        return cls.attributes_model
+
+    @classmethod
+    def load(cls, attributes: BaseModel | None, context: dg.ComponentLoadContext) -> "_Component":
+        return cls(attributes if attributes is not None else cls.attributes_model())
+
+
+STARTER = """\
+type: {type_name}
+
+attributes:
+  # Where the data comes from and where datasets go: names of environment variables (never a
+  # URL or a password in this file). These are the defaults.
+  tsdb_url_env: AML_TSDB_URL      # duckdb:///..., postgresql://..., or a source description .yaml
+  home_env: AML_HOME              # intermediates and published snapshots (unset: ./.aml)
+
+  # The dataset spec: the keys of a spec file (camelCase), validated the same way.
+  spec:
+    id: {spec_id}                 # [a-z0-9_]+, the asset key prefix
+    lineId: L1
+    productId: P100
+    recipeId: R7
+    beatMs: 1000                  # grid period
+    maxInterpMs: 5000             # longest gap bridged
+    historySteps: 60              # H
+    horizonSteps: 30              # F
+    stride: 1
+    nodes:                        # order = x column order
+      - {{nodeId: TI101, role: target}}
+      - {{nodeId: FIC200_SP, role: control, interp: hold, hampelK: 0}}
+      - {{nodeId: TI900, role: feature}}
+    cleaning: {{hampelK: 5, hampelSigma: 3.0, hampelMinDev: 0.0, goodStates: [0]}}
+    split: {{method: chronological, train: 0.7, val: 0.15, test: 0.15, seed: 0}}
+    # schedule: "15 * * * *"      # the rebuild schedule (default hourly at :15)
+"""
+
+
+class AmlDatasetScaffolder(dg.Scaffolder):
+    """``dg scaffold defs aml_pipeline.components.AmlDataset <path>``: a ``defs.yaml`` with a
+    commented starter spec named after the path."""
+
+    def scaffold(self, request: dg.ScaffoldRequest) -> None:
+        target = Path(request.target_path)
+        target.mkdir(parents=True, exist_ok=True)
+        spec_id = "".join(c if c.isalnum() else "_" for c in target.name.lower()).strip("_") or "my_dataset"
+        (target / "defs.yaml").write_text(STARTER.format(type_name=request.type_name, spec_id=spec_id))
+
+
+@dg.scaffold_with(AmlDatasetScaffolder)
+class AmlDataset(_Component):
+    """A training dataset for a dynamic process model, built from a plant's time-series: the run
+    stages (fetch, clean and align, windows) partitioned by production run, the split,
+    normalisation and published snapshot, their checks, the new-run sensor and the rebuild
+    schedule. ``spec`` takes the keys of a spec file (docs/spec.md)."""
+
+    attributes_model = DatasetAttributes
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        return self.definitions(source=str(Path(context.path) / "defs.yaml"))
+
+    def definitions(self, *, source: str) -> dg.Definitions:
+        """The dataset's definitions; ``source`` names where its spec came from in errors."""
+        return dg.Definitions.merge(dataset_definitions(checked_spec(self.attributes.spec, source)),
+                                    self.attributes.resources())
+
+
+class AmlPlant(_Component):
+    """What the datasets of a code location share, added once next to its ``AmlDataset``
+    components: the resources (the TSDB, the store, the shared environment and its lease), the
+    ``tsdb/points`` source with its observation schedule, the shared environment's rebuild job
+    and the ``aml_gc`` retention job. (``AmlSpecFolder`` includes it.)"""
+
+    attributes_model = PlantSettings
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        return dg.Definitions.merge(plant_definitions(), self.attributes.resources())
+
+
+class AmlSpecFolder(_Component):
+    """Every spec file (``*.yaml``) of a folder as an :class:`AmlDataset`, with the
+    :class:`AmlPlant`. A spec that fails validation is logged with its one-line reason and
+    skipped; the others load."""
+
+    attributes_model = SpecFolderAttributes
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        a = self.attributes
+        folder = config.specs_dir() if a.path is None else Path(context.project_root) / a.path
+        specs, errors = discover_specs(folder)
+        for path, message in errors:
+            log.error(f"spec {path} skipped: {message}")
+        datasets = [dataset_definitions(spec) for _, spec in specs]
+        return dg.Definitions.merge(*datasets, plant_definitions(), a.resources())
+
+
+def checked_spec(spec: DatasetSpec, source: str) -> DatasetSpec:
+    """``spec`` with the checks a spec file gets beyond its fields' types (the v2 unit contract),
+    errors naming ``source``."""
+    return parse_spec(spec.to_json_dict() | {"schedule": spec.schedule}, source=source)
