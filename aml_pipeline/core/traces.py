@@ -31,7 +31,7 @@ import numpy as np
 
 from aml_pipeline.core.args import as_int, positive_int
 
-DEFAULT_WIDTH = 400  # pixel columns: the plot's data area is drawn one column per pixel
+DEFAULT_WIDTH = 1000  # pixel columns: the run plot draws one per pixel of its data area
 KINDS = ("raw", "grid", "removed")
 FORMAT = "aml-run-traces/1"
 
