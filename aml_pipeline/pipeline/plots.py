@@ -76,8 +76,8 @@ def run_traces_markdown(traces: RunTraces, units: Sequence[str], run_id: str) ->
     outliers = int(traces.removed_count.sum())
     return (
         f"{data_uri_markdown(png, f'run {run_id}')}\n\n"
-        f"One band per node, scaled to its cleaned range (raw values beyond it are drawn at the "
-        f"band's edge); {outliers} outlier{'s' if outliers != 1 else ''} removed."
+        f"One band per node on a round scale around its cleaned values (raw values beyond it are "
+        f"drawn at the band's edge); {outliers} outlier{'s' if outliers != 1 else ''} removed."
     )
 
 

@@ -9,8 +9,8 @@ grid rows are missing), so the chart draws one data column per pixel whatever th
 * the cleaned grid as a 2 px line, the raw points in grey where the line does not cover them
   (points off the line, values beyond the band's scale at its edge), the removed outliers as red
   dots, and the columns with missing grid rows shaded (all missing, some missing);
-* time since the run's start below, in the unit that fits the run's length; the run and its UTC
-  start and end on top; a legend.
+* time since the run's start below, in the unit that fits the run's length; the run, its UTC
+  start and its length on top; a legend.
 
 It is drawn for every run of every build (``bench/plots_bench.py`` measures its time and its
 share of the event log), so one figure is kept per list of node labels and reused:
@@ -424,14 +424,11 @@ class RunFigure:
             y = TOP_PX + (i + 0.5) * self.band
             self._text("scale_lo", fmt(float(lo[i]), float(step[i])), self.dots_x - half, y)
             self._text("scale_hi", fmt(float(hi[i]), float(step[i])), self.dots_x + half, y)
-        # the title, word by word: the words that repeat between runs are copied, not drawn
-        start, end = _utc(traces.t0_ms), _utc(traces.t1_ms + 1)
-        if start.date() == end.date():
-            words = [(f"{start:%Y-%m-%d}", True), (f"{start:%H:%M:%S}", False), ("→", True), (f"{end:%H:%M:%S}", False)]
-        else:
-            words = [(f"{start:%Y-%m-%d}", True), (f"{start:%H:%M}", False), ("→", True),
-                     (f"{end:%Y-%m-%d}", True), (f"{end:%H:%M}", False)]
-        words += [("UTC", True), (f"({duration(traces.span_ms)})", True)]
+        # the title, word by word: only the run's name and start time are drawn, the words that
+        # repeat between runs are copied
+        start = _utc(traces.t0_ms)
+        words = [("started", True), (f"{start:%Y-%m-%d}", True), (f"{start:%H:%M:%S}", False), ("UTC,", True),
+                 (f"{duration(traces.span_ms)} long", True)]
         x = MARGIN_PX + self._text("title", title, MARGIN_PX, 8, keep=False) + 3 * self.space["bold"]
         for word, keep in words:
             x += self._text("time", word, x, 8, keep=keep) + max(self.space["normal"], TEXT_GAP_PX)
