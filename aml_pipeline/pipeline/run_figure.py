@@ -8,7 +8,7 @@ grid rows are missing), so the chart draws one data column per pixel whatever th
   cleaned grid's range, so they read easily and repeat between runs);
 * the cleaned grid as a 2 px line, the raw points in grey where the line does not cover them
   (points off the line, values beyond the band's scale at its edge), the removed outliers as red
-  dots, and the columns with missing grid rows shaded (all missing, some missing);
+  squares, and the columns with missing grid rows shaded (all missing, some missing);
 * time since the run's start below, in the unit that fits the run's length; the run, its UTC
   start and its length on top; a legend.
 
@@ -279,7 +279,7 @@ class RunFigure:
                 handles=[
                     Line2D([], [], color=c["raw"], linewidth=4, solid_capstyle="butt", label="raw points", **plain),
                     Line2D([], [], color=c["grid"], linewidth=1.5, label="cleaned grid", **plain),
-                    Line2D([], [], color=c["outlier"], marker="o", markersize=4.5, linestyle="none",
+                    Line2D([], [], color=c["outlier"], marker="s", markersize=4, linestyle="none",
                            label="removed outlier", **plain),
                     Patch(facecolor=c["gap"], label="gap (no grid value)", **plain),
                     Patch(facecolor=c["partial_gap"], label="some grid rows missing", **plain),
@@ -292,7 +292,7 @@ class RunFigure:
             self.partial_gaps, self.gaps = fill(empty, c["partial_gap"], True), fill(empty, c["gap"], True)
             self.time_grid, self.raw = fill(empty, c["time_grid"], True), fill(empty, c["raw"], True)
             self.grid, self.tick_marks = fill(empty, c["grid"], True), fill(empty, c["axis"], True)
-            (self.outliers,) = ax.plot([], [], color=c["outlier"], marker="o", markersize=3.6, markeredgewidth=0,
+            (self.outliers,) = ax.plot([], [], color=c["outlier"], marker="s", markersize=3, markeredgewidth=0,
                                        linestyle="none", animated=True)
             self.texts = {
                 "title": ax.text(0, 0, "", fontsize=TITLE_PT, weight="bold", ha="left", va="top", animated=True),
@@ -389,7 +389,7 @@ class RunFigure:
             np.concatenate([r_top[band_a, col_a], np.maximum(r_top, g_bottom)[band_b, col_b]]),
             np.concatenate([np.where(no_grid, r_bottom, np.minimum(r_bottom, g_top))[band_a, col_a], r_bottom[band_b, col_b]]),
         ))
-        # removed outliers: a dot at the column's smallest and largest removed value
+        # removed outliers: a square at the column's smallest and largest removed value
         node, col = np.nonzero(traces.removed_count > 0)
         centres = (edges[col] + edges[col + 1]) / 2
         self.outliers.set_data(
