@@ -94,7 +94,7 @@ class RunTraces:
     # ---- one file -------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> Path:
-        """Write to ``path`` (a compressed ``.npz``; a few tens of KB for 16 nodes) by rename."""
+        """Write to ``path`` (a compressed ``.npz``) by rename."""
         path = Path(path)
         buf = io.BytesIO()
         header = {"format": FORMAT, "t0Ms": self.t0_ms, "t1Ms": self.t1_ms, "nodeIds": list(self.node_ids)}

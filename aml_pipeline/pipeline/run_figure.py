@@ -319,7 +319,7 @@ class RunFigure:
         tile = self.tiles.get((kind, text))
         if tile is not None:
             region, extents, dx, dy, width = tile
-            self.canvas.restore_region(region, bbox=extents, xy=(x + dx, y + dy))
+            self.renderer.restore_region(region, bbox=extents, xy=(x + dx, y + dy))
             return width
         artist = self.texts[kind]
         artist.set_text(text)
@@ -408,7 +408,7 @@ class RunFigure:
         self.time_grid.set_path(_rects_path(inside, inside + 1, np.zeros_like(inside), np.full_like(inside, n * band)))
         self.tick_marks.set_path(_rects_path(tx, tx + 1, np.full_like(tx, n * band + 1), np.full_like(tx, n * band + 6)))
 
-        self.canvas.restore_region(self.background)
+        self.renderer.restore_region(self.background)
         for artist in (self.time_grid, self.partial_gaps, self.gaps, self.raw, self.outliers, self.grid, self.tick_marks):
             self.ax.draw_artist(artist)
 
