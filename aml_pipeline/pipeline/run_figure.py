@@ -174,6 +174,26 @@ def _shifted(a: np.ndarray, by: int) -> np.ndarray:
     return out
 
 
+def _bridge(has: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
+    """``values [rows, cols]`` with each column where ``has`` is False, between two where it is
+    True, interpolated linearly between those two, or where one of them is NaN the nearer one's
+    value; other such columns NaN."""
+    n, w = has.shape
+    col = np.arange(w)
+    before = np.maximum.accumulate(np.where(has, col, -1), axis=1)
+    after = np.minimum.accumulate(np.where(has, col, w)[:, ::-1], axis=1)[:, ::-1]
+    row, c = np.nonzero(~has & (before >= 0) & (after < w))
+    p, q = before[row, c], after[row, c]
+    f = (c - p) / (q - p)
+    out = []
+    for v in values:
+        v = np.where(has, v, np.nan)
+        between = v[row, p] + (v[row, q] - v[row, p]) * f
+        v[row, c] = np.where(np.isnan(between), np.where(f <= 0.5, v[row, p], v[row, q]), between)
+        out.append(v)
+    return out
+
+
 def _rects_path(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray):
     """Rectangles ``[x0, x1] x [y0, y1]`` as one matplotlib path to fill."""
     from matplotlib.path import Path
@@ -367,7 +387,11 @@ class RunFigure:
                 return np.clip(first + 0.5 + (hi[:, None] - v.astype(np.float64)) * scale, first + 0.5, last - 0.5)
 
         # cleaned grid: 2 px thick, each column reaching its neighbours (a steep step stays one stroke)
-        g_top, g_bottom = np.round(rows(traces.grid_max)) - 1, np.round(rows(traces.grid_min)) + 1
+        # (a column without grid rows, where the beat is longer than a column, takes its rows
+        # and its gap from the columns around it)
+        has_rows = traces.grid_rows > 0
+        g_top, g_bottom = _bridge(has_rows, rows(traces.grid_max), rows(traces.grid_min))
+        g_top, g_bottom = np.round(g_top) - 1, np.round(g_bottom) + 1
         no_grid = np.isnan(g_top)
         with np.errstate(invalid="ignore"):
             g_top, g_bottom = (
@@ -397,8 +421,10 @@ class RunFigure:
             np.floor(np.concatenate([rows(traces.removed_min)[node, col], rows(traces.removed_max)[node, col]])) + 0.5,
         )
         # gaps: the band's height in the columns with missing grid rows
-        miss, grid_rows = traces.grid_missing, traces.grid_rows
-        for layer, flags in ((self.gaps, (miss > 0) & (miss == grid_rows)), (self.partial_gaps, (miss > 0) & (miss < grid_rows))):
+        miss = traces.grid_missing > 0
+        full = miss & (traces.grid_missing == traces.grid_rows)
+        full, miss = (flags > 0.5 for flags in _bridge(has_rows, full.astype(float), miss.astype(float)))
+        for layer, flags in ((self.gaps, full), (self.partial_gaps, miss & ~full)):
             r, a, b = spans(flags)
             layer.set_path(_rects_path(edges[a], edges[b], r * band + 1.0, (r + 1) * band + 0.0))
         # time: ticks below the data, light lines across it

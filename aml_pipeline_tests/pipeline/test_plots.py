@@ -128,6 +128,26 @@ def test_run_figure_draws_traces_of_another_width_over_the_whole_data_area():
     assert has(a[:, rf.PLOT_PX - 1], rf.GRID) and has(a[:, 0], rf.GRID)
 
 
+def test_a_beat_longer_than_a_column_still_draws_one_line_and_whole_gaps():
+    """A 90 s run on a 300 ms grid: most columns hold no grid row; the line runs through them and
+    the gap is shaded without holes, up to the middle between its rows and their neighbours."""
+    acc = TraceAccumulator(0, 89_999, ["A"])
+    grid_ts = np.arange(0, 90_000, 300, dtype=np.int64)
+    v = np.sin(grid_ts / 5000.0)
+    v[100:130] = np.nan  # 30 000 .. 38 700 ms
+    acc.add_grid(None, grid_ts, v[:, None])
+    traces = acc.result()
+    assert (traces.grid_rows == 0).mean() > 0.5
+    rgb = decode(plots.run_figure_png(traces, [""], "run R1"))
+    a = band(rgb, rf.run_figure(("A",)), 0)
+    line = (a == colour(rf.GRID)).all(axis=2).any(axis=0)
+    gap = (a == colour(rf.GAP)).all(axis=2).any(axis=0)
+    assert np.flatnonzero(gap).tolist() == list(range(np.flatnonzero(gap)[0], np.flatnonzero(gap)[-1] + 1))
+    assert np.flatnonzero(gap)[0] in range(332, 336) and np.flatnonzero(gap)[-1] in range(430, 434)
+    last = 89_700 * rf.PLOT_PX // 90_000  # the last grid row's column: nothing drawn after it
+    assert (line | gap)[: last + 1].all() and not (line | gap)[last + 1 :].any() and not (line & gap).any()
+
+
 def test_run_figure_redraws_a_run_byte_for_byte_whatever_it_drew_before():
     """The figure and its kept texts are reused from run to run: nothing of one run stays in the
     next, and a text copied from an earlier drawing is pixel for pixel the drawn one."""
