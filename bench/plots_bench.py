@@ -5,19 +5,27 @@ run, as ``bench.workload``), simulated in memory. Each run's traces are accumula
 the way the streaming stages feed them: every node's raw points in chunks, cleaned and aligned
 with the core functions (:func:`plant_run_traces`).
 
-* ``plot_ms_per_run``: ``run_traces_markdown`` (draw, encode, wrap as markdown) per run. Each
-  repetition draws every run once; the figure is the median over repetitions of the mean per
-  run (min and max beside it). Reference, same runs and repetitions: the same traces drawn the
-  plain matplotlib way (a subplot per node with its artists, ``savefig`` to PNG).
+* ``plot_ms_per_run``: ``run_traces_markdown`` (draw, encode, wrap as markdown) per run. The
+  figure of a list of node labels is built on its first run and kept, with the texts it has
+  drawn (see ``aml_pipeline.pipeline.run_figure``), as in a build, where one process draws a
+  chunk of runs: so no run is drawn twice. Each repetition draws ``--runs`` runs of its own,
+  once each, in a process whose figure was built on one more run (untimed, its cost is
+  ``plot_setup_ms``); the figure is the median over repetitions of the mean per run (min and
+  max beside it). ``plot_cpu_ms``: the same in this process's CPU time, which other processes
+  on the host inflate less. Reference, same runs and repetitions: the same traces drawn the plain
+  matplotlib way (a figure of the same size, a subplot per node with its artists and axes,
+  ``savefig`` to PNG).
+* ``plot_setup_ms``: building the figure for the benchmark's labels and drawing its first run
+  (every text drawn, none kept yet), in a process that has drawn before; median over
+  repetitions. A build pays it once per process and list of labels.
 * ``event_log_kb_per_run``: the plot's share of the event log. Each repetition builds the same
   workload (``LOG_RUNS`` runs of the standard shape in a DuckDB file, ``bench.workload``) with
   the real build (``materialize_dataset``) into two fresh persistent SQLite instances, one with
   ``AML_RUN_PLOTS=on`` and one with ``off``, and measures each instance directory's size after
   the build (the instance closed); the figure is the difference per run. What is stored is the
-  build's own: each run's figures (the cleaning and fetch tables, counts, path) with or
-  without its plot, in the observation the build records, in the run's shard and the index
-  shard of the SQLite event log. SQLite stores large rows in 4 KB overflow pages, so the figure
-  depends on the rows' real sizes: metadata of another shape would give another figure.
+  build's own: each run's figures with or without its plot, in the run's shard and the index
+  shard of the SQLite event log (each holds the plot once). SQLite stores large rows in 4 KB
+  overflow pages, so the figure depends on the rows' real sizes.
 
 Budget (per run, 16 nodes): 20 ms and 30 KB.
 
@@ -55,25 +63,29 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 
 def _naive_png(traces, units: list[str], title: str) -> bytes:
-    """The same traces drawn the plain matplotlib way (the reference)."""
+    """The same traces drawn the plain matplotlib way (the reference): a fresh figure of the run
+    figure's size, a subplot per node with its own axes, ``savefig``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from aml_pipeline.pipeline.run_figure import band_px
+
     n = len(traces.node_ids)
-    fig = Figure(figsize=(7.0, 0.35 * n + 0.8), dpi=100)
+    fig = Figure(figsize=(13.0, (band_px(n) * n + 110) / 100), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(n, 1, sharex=True)
     x = traces.column_centres_ms() / 60_000
     for j, ax in enumerate(np.atleast_1d(axes)):
         ax.fill_between(x, traces.raw_min[j], traces.raw_max[j], color="0.7", linewidth=0)
-        ax.fill_between(x, traces.grid_min[j], traces.grid_max[j], color="tab:blue", linewidth=0.8)
+        ax.fill_between(x, traces.grid_min[j], traces.grid_max[j], color="tab:blue", linewidth=1.5)
         gap = traces.grid_missing[j] > 0
         ax.fill_between(x, 0, 1, where=gap, transform=ax.get_xaxis_transform(), color="tab:orange", alpha=0.3)
         hit = traces.removed_count[j] > 0
-        ax.plot(x[hit], traces.removed_max[j][hit], "x", color="tab:red", markersize=3)
-        ax.set_ylabel(f"{traces.node_ids[j]} [{units[j]}]", rotation=0, ha="right", fontsize=6)
-        ax.tick_params(labelsize=6)
-    fig.suptitle(title, fontsize=7)
+        ax.plot(x[hit], traces.removed_max[j][hit], "o", color="tab:red", markersize=3)
+        ax.set_ylabel(f"{traces.node_ids[j]} [{units[j]}]", rotation=0, ha="right", fontsize=10)
+        ax.tick_params(labelsize=9)
+    np.atleast_1d(axes)[-1].set_xlabel("time since run start [min]")
+    fig.suptitle(title, fontsize=12)
     out = io.BytesIO()
     fig.savefig(out, format="png")
     return out.getvalue()
@@ -140,6 +152,7 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
 
     warnings.filterwarnings("ignore", message=r".*currently in (beta|preview)")
     logging.getLogger("dagster").setLevel(logging.WARNING)
+    from aml_pipeline.pipeline import run_figure
     from aml_pipeline.pipeline.plots import run_traces_markdown
     from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
     from aml_pipeline.spec import parse_spec
@@ -147,46 +160,60 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="aml-plots-bench-")) if own else Path(workdir)
     try:
-        plant = simulate_plant(n_runs=runs, run_minutes=minutes, seed=1, n_controls=N_CONTROLS,
+        # one run to build the figure on, then runs of their own for each repetition
+        plant = simulate_plant(n_runs=1 + runs * repeat, run_minutes=minutes, seed=1, n_controls=N_CONTROLS,
                                n_targets=N_TARGETS, n_features=N_FEATURES, unfinished_last_run=False)
         spec = parse_spec(plant_spec_dict(plant, SPEC_ID, history_steps=HISTORY, horizon_steps=HORIZON))
         unit_of = {n.node_id: n.unit for n in plant.nodes}
         units = [unit_of[n] for n in spec.node_ids]
-        traces = {r.run_id: plant_run_traces(plant, spec, r) for r in plant.runs}
-        run_traces_markdown(next(iter(traces.values())), units, "warm-up")  # layout and font, once
-        _naive_png(next(iter(traces.values())), units, "warm-up")
+        traces = [(r.run_id, plant_run_traces(plant, spec, r)) for r in plant.runs]
+        first, rest = traces[0], traces[1:]
+
+        run_traces_markdown(first[1], [f"{u}." for u in units], "warm-up")  # imports, fonts: other labels
+        setup_ms = []
+        for _ in range(repeat):
+            run_figure.run_figure.cache_clear()
+            t0 = time.perf_counter()
+            run_traces_markdown(first[1], units, first[0])
+            setup_ms.append((time.perf_counter() - t0) * 1e3)
+        _naive_png(first[1], units, "warm-up")
 
         log_workload = make_workload(work / "log-plant", runs=LOG_RUNS, minutes=minutes)
         log_runs = len(log_workload.runs)
-        ours_ms, naive_ms, kb_with, kb_without = [], [], [], []
-        markdowns: dict[str, str] = {}
+        ours_ms, ours_cpu_ms, naive_ms, kb_with, kb_without = [], [], [], [], []
+        markdowns: list[str] = []
         for i in range(repeat):
+            mine = rest[i * runs : (i + 1) * runs]
+            t0, c0 = time.perf_counter(), time.process_time()
+            drawn = [run_traces_markdown(tr, units, run_id) for run_id, tr in mine]
+            ours_ms.append((time.perf_counter() - t0) * 1e3 / len(mine))
+            ours_cpu_ms.append((time.process_time() - c0) * 1e3 / len(mine))
+            markdowns += drawn
             t0 = time.perf_counter()
-            markdowns = {run_id: run_traces_markdown(tr, units, run_id) for run_id, tr in traces.items()}
-            ours_ms.append((time.perf_counter() - t0) * 1e3 / len(traces))
-            t0 = time.perf_counter()
-            for run_id, tr in traces.items():
+            for run_id, tr in mine:
                 _naive_png(tr, units, f"run {run_id}")
-            naive_ms.append((time.perf_counter() - t0) * 1e3 / len(traces))
+            naive_ms.append((time.perf_counter() - t0) * 1e3 / len(mine))
             kb_with.append(_build_event_log_bytes(log_workload, True, work / f"build-with-{i}") / 1e3 / log_runs)
             kb_without.append(_build_event_log_bytes(log_workload, False, work / f"build-without-{i}") / 1e3 / log_runs)
         plot_kb = [a - b for a, b in zip(kb_with, kb_without)]
-        markdown_kb = [len(m.encode()) / 1e3 for m in markdowns.values()]
+        markdown_kb = [len(m.encode()) / 1e3 for m in markdowns]
         ms = _spread(ours_ms)
         kb = _spread(plot_kb)
         return {
             "plot_ms_per_run": ms["median"],
             "event_log_kb_per_run": kb["median"],
             "plot_ms": {**ms, "all": ours_ms},
+            "plot_cpu_ms": {**_spread(ours_cpu_ms), "all": ours_cpu_ms},
             "plot_ms_naive_matplotlib": {**_spread(naive_ms), "all": naive_ms},
             "plot_over_naive_matplotlib": ms["median"] / statistics.median(naive_ms),
+            "plot_setup_ms": {**_spread(setup_ms), "all": setup_ms},
             "event_log_kb": {**kb, "all": plot_kb},
             "event_log_kb_per_run_with_plot": _spread(kb_with),
             "event_log_kb_per_run_without_plot": _spread(kb_without),
             "markdown_kb_per_run": _spread(markdown_kb),
             "budget": {"plot_ms_per_run": BUDGET_MS, "event_log_kb_per_run": BUDGET_KB},
             "met": {"plot_ms_per_run": ms["median"] <= BUDGET_MS, "event_log_kb_per_run": kb["median"] <= BUDGET_KB},
-            "workload": {"runs": len(traces), "nodes": len(spec.node_ids), "run_minutes": minutes,
+            "workload": {"runs_per_repeat": runs, "nodes": len(spec.node_ids), "run_minutes": minutes,
                          "points": len(plant.points), "repeat": repeat, "event_log_runs": log_runs},
         }
     finally:
@@ -211,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(
         f"\nplot_ms_per_run      {ms['median']:.1f} ms (min {ms['min']:.1f}, max {ms['max']:.1f}; budget {BUDGET_MS:g}; "
-        f"plain matplotlib {res['plot_ms_naive_matplotlib']['median']:.0f} ms)\n"
+        f"CPU {res['plot_cpu_ms']['median']:.1f} ms; "
+        f"plain matplotlib {res['plot_ms_naive_matplotlib']['median']:.0f} ms; "
+        f"figure setup {res['plot_setup_ms']['median']:.0f} ms once per process)\n"
         f"event_log_kb_per_run {kb['median']:.1f} KB (min {kb['min']:.1f}, max {kb['max']:.1f}; budget {BUDGET_KB:g}; "
         f"markdown {res['markdown_kb_per_run']['median']:.1f} KB)"
     )

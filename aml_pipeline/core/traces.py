@@ -31,7 +31,7 @@ import numpy as np
 
 from aml_pipeline.core.args import as_int, positive_int
 
-DEFAULT_WIDTH = 400  # pixel columns: the plot's data area is drawn one column per pixel
+DEFAULT_WIDTH = 1000  # pixel columns: the run plot draws one per pixel of its data area
 KINDS = ("raw", "grid", "removed")
 FORMAT = "aml-run-traces/1"
 
@@ -94,7 +94,7 @@ class RunTraces:
     # ---- one file -------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> Path:
-        """Write to ``path`` (a compressed ``.npz``; a few tens of KB for 16 nodes) by rename."""
+        """Write to ``path`` (a compressed ``.npz``) by rename."""
         path = Path(path)
         buf = io.BytesIO()
         header = {"format": FORMAT, "t0Ms": self.t0_ms, "t1Ms": self.t1_ms, "nodeIds": list(self.node_ids)}

@@ -1,5 +1,6 @@
 """Plots: every image decodes as a PNG of the expected size and shows what it claims where it
-claims it (gaps, raw points beyond the scale, removed outliers), at 1, 300 and 10,000 runs."""
+claims it (gaps, raw points beyond the scale, removed outliers), for 1 to 30 nodes and 1 to
+10,000 runs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from PIL import Image
 
 from aml_pipeline.core.traces import TraceAccumulator
 from aml_pipeline.pipeline import plots
+from aml_pipeline.pipeline import run_figure as rf
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
 
@@ -34,63 +36,131 @@ def png_of(markdown: str) -> bytes:
 
 
 def colour(index: int) -> np.ndarray:
-    return plots.PALETTE[index]
+    return rf.PALETTE[index]
 
 
 def has(pixels: np.ndarray, index: int) -> bool:
     return bool((pixels.reshape(-1, 3) == colour(index)).all(axis=1).any())
 
 
+def palette_only(rgb: np.ndarray) -> bool:
+    """Every pixel is one of the run figure's colours (nothing antialiased, nothing stray)."""
+    keys = (rgb[..., 0].astype(np.int64) << 16) | (rgb[..., 1].astype(np.int64) << 8) | rgb[..., 2]
+    palette = (rf.PALETTE[:, 0].astype(np.int64) << 16) | (rf.PALETTE[:, 1].astype(np.int64) << 8) | rf.PALETTE[:, 2]
+    return bool(np.isin(np.unique(keys), palette).all())
+
+
 # ---- per run --------------------------------------------------------------------------------
 
 
-def synthetic_traces():
-    """Two nodes over ten minutes at 1 s, 600 columns: one column per second.
+def synthetic_traces(width: int = rf.PLOT_PX):
+    """Two nodes over 1,000 s, the grid at 0.5 s (two rows per second): at the default width,
+    one column per second.
 
-    A: a sine with a gap (grid rows 100..149 missing) and one raw sentinel far below its range
-    at 460.5 s (where the sine is near its top). B: a ramp 0..10 with one removed outlier at
-    450 s, value 20 (above its range).
+    A: a sine with a gap (grid rows of 100..149 s all missing), one missing grid row at 300 s
+    (a partly missing column) and one raw sentinel far below its range at 460.5 s (where the
+    sine is near its top). B: a ramp 0..10 with one removed outlier at 450 s, value 20 (above
+    its range).
     """
-    t0, t1 = 0, 599_999
-    acc = TraceAccumulator(t0, t1, ["A", "B"], width=600)
-    grid_ts = np.arange(0, 600_000, 1000, dtype=np.int64)
+    t0, t1 = 0, 999_999
+    acc = TraceAccumulator(t0, t1, ["A", "B"], width=width)
+    grid_ts = np.arange(0, 1_000_000, 500, dtype=np.int64)
     a = np.sin(grid_ts / 60_000)
-    a[100:150] = np.nan
+    a[(grid_ts >= 100_000) & (grid_ts < 150_000)] = np.nan
+    a[grid_ts == 300_500] = np.nan
     b = np.linspace(0, 10, grid_ts.size)
     acc.add_grid(None, grid_ts, np.column_stack([a, b]))
-    raw_ts = grid_ts + 200
+    raw_ts = np.arange(200, 1_000_000, 1000, dtype=np.int64)
     acc.add_raw(0, np.r_[raw_ts, 460_500], np.r_[np.sin(raw_ts / 60_000), -9999.0])
-    acc.add_raw(1, raw_ts, np.linspace(0, 10, raw_ts.size))
+    acc.add_raw(1, raw_ts, np.interp(raw_ts, grid_ts, b))
     acc.add_removed(1, np.array([450_000]), np.array([20.0]))
     return acc.result()
 
 
-def band(rgb: np.ndarray, layout, node: int) -> np.ndarray:
-    """The inner rows (between the separators) of a node's band in the data area."""
-    top = layout.y0 + node * plots.BAND_PX
-    return rgb[top + plots.EDGE : top + plots.BAND_PX - plots.EDGE, layout.x0 : layout.x0 + layout.width]
+def band(rgb: np.ndarray, figure: rf.RunFigure, node: int) -> np.ndarray:
+    """A node's band in the data area, without the separator row above it."""
+    top = rf.TOP_PX + node * figure.band
+    return rgb[top + 1 : top + figure.band, figure.left : figure.left + rf.PLOT_PX]
+
+
+def data_rows(figure: rf.RunFigure) -> slice:
+    """Within ``band(...)``: the rows values are drawn in (EDGE_PX kept clear at each edge)."""
+    return slice(rf.EDGE_PX, figure.band - 1 - rf.EDGE_PX)
 
 
 def test_run_figure_shows_gaps_raw_points_and_outliers_where_they_are():
     traces = synthetic_traces()
     rgb = decode(plots.run_figure_png(traces, ["degC", "kg/h"], "run R1"))
-    layout = plots._run_layout(("A [degC]", "B [kg/h]"), 600)
-    assert rgb.shape == layout.background.shape + (3,)
-    a, b = band(rgb, layout, 0), band(rgb, layout, 1)
-    # the gap: whole columns shaded, no grid line; outside it the grid line is there
-    for col in (110, 125, 140):
-        assert has(a[:, col], plots.GAP) and not has(a[:, col], plots.GRID)
-    assert all(has(a[:, col], plots.GRID) for col in (50, 200, 400, 550))
-    # the sentinel is far below A's scale: drawn at the band's bottom edge, in raw grey
-    assert (a[-1, 460] == colour(plots.RAW)).all() and not has(a[-3:, 455], plots.RAW)
-    # the outlier above B's scale: a red cross at the top edge of B's band, nowhere in A's
-    assert has(b[:3, 449:452], plots.OUTLIER)
-    assert not has(a, plots.OUTLIER)
-    assert not has(b[:, :440], plots.OUTLIER) and not has(b[:, 460:], plots.OUTLIER)
+    figure = rf.run_figure(("A [degC]", "B [kg/h]"))
+    assert rgb.shape == (rf.TOP_PX + 2 * figure.band + rf.BOTTOM_PX, figure.w_px, 3)
+    assert rgb.shape[1] >= 1000 and figure.band >= 100  # two nodes: tall bands
+    assert palette_only(rgb)
+    a, b = band(rgb, figure, 0), band(rgb, figure, 1)
+    # the gap: whole columns shaded, no grid line; the partly missing column shaded lighter, its
+    # line kept; elsewhere neither
+    for col in (100, 125, 149):
+        assert has(a[:, col], rf.GAP) and not has(a[:, col], rf.GRID), col
+    assert not has(a[:, 99], rf.GAP) and not has(a[:, 150], rf.GAP)
+    assert has(a[:, 300], rf.PARTIAL_GAP) and has(a[:, 300], rf.GRID) and not has(a[:, 300], rf.GAP)
+    for col in (50, 200, 299, 301, 400, 550):
+        assert has(a[:, col], rf.GRID) and not has(a[:, col], rf.GAP) and not has(a[:, col], rf.PARTIAL_GAP), col
+    assert not has(b, rf.GAP) and not has(b, rf.PARTIAL_GAP)
+    # the sentinel is far below A's scale: raw grey from the line down to the band's last data row
+    rows = data_rows(figure)
+    assert (a[rows][-1, 460] == colour(rf.RAW)).all() and not has(a[:, 455], rf.RAW)
+    # the outlier above B's scale: red at the top of B's band, in its column, nowhere else
+    assert has(b[rows][:3, 449:452], rf.OUTLIER)
+    assert not has(a, rf.OUTLIER)
+    assert not has(b[:, :440], rf.OUTLIER) and not has(b[:, 460:], rf.OUTLIER)
     # the ramp rises left to right: B's line is low at the start and high at the end
-    rows = np.flatnonzero((b[:, 5] == colour(plots.GRID)).all(axis=1))
-    rows_end = np.flatnonzero((b[:, 590] == colour(plots.GRID)).all(axis=1))
-    assert rows.min() > rows_end.max()
+    grid_rows = lambda col: np.flatnonzero((b[:, col] == colour(rf.GRID)).all(axis=1))  # noqa: E731
+    assert grid_rows(5).min() > grid_rows(990).max()
+
+
+def test_run_figure_draws_traces_of_another_width_over_the_whole_data_area():
+    """Traces stored with fewer columns (an older build) are stretched, not drawn narrower."""
+    rgb = decode(plots.run_figure_png(synthetic_traces(width=400), ["degC", "kg/h"], "run R1"))
+    figure = rf.run_figure(("A [degC]", "B [kg/h]"))
+    a = band(rgb, figure, 0)
+    assert rgb.shape[1] == figure.w_px
+    # 100..149 s are columns 40..59 of 400, pixels 100..149 of 1,000
+    assert has(a[:, 100], rf.GAP) and has(a[:, 149], rf.GAP) and not has(a[:, 150], rf.GAP)
+    assert has(a[:, rf.PLOT_PX - 1], rf.GRID) and has(a[:, 0], rf.GRID)
+
+
+def test_a_beat_longer_than_a_column_still_draws_one_line_and_whole_gaps():
+    """A 90 s run on a 300 ms grid: most columns hold no grid row; the line runs through them and
+    the gap is shaded without holes, up to the middle between its rows and their neighbours."""
+    acc = TraceAccumulator(0, 89_999, ["A"])
+    grid_ts = np.arange(0, 90_000, 300, dtype=np.int64)
+    v = np.sin(grid_ts / 5000.0)
+    v[100:130] = np.nan  # 30 000 .. 38 700 ms
+    acc.add_grid(None, grid_ts, v[:, None])
+    traces = acc.result()
+    assert (traces.grid_rows == 0).mean() > 0.5
+    rgb = decode(plots.run_figure_png(traces, [""], "run R1"))
+    a = band(rgb, rf.run_figure(("A",)), 0)
+    line = (a == colour(rf.GRID)).all(axis=2).any(axis=0)
+    gap = (a == colour(rf.GAP)).all(axis=2).any(axis=0)
+    assert np.flatnonzero(gap).tolist() == list(range(np.flatnonzero(gap)[0], np.flatnonzero(gap)[-1] + 1))
+    assert np.flatnonzero(gap)[0] in range(332, 336) and np.flatnonzero(gap)[-1] in range(430, 434)
+    last = 89_700 * rf.PLOT_PX // 90_000  # the last grid row's column: nothing drawn after it
+    assert (line | gap)[: last + 1].all() and not (line | gap)[last + 1 :].any() and not (line & gap).any()
+
+
+def test_run_figure_redraws_a_run_byte_for_byte_whatever_it_drew_before():
+    """The figure and its kept texts are reused from run to run: nothing of one run stays in the
+    next, and a text copied from an earlier drawing is pixel for pixel the drawn one."""
+    rf.run_figure.cache_clear()
+    first = synthetic_traces()
+    acc = TraceAccumulator(0, 7_200_000, ["A", "B"])
+    acc.add_grid(None, np.arange(0, 7_200_000, 1000), np.column_stack([np.full(7200, -3.0), np.linspace(1e6, 2e6, 7200)]))
+    other = acc.result()
+    fresh = plots.run_figure_png(first, ["degC", "kg/h"], "run R1")
+    plots.run_figure_png(other, ["degC", "kg/h"], "run R2")
+    assert plots.run_figure_png(first, ["degC", "kg/h"], "run R1") == fresh
+    rf.run_figure.cache_clear()
+    assert plots.run_figure_png(first, ["degC", "kg/h"], "run R1") == fresh
 
 
 def test_run_figure_needs_a_unit_per_node():
@@ -98,12 +168,43 @@ def test_run_figure_needs_a_unit_per_node():
         plots.run_figure_png(synthetic_traces(), ["degC"], "run R1")
 
 
+def test_palette_colours_are_told_apart_by_their_green_alone():
+    greens = np.sort(rf.PALETTE[:, 1].astype(int))
+    assert np.diff(greens).min() >= rf.MIN_GREEN_GAP
+    for i, c in enumerate(rf.PALETTE):
+        for d in (-2, 0, 2):  # Agg's rounding of a colour moves it by a unit or so
+            assert rf.GREEN_TO_INDEX[int(np.clip(int(c[1]) + d, 0, 255))] == i
+
+
+@pytest.mark.parametrize(
+    ("span_ms", "unit", "step"),
+    [(1_000, "s", 0.2), (90_000, "s", 20.0), (7_200_001, "min", 20.0), (2 * 86_400_000, "h", 10.0),
+     (40 * 86_400_000, "d", 5.0)],
+)
+def test_time_axis_unit_fits_the_run(span_ms, unit, step):
+    ms, name, ticks = rf.time_ticks(span_ms)
+    assert name == unit and ticks[0] == 0 and np.diff(ticks) == pytest.approx(step)
+    assert span_ms / ms - step < ticks[-1] <= span_ms / ms and 4 <= len(ticks) <= rf.MAX_TICKS
+
+
+def test_band_scale_is_round_and_holds_the_cleaned_range():
+    acc = TraceAccumulator(0, 999, ["A", "B", "C", "D"], width=10)
+    acc.add_grid(None, np.arange(0, 1000, 100), np.column_stack([
+        np.linspace(15.2, 69.2, 10), np.full(10, 5.0), np.linspace(-0.0123, 0.0456, 10), np.full(10, np.nan)]))
+    acc.add_raw(3, np.array([10, 20]), np.array([3.0, 4.0]))  # no grid value: the raw range
+    lo, hi, step = rf.band_scale(acc.result())
+    assert (lo <= [15.2, 5.0, -0.0123, 3.0]).all() and (hi >= [69.2, 5.0, 0.0456, 4.0]).all() and (hi > lo).all()
+    assert [rf.fmt(v, s) for v, s in zip(lo, step)][:3] == ["10", "4.4", "-0.02"]
+    assert [rf.fmt(v, s) for v, s in zip(hi, step)][:3] == ["70", "5.6", "0.05"]
+
+
 @pytest.mark.parametrize("runs", [1, 300])
 def test_run_figures_decode_as_pngs_for_every_run(runs):
     """Runs from one second to forty days, with empty nodes and empty runs, one figure each
-    (the layout is reused across runs: every figure must still be complete and valid)."""
+    (the figure is reused across runs: every figure must still be complete and valid)."""
     rng = np.random.default_rng(runs)
     nodes = [f"N{i}" for i in range(4)]
+    figure = rf.run_figure(("N0 [degC]", "N1 [%]", "N2 [kg/h]", "N3"))
     for r in range(runs):
         span = int(rng.choice([1_000, 90_000, 3_600_000, 5 * 86_400_000, 40 * 86_400_000]))
         t0 = 1_735_718_400_000 + r * 7_000_000
@@ -116,10 +217,35 @@ def test_run_figures_decode_as_pngs_for_every_run(runs):
             grid[:, 3] = np.nan
             acc.add_grid(None, grid_ts, grid)
             acc.add_removed(0, ts[:3], np.array([90.0, 10.0, 95.0]))
-        png = plots.run_figure_png(acc.result(), ["degC", "%", "kg/h", ""], f"run R{r}")
-        rgb = decode(png)
-        layout = plots._run_layout(("N0 [degC]", "N1 [%]", "N2 [kg/h]", "N3"), acc.width)
-        assert rgb.shape == (plots.TOP_PX + 4 * plots.BAND_PX + plots.BOTTOM_PX, layout.x0 + acc.width + plots.RIGHT_PX, 3)
+        rgb = decode(plots.run_figure_png(acc.result(), ["degC", "%", "kg/h", ""], f"run R{r}"))
+        assert rgb.shape == (rf.TOP_PX + 4 * figure.band + rf.BOTTOM_PX, figure.w_px, 3)
+
+
+def constant_nodes(n: int):
+    """``n`` nodes over an hour, node i at value i with its grid missing in columns 20 i .. 20 i + 9."""
+    nodes = [f"N{i:02d}" for i in range(n)]
+    acc = TraceAccumulator(0, 3_599_999, nodes)
+    grid_ts = np.arange(0, 3_600_000, 900, dtype=np.int64)
+    grid = np.tile(np.arange(n, dtype=np.float64), (grid_ts.size, 1))
+    col = grid_ts * rf.PLOT_PX // 3_600_000
+    for i in range(n):
+        grid[(col >= 20 * i) & (col < 20 * i + 10), i] = np.nan
+    acc.add_grid(None, grid_ts, grid)
+    return acc.result()
+
+
+@pytest.mark.parametrize("n", [1, 30])
+def test_one_and_many_nodes_each_get_a_band_with_their_own_gaps(n):
+    traces = constant_nodes(n)
+    rgb = decode(plots.run_figure_png(traces, ["bar"] * n, "run R1"))
+    figure = rf.run_figure(tuple(f"N{i:02d} [bar]" for i in range(n)))
+    assert figure.band == rf.band_px(n) and rf.MIN_BAND_PX <= figure.band <= rf.MAX_BAND_PX
+    assert rgb.shape == (rf.TOP_PX + n * figure.band + rf.BOTTOM_PX, figure.w_px, 3) and rgb.shape[1] >= 1000
+    for i in range(n):
+        b = band(rgb, figure, i)
+        gap = np.flatnonzero((b == colour(rf.GAP)).all(axis=2).any(axis=0))
+        assert gap.tolist() == list(range(20 * i, 20 * i + 10)), i
+        assert has(b[:, 20 * i + 10 :], rf.GRID) and not has(b[:, 20 * i : 20 * i + 10], rf.GRID)
 
 
 @pytest.fixture(scope="module")
@@ -136,17 +262,20 @@ def plant16():
     return plant_run_traces(plant, spec, run), [units[n] for n in spec.node_ids], run.run_id
 
 
-def test_a_16_node_run_fits_the_event_log_budget(plant16):
-    """30 KB of event log per run (bench/plots_bench.py measures it): SQLite stores each event
-    twice, so the markdown must stay near 14 KB."""
+def test_a_16_node_run_is_a_small_4_bit_palette_png_with_what_the_legend_names(plant16):
+    """bench/plots_bench.py measures what the plot adds to the event log; here: the PNG stays a
+    palette image of 4 bits a pixel (what keeps it small) and shows every kind of mark."""
     traces, units, run_id = plant16
     markdown = plots.run_traces_markdown(traces, units, run_id)
-    assert len(markdown.encode()) <= 14_500
-    rgb = decode(png_of(markdown))
-    assert rgb.shape[0] == plots.TOP_PX + 16 * plots.BAND_PX + plots.BOTTOM_PX
-    # every colour the legend names is in the picture
-    for index in (plots.RAW, plots.GRID, plots.OUTLIER, plots.GAP):
-        assert has(rgb, index), index
+    png = png_of(markdown)
+    assert png[24:26] == bytes([4, 3])  # IHDR: bit depth 4, colour type 3 (palette)
+    assert len(markdown.encode()) <= 64_000
+    rgb = decode(png)
+    figure = rf.run_figure(tuple(plots._label(n, u) for n, u in zip(traces.node_ids, units)))
+    assert figure.band >= 36 and rgb.shape == (rf.TOP_PX + 16 * figure.band + rf.BOTTOM_PX, figure.w_px, 3)
+    assert palette_only(rgb)
+    for index in (rf.RAW, rf.GRID, rf.OUTLIER, rf.GAP, rf.PARTIAL_GAP):
+        assert has(rgb[rf.TOP_PX :], index), index
     assert f"run {run_id}" in markdown
 
 

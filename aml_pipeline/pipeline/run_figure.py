@@ -1,0 +1,475 @@
+"""The per-run strip chart: one band per node, drawn by matplotlib from a run's traces.
+
+A :class:`~aml_pipeline.core.traces.RunTraces` summarises the run per node and pixel column
+(min and max of the raw points, of the cleaned grid and of the removed outliers, and how many
+grid rows are missing), so the chart draws one data column per pixel whatever the run's length:
+
+* a band per node, labelled ``node [unit]`` with its scale ``lo … hi`` (round values around the
+  cleaned grid's range, so they read easily and repeat between runs);
+* the cleaned grid as a 2 px line, the raw points in grey where the line does not cover them
+  (points off the line, values beyond the band's scale at its edge), the removed outliers as red
+  squares, and the columns with missing grid rows shaded (all missing, some missing);
+* time since the run's start below, in the unit that fits the run's length; the run, its UTC
+  start and its length on top; a legend.
+
+It is drawn for every run of every build (``bench/plots_bench.py`` measures its time and its
+share of the event log), so one figure is kept per list of node labels and reused:
+
+* the frame, separators, node labels and legend are drawn once (the background); per run, the
+  data are matplotlib artists whose paths are replaced and blitted onto a copy of it;
+* nothing is antialiased, so every pixel is a palette colour: the PNG is a 4-bit palette image,
+  and the long runs of equal pixels compress well;
+* matplotlib lays out and renders text glyph by glyph, which costs more than the data: a text
+  drawn once (a scale value, a tick label) is kept as pixels and copied where it is needed next.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import io
+import math
+import threading
+import warnings
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import lru_cache
+
+import numpy as np
+
+from aml_pipeline.core.traces import DEFAULT_WIDTH, RunTraces
+
+# ---- colours: the PNG's palette -------------------------------------------------------------
+
+COLOURS = {
+    "background": "#ffffff",
+    "raw": "#ababab",  # raw points as fetched, where the cleaned line does not cover them
+    "grid": "#1f5fa8",  # the cleaned grid
+    "outlier": "#e31a1c",  # points the Hampel filter removed
+    "gap": "#fdb863",  # a column whose grid rows are all missing
+    "partial_gap": "#fee6c6",  # a column with some missing grid rows
+    "text": "#000000",
+    "axis": "#555555",  # frame, tick marks, band scales
+    "separator": "#d0d0d0",  # between bands
+    "time_grid": "#eeeeee",  # lines across the bands at the time ticks
+}
+PALETTE = np.array([[int(h[i : i + 2], 16) for i in (1, 3, 5)] for h in COLOURS.values()], np.uint8)
+WHITE, RAW, GRID, OUTLIER, GAP, PARTIAL_GAP, BLACK, AXIS, SEPARATOR, TIME_GRID = range(len(PALETTE))
+# The palette index of a pixel from its green value alone: the colours' greens are at least
+# MIN_GREEN_GAP apart (a test holds them to it), so Agg's rounding of a colour cannot blur two.
+MIN_GREEN_GAP = 6
+GREEN_TO_INDEX = np.argmin(np.abs(np.arange(256)[:, None] - PALETTE[None, :, 1].astype(int)), axis=1).astype(np.uint8)
+
+# ---- layout (pixels at DPI) -------------------------------------------------------------------
+
+DPI = 100
+PLOT_PX = DEFAULT_WIDTH  # the data area's width: one trace column per pixel
+LABEL_PT, SCALE_PT, TICK_PT, TITLE_PT = 10, 9, 9, 12
+TOP_PX, BOTTOM_PX, RIGHT_PX, MARGIN_PX = 62, 46, 24, 10
+BANDS_PX = 640  # the bands' total height, each band within MIN_BAND_PX .. MAX_BAND_PX
+MIN_BAND_PX, MAX_BAND_PX = 26, 120
+EDGE_PX = 2  # rows at a band's top and bottom kept clear of data (values beyond the scale stop there)
+MAX_TICKS = 12
+MAX_TEXT_TILES = 2000  # texts kept as pixels, per figure
+TILE_PAD_PX = 1
+TEXT_GAP_PX = 2 * TILE_PAD_PX + 1
+
+
+def band_px(n_nodes: int) -> int:
+    """Height of one node's band: the bands share BANDS_PX, within MIN/MAX_BAND_PX each."""
+    return int(min(MAX_BAND_PX, max(MIN_BAND_PX, BANDS_PX // max(n_nodes, 1))))
+
+
+def _nice_step(raw_step: np.ndarray, mantissas: Sequence[float] = (1.0, 2.0, 5.0, 10.0)) -> np.ndarray:
+    """Per element, the smallest of ``mantissas`` times a power of ten that is >= ``raw_step`` (> 0)."""
+    mag = 10.0 ** np.floor(np.log10(raw_step))
+    steps = np.asarray(mantissas)[None, :] * mag[:, None]
+    return steps[np.arange(raw_step.size), np.argmax(steps >= raw_step[:, None] * (1 - 1e-9), axis=1)]
+
+
+def _decimals(step: float) -> int:
+    """Decimals that write every multiple of ``step`` (1, 2, 2.5 or 5 times a power of ten)."""
+    e = math.floor(math.log10(step) + 1e-9)
+    return max(0, -e + (1 if abs(step / 10.0**e - 2.5) < 1e-6 else 0))
+
+
+def fmt(v: float, step: float) -> str:
+    """A scale or tick value, a multiple of ``step``: fixed point where that is short, else
+    three significant digits."""
+    if not math.isfinite(v):
+        return "?"
+    if abs(v) < step * 1e-6:
+        v = 0.0
+    if v == 0 or 1e-3 <= abs(v) < 1e6:
+        return f"{v:.{_decimals(step)}f}"
+    return f"{v:.3g}"
+
+
+def time_ticks(span_ms: float) -> tuple[float, str, np.ndarray]:
+    """Unit (ms per unit), its name and tick positions (in units) for a run of ``span_ms``."""
+    for ms, name, limit in ((1_000, "s", 180_000), (60_000, "min", 10_800_000), (3_600_000, "h", 259_200_000)):
+        if span_ms <= limit:
+            break
+    else:
+        ms, name = 86_400_000, "d"
+    step = float(_nice_step(np.array([span_ms / ms / 8]), (1.0, 2.0, 2.5, 5.0, 10.0))[0])
+    return ms, name, np.arange(0, span_ms / ms + 1e-9, step)[:MAX_TICKS]
+
+
+def _utc(ms: int) -> _dt.datetime:
+    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc)
+
+
+def duration(ms: float) -> str:
+    """A run's length in the largest unit of which it is at least two."""
+    unit_ms, name = next((u, n) for u, n in ((86_400_000, "d"), (3_600_000, "h"), (60_000, "min"), (1_000, "s"))
+                         if ms >= 2 * u or u == 1_000)
+    return f"{ms / unit_ms:.3g} {name}"
+
+
+@contextmanager
+def _quiet_nan() -> Iterator[None]:
+    """Silences numpy's all-NaN slice warnings (an empty column is expected, not a problem)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def band_scale(traces: RunTraces) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per node: the values at the bottom and the top of its band, and their step: the cleaned
+    grid's range (the raw range where the grid has no value) widened to multiples of a round
+    step."""
+    with _quiet_nan(), np.errstate(all="ignore"):
+        lo = np.nanmin(traces.grid_min, axis=1).astype(np.float64)
+        hi = np.nanmax(traces.grid_max, axis=1).astype(np.float64)
+        none = ~np.isfinite(lo)
+        if none.any():
+            lo[none] = np.nanmin(traces.raw_min[none], axis=1)
+            hi[none] = np.nanmax(traces.raw_max[none], axis=1)
+    lo, hi = np.where(np.isfinite(lo), lo, 0.0), np.where(np.isfinite(hi), hi, 1.0)
+    flat = hi - lo <= np.maximum(np.abs(lo), 1.0) * 1e-9
+    half = np.maximum(np.abs(lo) * 0.05, 0.5)
+    lo, hi = np.where(flat, lo - half, lo), np.where(flat, hi + half, hi)
+    step = _nice_step((hi - lo) / 6)
+    return np.floor(lo / step + 1e-9) * step, np.ceil(hi / step - 1e-9) * step, step
+
+
+def spans(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Maximal runs of True along each row of ``flags [rows, cols]``: (row, start, stop)."""
+    padded = np.zeros((flags.shape[0], flags.shape[1] + 2), np.int8)
+    padded[:, 1:-1] = flags
+    step = np.diff(padded, axis=1)
+    row, start = np.nonzero(step == 1)
+    _, stop = np.nonzero(step == -1)
+    return row, start, stop
+
+
+def _shifted(a: np.ndarray, by: int) -> np.ndarray:
+    """``a [rows, cols]`` moved ``by`` (+-1) columns to the right, NaN where nothing moved in."""
+    out = np.full_like(a, np.nan)
+    if by > 0:
+        out[:, by:] = a[:, :-by]
+    else:
+        out[:, :by] = a[:, -by:]
+    return out
+
+
+def _bridge(has: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
+    """``values [rows, cols]`` with each column where ``has`` is False, between two where it is
+    True, interpolated linearly between those two, or where one of them is NaN the nearer one's
+    value; other such columns NaN."""
+    n, w = has.shape
+    col = np.arange(w)
+    before = np.maximum.accumulate(np.where(has, col, -1), axis=1)
+    after = np.minimum.accumulate(np.where(has, col, w)[:, ::-1], axis=1)[:, ::-1]
+    row, c = np.nonzero(~has & (before >= 0) & (after < w))
+    p, q = before[row, c], after[row, c]
+    f = (c - p) / (q - p)
+    out = []
+    for v in values:
+        v = np.where(has, v, np.nan)
+        between = v[row, p] + (v[row, q] - v[row, p]) * f
+        v[row, c] = np.where(np.isnan(between), np.where(f <= 0.5, v[row, p], v[row, q]), between)
+        out.append(v)
+    return out
+
+
+def _rects_path(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray):
+    """Rectangles ``[x0, x1] x [y0, y1]`` as one matplotlib path to fill."""
+    from matplotlib.path import Path
+
+    verts = np.empty((np.size(x0), 4, 2))
+    verts[:, 0, 0] = verts[:, 3, 0] = x0
+    verts[:, 1, 0] = verts[:, 2, 0] = x1
+    verts[:, 0, 1] = verts[:, 1, 1] = y0
+    verts[:, 2, 1] = verts[:, 3, 1] = y1
+    codes = np.tile(np.array([Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO], Path.code_type), np.size(x0))
+    return Path(verts.reshape(-1, 2), codes)
+
+
+def _steps_path(edges: np.ndarray, top: np.ndarray, bottom: np.ndarray):
+    """One polygon per row of ``top``/``bottom`` (``[bands, columns]``, pixel edges) covering, in
+    column j (``edges[j]`` to ``edges[j + 1]``), ``top[:, j]`` to ``bottom[:, j]`` (nothing where
+    they are equal); runs of columns with the same rows become one step."""
+    from matplotlib.path import Path
+
+    n, w = top.shape
+    change = np.ones((n, w), bool)
+    change[:, 1:] = (top[:, 1:] != top[:, :-1]) | (bottom[:, 1:] != bottom[:, :-1])
+    band, start = np.nonzero(change)  # the steps, band by band, left to right
+    stop = np.append(start[1:], w)
+    stop[np.append(band[1:] != band[:-1], True)] = w
+    counts = np.bincount(band, minlength=n)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    rank = np.arange(band.size) - offsets[band]  # of the step within its band
+    base, count = 4 * offsets[band], counts[band]
+    # per band: its top edge left to right, then its bottom edge right to left
+    verts = np.empty((4 * band.size, 2))
+    x0, x1, t, b = edges[start], edges[stop], top[band, start], bottom[band, start]
+    at = base + 2 * rank
+    verts[at], verts[at + 1] = np.stack([x0, t], 1), np.stack([x1, t], 1)
+    at = base + 2 * count + 2 * (count - 1 - rank)
+    verts[at], verts[at + 1] = np.stack([x1, b], 1), np.stack([x0, b], 1)
+    codes = np.full(len(verts), Path.LINETO, Path.code_type)
+    codes[4 * offsets[:-1]] = Path.MOVETO
+    return Path(verts, codes)
+
+
+def _no_antialiasing():
+    import matplotlib
+
+    return matplotlib.rc_context({"text.antialiased": False, "lines.antialiased": False, "patch.antialiased": False})
+
+
+class RunFigure:
+    """The run figure for one list of node labels (see the module docstring): build it once,
+    then :meth:`png` per run. Not thread-safe: :func:`run_png` serialises the calls."""
+
+    def __init__(self, labels: Sequence[str]) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
+        from matplotlib.figure import Figure
+        from matplotlib.font_manager import FontProperties
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch, PathPatch
+        from matplotlib.path import Path
+
+        self.n = n = len(labels)
+        self.band = band = band_px(n)
+        measure = RendererAgg(10, 10, DPI)
+
+        def width(text: str, pt: float, weight: str = "normal") -> float:
+            return measure.get_text_width_height_descent(text, FontProperties(size=pt, weight=weight), False)[0]
+
+        label_w = math.ceil(max(width(label, LABEL_PT, "bold") for label in labels))
+        # the band scale "lo … hi", ellipses aligned: room for the widest value fmt writes
+        number_w, self.dots_w = math.ceil(width("-8.88e+08", SCALE_PT)), width(" … ", SCALE_PT)
+        self.left = left = MARGIN_PX + label_w + MARGIN_PX + 2 * number_w + math.ceil(self.dots_w) + MARGIN_PX
+        self.dots_x = left - MARGIN_PX - number_w - self.dots_w / 2
+        self.space = {w: width("a a", TITLE_PT, w) - width("aa", TITLE_PT, w) for w in ("normal", "bold")}
+        self.w_px, self.h_px = W, H = left + PLOT_PX + RIGHT_PX, TOP_PX + n * band + BOTTOM_PX
+        c = COLOURS
+        with _no_antialiasing():
+            fig = Figure(figsize=(W / DPI, H / DPI), dpi=DPI, facecolor="white")
+            self.canvas = FigureCanvasAgg(fig)
+            # One axes over the whole figure in pixel units: x from the data's left edge, y down
+            # from its top; integers are pixel edges.
+            ax = self.ax = fig.add_axes((0, 0, 1, 1))
+            ax.set_xlim(-left, W - left)
+            ax.set_ylim(H - TOP_PX, -TOP_PX)
+            ax.set_axis_off()
+
+            def fill(path: Path, colour: str, animated: bool = False) -> PathPatch:
+                # on pixel edges already: not snapped (which would move them by half a pixel)
+                return ax.add_patch(PathPatch(path, facecolor=colour, edgecolor="none", linewidth=0, snap=False,
+                                              animated=animated))
+
+            # the separator above band i is its row 0; the frame is around columns 0 .. PLOT_PX - 1
+            # and rows 0 .. n * band - 1
+            rows = np.arange(1, n) * band
+            fill(_rects_path(np.full(n - 1, MARGIN_PX - left), np.full(n - 1, PLOT_PX), rows, rows + 1), c["separator"])
+            frame = np.array([[-1, 0, -1, n * band + 1], [PLOT_PX, PLOT_PX + 1, -1, n * band + 1],
+                              [-1, PLOT_PX + 1, -1, 0], [-1, PLOT_PX + 1, n * band, n * band + 1]], np.float64)
+            fill(_rects_path(*frame.T), c["axis"])
+            for i, label in enumerate(labels):
+                y = (i + 0.5) * band
+                ax.text(MARGIN_PX - left, y, label, fontsize=LABEL_PT, weight="bold", ha="left", va="center_baseline")
+                ax.text(self.dots_x - left, y, "…", fontsize=SCALE_PT, color=c["axis"], ha="center", va="center_baseline")
+            plain = dict(antialiased=False)
+            fig.legend(
+                handles=[
+                    Line2D([], [], color=c["raw"], linewidth=4, solid_capstyle="butt", label="raw points", **plain),
+                    Line2D([], [], color=c["grid"], linewidth=1.5, label="cleaned grid", **plain),
+                    Line2D([], [], color=c["outlier"], marker="s", markersize=4, linestyle="none",
+                           label="removed outlier", **plain),
+                    Patch(facecolor=c["gap"], label="gap (no grid value)", **plain),
+                    Patch(facecolor=c["partial_gap"], label="some grid rows missing", **plain),
+                ],
+                loc="center left", bbox_to_anchor=(left / W, 1 - 42 / H), ncol=5, fontsize=LABEL_PT, frameon=False,
+                handlelength=1.6, handleheight=0.9, columnspacing=1.8, borderaxespad=0.0, borderpad=0.0,
+            )
+            # What changes per run: animated artists, left out of the background and blitted.
+            empty = Path(np.zeros((1, 2)))
+            self.partial_gaps, self.gaps = fill(empty, c["partial_gap"], True), fill(empty, c["gap"], True)
+            self.time_grid, self.raw = fill(empty, c["time_grid"], True), fill(empty, c["raw"], True)
+            self.grid, self.tick_marks = fill(empty, c["grid"], True), fill(empty, c["axis"], True)
+            (self.outliers,) = ax.plot([], [], color=c["outlier"], marker="s", markersize=3, markeredgewidth=0,
+                                       linestyle="none", animated=True)
+            self.texts = {
+                "title": ax.text(0, 0, "", fontsize=TITLE_PT, weight="bold", ha="left", va="top", animated=True),
+                "time": ax.text(0, 0, "", fontsize=TITLE_PT, ha="left", va="top", animated=True),
+                "tick": ax.text(0, 0, "", fontsize=TICK_PT, ha="center", va="top", animated=True),
+                "scale_lo": ax.text(0, 0, "", fontsize=SCALE_PT, color=c["axis"], ha="right", va="center_baseline",
+                                    animated=True),
+                "scale_hi": ax.text(0, 0, "", fontsize=SCALE_PT, color=c["axis"], ha="left", va="center_baseline",
+                                    animated=True),
+                "xlabel": ax.text(0, 0, "", fontsize=LABEL_PT, ha="center", va="bottom", animated=True),
+            }
+            self.canvas.draw()
+        self.renderer = self.canvas.get_renderer()
+        self.background = self.canvas.copy_from_bbox(fig.bbox)
+        self.tiles: dict[tuple[str, str], tuple[object, tuple[int, int, int, int], int, int, float]] = {}
+
+    def _text(self, kind: str, text: str, x: float, y: float, *, keep: bool = True) -> float:
+        """Draw ``text`` in the style of ``self.texts[kind]``, anchored at figure pixel (x, y)
+        (y down from the top), and return its width. Copied from the pixels of an earlier
+        drawing of the same text where there is one, else drawn, and kept if ``keep``. Texts go
+        on the white margins, at least TEXT_GAP_PX from other ink, so the pixels kept around a
+        text (its box and TILE_PAD_PX) carry no other ink."""
+        x, y = round(x), round(y)
+        tile = self.tiles.get((kind, text))
+        if tile is not None:
+            region, extents, dx, dy, width = tile
+            self.renderer.restore_region(region, bbox=extents, xy=(x + dx, y + dy))
+            return width
+        artist = self.texts[kind]
+        artist.set_text(text)
+        artist.set_position((x - self.left, y - TOP_PX))
+        self.ax.draw_artist(artist)
+        box = artist.get_window_extent(self.renderer)
+        if keep:
+            region = self.canvas.copy_from_bbox(box.padded(TILE_PAD_PX))
+            extents = tuple(int(v) for v in region.get_extents())  # x1, y1 (from the top), x2, y2
+            if len(self.tiles) >= MAX_TEXT_TILES:
+                self.tiles.clear()
+            self.tiles[kind, text] = (region, extents, extents[0] - x, extents[1] - y, box.width)
+        return box.width
+
+    def png(self, traces: RunTraces, title: str) -> bytes:
+        """The chart of ``traces`` (its nodes in this figure's label order) as PNG bytes."""
+        from PIL import Image
+
+        if len(traces.node_ids) != self.n:
+            raise ValueError(f"run figure: {len(traces.node_ids)} nodes in the traces for {self.n} labels")
+        self._draw_data(traces)
+        self._draw_texts(traces, title)
+        # Every pixel is a palette colour: its green value names it (see GREEN_TO_INDEX).
+        rgba = Image.frombuffer("RGBA", (self.w_px, self.h_px), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+        indexed = rgba.getchannel("G").point(GREEN_TO_INDEX.tolist())
+        indexed.putpalette(PALETTE.reshape(-1).tolist())
+        out = io.BytesIO()
+        # 16 colours or fewer: Pillow writes 4 bits a pixel and filters each row, which turns
+        # the long runs of equal pixels into runs of zeros, which run-length matching
+        # compresses about as small as the default strategy does, in less time.
+        indexed.save(out, format="PNG", compress_level=6, compress_type=zlib.Z_RLE)
+        return out.getvalue()
+
+    def _draw_data(self, traces: RunTraces) -> None:
+        n, band, w = self.n, self.band, traces.width
+        lo, hi, _ = self.scale = band_scale(traces)
+        top = np.arange(n, dtype=np.float64)[:, None] * band
+        first, last = top + 1 + EDGE_PX, top + band - EDGE_PX  # a band's data rows, as pixel edges
+        scale = (last - first - 1) / (hi - lo)[:, None]  # px per unit, per node
+        edges = np.round(np.arange(w + 1) * (PLOT_PX / w))  # pixel edges of the trace columns
+
+        def rows(v: np.ndarray) -> np.ndarray:
+            """Pixel rows (continuous, from the top) of values ``[n, w]``; NaN stays NaN."""
+            with np.errstate(invalid="ignore"):
+                return np.clip(first + 0.5 + (hi[:, None] - v.astype(np.float64)) * scale, first + 0.5, last - 0.5)
+
+        # cleaned grid: 2 px thick, each column reaching its neighbours (a steep step stays one stroke)
+        # (a column without grid rows, where the beat is longer than a column, takes its rows
+        # and its gap from the columns around it)
+        has_rows = traces.grid_rows > 0
+        g_top, g_bottom = _bridge(has_rows, rows(traces.grid_max), rows(traces.grid_min))
+        g_top, g_bottom = np.round(g_top) - 1, np.round(g_bottom) + 1
+        no_grid = np.isnan(g_top)
+        with np.errstate(invalid="ignore"):
+            g_top, g_bottom = (
+                np.fmin(g_top, np.fmin(_shifted(g_bottom, 1), _shifted(g_bottom, -1)) - 1),
+                np.fmax(g_bottom, np.fmax(_shifted(g_top, 1), _shifted(g_top, -1)) + 1),
+            )
+        g_top = np.where(no_grid, first, np.maximum(g_top, first))
+        g_bottom = np.where(no_grid, first, np.minimum(g_bottom, last))
+        self.grid.set_path(_steps_path(edges, g_top, g_bottom))
+        # raw points: 1 px per value, drawn where the line does not cover them
+        r_top, r_bottom = np.floor(rows(traces.raw_max)), np.floor(rows(traces.raw_min)) + 1
+        has_raw = ~np.isnan(r_top)
+        above = has_raw & (r_top < np.where(no_grid, last, g_top))
+        below = has_raw & ~no_grid & (r_bottom > g_bottom)
+        band_a, col_a = np.nonzero(above)
+        band_b, col_b = np.nonzero(below)
+        self.raw.set_path(_rects_path(
+            np.concatenate([edges[col_a], edges[col_b]]), np.concatenate([edges[col_a + 1], edges[col_b + 1]]),
+            np.concatenate([r_top[band_a, col_a], np.maximum(r_top, g_bottom)[band_b, col_b]]),
+            np.concatenate([np.where(no_grid, r_bottom, np.minimum(r_bottom, g_top))[band_a, col_a], r_bottom[band_b, col_b]]),
+        ))
+        # removed outliers: a square at the column's smallest and largest removed value
+        node, col = np.nonzero(traces.removed_count > 0)
+        centres = (edges[col] + edges[col + 1]) / 2
+        self.outliers.set_data(
+            np.concatenate([centres, centres]),
+            np.floor(np.concatenate([rows(traces.removed_min)[node, col], rows(traces.removed_max)[node, col]])) + 0.5,
+        )
+        # gaps: the band's height in the columns with missing grid rows
+        miss = traces.grid_missing > 0
+        full = miss & (traces.grid_missing == traces.grid_rows)
+        full, miss = (flags > 0.5 for flags in _bridge(has_rows, full.astype(float), miss.astype(float)))
+        for layer, flags in ((self.gaps, full), (self.partial_gaps, miss & ~full)):
+            r, a, b = spans(flags)
+            layer.set_path(_rects_path(edges[a], edges[b], r * band + 1.0, (r + 1) * band + 0.0))
+        # time: ticks below the data, light lines across it
+        ms, self.unit, self.ticks = time_ticks(traces.span_ms)
+        tx = self.tick_x = np.minimum(np.floor(self.ticks * ms / traces.span_ms * PLOT_PX), PLOT_PX - 1)
+        inside = tx[(tx > 0) & (tx < PLOT_PX - 1)]  # not on the frame
+        self.time_grid.set_path(_rects_path(inside, inside + 1, np.zeros_like(inside), np.full_like(inside, n * band)))
+        self.tick_marks.set_path(_rects_path(tx, tx + 1, np.full_like(tx, n * band + 1), np.full_like(tx, n * band + 6)))
+
+        self.renderer.restore_region(self.background)
+        for artist in (self.time_grid, self.partial_gaps, self.gaps, self.raw, self.outliers, self.grid, self.tick_marks):
+            self.ax.draw_artist(artist)
+
+    def _draw_texts(self, traces: RunTraces, title: str) -> None:
+        lo, hi, step = self.scale
+        bottom = TOP_PX + self.n * self.band
+        tick_step = float(self.ticks[1] - self.ticks[0]) if len(self.ticks) > 1 else 1.0
+        for t, x in zip(self.ticks, self.tick_x):
+            self._text("tick", fmt(float(t), tick_step), self.left + x + 0.5, bottom + 8)
+        self._text("xlabel", f"time since run start [{self.unit}]", self.left + PLOT_PX / 2, self.h_px - 4)
+        half = self.dots_w / 2
+        for i in range(self.n):
+            y = TOP_PX + (i + 0.5) * self.band
+            self._text("scale_lo", fmt(float(lo[i]), float(step[i])), self.dots_x - half, y)
+            self._text("scale_hi", fmt(float(hi[i]), float(step[i])), self.dots_x + half, y)
+        # the title, word by word: only the run's name and start time are drawn, the words that
+        # repeat between runs are copied
+        start = _utc(traces.t0_ms)
+        words = [("started", True), (f"{start:%Y-%m-%d}", True), (f"{start:%H:%M:%S}", False), ("UTC,", True),
+                 (f"{duration(traces.span_ms)} long", True)]
+        x = MARGIN_PX + self._text("title", title, MARGIN_PX, 8, keep=False) + 3 * self.space["bold"]
+        for word, keep in words:
+            x += self._text("time", word, x, 8, keep=keep) + max(self.space["normal"], TEXT_GAP_PX)
+
+
+_LOCK = threading.Lock()  # the figures are shared by threads
+
+
+@lru_cache(maxsize=4)
+def run_figure(labels: tuple[str, ...]) -> RunFigure:
+    """The figure for ``labels``, built on first use (kept for the next runs with the same labels)."""
+    return RunFigure(labels)
+
+
+def run_png(traces: RunTraces, labels: Sequence[str], title: str) -> bytes:
+    """The chart of ``traces`` with a band per node labelled by ``labels`` (in node order)."""
+    with _LOCK:
+        return run_figure(tuple(labels)).png(traces, title)
