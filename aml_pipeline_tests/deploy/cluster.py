@@ -48,7 +48,7 @@ from aml_pipeline_tests.dagster_server import (
     free_port,
     wait_for,
 )
-from aml_pipeline_tests.defs.test_webserver import (
+from aml_pipeline_tests.components.test_webserver import (
     ADD_PARTITION,
     BACKFILL,
     LAUNCH_BACKFILL,
