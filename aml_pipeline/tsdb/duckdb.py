@@ -76,6 +76,7 @@ from aml_pipeline.errors import (
     UnknownRunError,
     disk_full,
 )
+from aml_pipeline.faults import crash_point
 from aml_pipeline.tsdb.columns import (
     check_schema_version,
     clamp_i64,
@@ -888,6 +889,7 @@ class DuckDBTsdb:
                     outcome = write_ingest(
                         _Statements(con), runs, runs_tab, nodes_tab, prepared, replace_runs=bool(replace_runs)
                     )
+                    crash_point("ingest.commit")
             except BaseException as e:
                 # Keys assigned inside the rolled-back transaction must not stay cached.
                 self._run_keys.clear()

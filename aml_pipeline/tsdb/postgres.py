@@ -87,6 +87,7 @@ from aml_pipeline.errors import (
     UnknownRunError,
     disk_full,
 )
+from aml_pipeline.faults import crash_point
 
 # Validation and the error messages are shared with the embedded adapter on purpose: both
 # adapters must refuse the same inputs with the same words.
@@ -806,6 +807,7 @@ class PostgresTsdb:
                         statements, runs, runs_tab, nodes_tab, prepared, replace_runs=bool(replace_runs)
                     )
                     statements.advance()
+                    crash_point("ingest.commit")
             except psycopg.Error as e:
                 self._run_keys.clear()
                 self._node_keys.clear()
