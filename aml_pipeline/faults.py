@@ -5,8 +5,8 @@ costs one environment lookup. Two variables arm it:
 
 ``AML_CRASH_AT=<point>``
     The process appends ``<point> <pid>`` to the file ``AML_CRASH_MARKER`` names (if set) and stops
-    itself with SIGSTOP at that point: a test sees it stopped (``/proc/<pid>/stat`` state ``T``)
-    with the marker naming the point, then SIGKILLs it. The kill therefore lands at that step and
+    itself with SIGSTOP at that point: a test sees it stopped (every thread in state ``T``) with
+    the marker naming the point, then SIGKILLs it. The kill therefore lands at that step and
     nowhere else, and the test can say so. ``<point>:<n>`` stops at the ``n``-th time the point
     is reached (1-based), for a point inside a loop.
 
@@ -14,7 +14,7 @@ costs one environment lookup. Two variables arm it:
     Every point reached is appended to ``<file>`` (``<point> <pid>``, one line each, unbuffered):
     after a kill at a random moment, the last line says which phase the process was in.
 
-The points (``POINTS``) name what has just become true: ``publish.staging_written`` means every
+The points (:data:`POINTS`) name what has just become true: ``publish.staging_written`` means every
 file of the snapshot is written into its staging directory, not yet known to be durable.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 CRASH_AT_ENV = "AML_CRASH_AT"
 MARKER_ENV = "AML_CRASH_MARKER"
@@ -39,6 +40,8 @@ POINTS = (
     "gc.catalog_row_removed",  # its catalog row deleted (committed); the directory still there
     "gc.moved_to_trash",  # the directory renamed to a hidden .trash-* name
     "gc.deleted",  # the trash removed
+    # Reading the TSDB (tsdb/port.py).
+    "fetch.page",  # a page of a node's points read and checked (per page)
     # An ingest transaction (tsdb/ingest.py, tsdb/writer.py, tsdb/duckdb.py, tsdb/postgres.py).
     "ingest.files_read",  # the input files read and validated, the TSDB open for writing
     "ingest.mid_transaction",  # the points inserted, run versions not yet updated, not committed
@@ -67,7 +70,9 @@ def crash_point(name: str) -> None:
     marker = os.environ.get(MARKER_ENV)
     if marker:
         _append(marker, name)
-    os.kill(os.getpid(), signal.SIGSTOP)
+    # Sent to this thread: it handles the stop itself before it runs another instruction here
+    # (sent to the process, another thread may take it while this one goes on for a moment).
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 def _append(path: str, name: str) -> None:

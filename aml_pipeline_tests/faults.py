@@ -30,12 +30,16 @@ def armed(point: str, tmp: Path, env: Mapping[str, str] | None = None) -> dict[s
 
 
 def process_state(pid: int) -> str | None:
-    """The kernel's one-letter state of ``pid`` (``T``: stopped), None once it is gone."""
+    """``T`` once every thread of ``pid`` is stopped, else the kernel's one-letter state of a
+    thread that is not; None once the process is gone."""
+    states = []
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            states.append(Path(task, "stat").read_text().rsplit(")", 1)[1].split()[0])
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[0]
+    running = [s for s in states if s != "T"]
+    return running[0] if running else ("T" if states else None)
 
 
 def wait_stopped(proc: subprocess.Popen, env: Mapping[str, str], *, timeout: float = STOP_TIMEOUT_S,

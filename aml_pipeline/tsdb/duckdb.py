@@ -72,6 +72,7 @@ from aml_pipeline.errors import (
     IngestError,
     TsdbBusyError,
     TsdbError,
+    TsdbReaderBusyError,
     UnknownNodeError,
     UnknownRunError,
     disk_full,
@@ -395,7 +396,8 @@ class DuckDBTsdb:
                 raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
 
     def _busy(self, mode: str, text: str) -> TsdbBusyError:
-        return TsdbBusyError(
+        # A reader kept out by a writer is transient (a build retries it); a writer is not retried.
+        return (TsdbReaderBusyError if self.read_only else TsdbBusyError)(
             f"{self.path} is in use by another process (a build reading it, or another ingest); "
             f"try again when it finishes (waited {self.lock_timeout_s:g} s to open it {mode}"
             f"{_lock_holder(text)})"

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,6 @@ from aml_pipeline.simulate.plant import simulate_plant
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline.tsdb.port import PointColumns
 from aml_pipeline_tests.faults import armed, kill_stopped, process_state, traced, wait_stopped
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
 
 REPO = Path(__file__).resolve().parents[2]
 POINTS = ("ingest.files_read", "ingest.mid_transaction", "ingest.commit")
@@ -35,17 +33,9 @@ def plant():
     return simulate_plant(n_runs=6, run_minutes=90, seed=11)
 
 
-@pytest.fixture(params=["duckdb", "postgres"])
-def url(request, tmp_path):
-    if request.param == "duckdb":
-        yield f"duckdb://{tmp_path / 'tsdb.duckdb'}"
-        return
-    server = request.getfixturevalue("postgres_url")
-    schema = f"t_{uuid.uuid4().hex[:16]}"
-    try:
-        yield with_schema(server, schema)
-    finally:
-        drop_schema(server, schema)
+@pytest.fixture
+def url(new_tsdb_url):
+    return new_tsdb_url
 
 
 def points_of(plant, run_ids: set[str]) -> PointColumns:
