@@ -26,6 +26,7 @@ import pytest
 from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog
+from aml_pipeline.pipeline.stages import RAW
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline.tsdb.retry import RETRY_ENV, RetryPolicy
@@ -66,8 +67,8 @@ def reference(spec, url: str, tmp_path: Path) -> tuple[str, dict]:
 
 
 def raw_figures(spec, store_root: Path) -> dict:
-    store = DatasetStore(store_root, spec.id)
-    return {r: {k: store.read_meta(r, "raw")[k] for k in ("points", "pages", "dataVersion")} for r in store.stage_runs("raw")}
+    store = DatasetStore(store_root, spec)
+    return {r: {k: store.read_meta(r, RAW)[k] for k in ("points", "pages", "dataVersion")} for r in store.stage_runs(RAW)}
 
 
 BUILD = """
