@@ -52,8 +52,8 @@ def wait_stopped(proc: subprocess.Popen, env: Mapping[str, str], *, timeout: flo
     while True:
         if marker.exists():
             for line in marker.read_text().splitlines():
-                name, pid = line.split()
-                if name == point and process_state(int(pid)) == "T":
+                name, _, pid = line.partition(" ")
+                if name == point and pid.strip().isdigit() and process_state(int(pid)) == "T":
                     return int(pid)
         if proc.poll() is not None:
             detail = output() if output else ""
@@ -86,8 +86,8 @@ def last_point(trace: Path, pid: int, *, since: str | None = None) -> str | None
         return None
     last = None
     for line in trace.read_text().splitlines():
-        name, who = line.rsplit(" ", 1)
-        if int(who) != pid:
+        name, _, who = line.rpartition(" ")
+        if not who.isdigit() or int(who) != pid:
             continue
         last = None if name == since else name
     return last
