@@ -62,6 +62,11 @@ class TsdbUnavailableError(TsdbError):
     code = "TSDB_UNAVAILABLE"
 
 
+class TsdbReaderBusyError(TsdbBusyError, TsdbUnavailableError):
+    """A reader that waited its lock timeout for the embedded file while an ingest wrote it: busy
+    (``TSDB_BUSY``) to whoever opened it, transient to a build, which retries it."""
+
+
 class UnknownRunError(TsdbError, KeyError):
     code = "UNKNOWN_RUN"
 

@@ -217,6 +217,17 @@ class PgServer:
         _run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(log), "-w", "-t", "60", "start"],
              run_as=_owner_of(self.data), cwd=self.base, log=log, timeout=90)
 
+    def restart_immediate(self) -> None:
+        """``pg_ctl restart -m immediate``: every backend killed at once (as in a crash), the
+        server started again (crash recovery) and accepting connections when this returns."""
+        log = self.base / "postgres.log"
+        _run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(log), "-m", "immediate", "-w",
+              "-t", "60", "restart"], run_as=_owner_of(self.data), cwd=self.base, log=log, timeout=90)
+
+    @property
+    def postmaster_pid(self) -> int | None:
+        return _postmaster_pid(self.data)
+
 
 def _postmaster_pid(data: Path) -> int | None:
     try:

@@ -45,11 +45,11 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
-def test_build_verify_and_list_through_the_real_command(small_plant, ingested, tmp_path):
+def test_build_verify_and_list_through_the_real_command(small_plant, ingested, tmp_path, monkeypatch):
     spec = write_spec(tmp_path / "cli_ds.yaml", small_plant)
     out = tmp_path / "published"
     env = {"AML_HOME": str(tmp_path / "home")}
-    env.pop("DAGSTER_HOME", None)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)  # an ephemeral instance (run_cli passes os.environ)
     build = run_cli("build", str(spec), "--tsdb", ingested, "--out", str(out), "--json", env=env)
     assert build.returncode == 0, build.stderr
     summary = json.loads(build.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ from aml_pipeline.simulate.plant import simulate_plant
 from aml_pipeline.tsdb import open_tsdb
 
 
-def test_demo_records_its_materialisations_in_the_persistent_instance(tmp_path):
+def test_demo_records_its_materialisations_in_the_persistent_instance(tmp_path, monkeypatch):
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")  # relative storage paths: cwd
@@ -30,10 +30,9 @@ def test_demo_records_its_materialisations_in_the_persistent_instance(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["current"] and Path(summary["snapshotDir"]).is_dir()
 
-    os.environ["DAGSTER_HOME"] = str(home)
-    cwd = os.getcwd()
-    try:
-        os.chdir(tmp_path)  # the repository's dagster.yaml keeps storage relative to the cwd
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with monkeypatch.context() as cwd:
+        cwd.chdir(tmp_path)  # the repository's dagster.yaml keeps storage relative to the cwd
         with dg.DagsterInstance.get() as instance:
             partitions = instance.get_dynamic_partitions("reactor_a__runs")
             assert len(partitions) == summary["runs"]["train"] + summary["runs"]["val"] + summary["runs"]["test"] + summary["runs"]["excluded"]
@@ -49,9 +48,6 @@ def test_demo_records_its_materialisations_in_the_persistent_instance(tmp_path):
             [observation] = instance.fetch_observations(dg.AssetKey(["tsdb", "points"]), limit=5).records
             with open_tsdb(f"duckdb://{tmp_path / '.aml' / 'tsdb.duckdb'}") as db:
                 assert observation.asset_observation.data_version == str(db.availability_watermark())
-    finally:
-        os.chdir(cwd)
-        del os.environ["DAGSTER_HOME"]
     assert (tmp_path / ".aml" / "dagster" / "storage").is_dir()
 
     # what it said: why 5 seeded runs give 4, why lineage will be 0, what to do next

@@ -4,6 +4,8 @@
 #   redis-server   the Celery broker of the deployment tests (aml_pipeline_tests/deploy/cluster.py)
 #   pgbouncer      the pooler docs/deployment.md puts in front of the instance database
 #                  (aml_pipeline_tests/pgbouncer.py)
+#   e2fsprogs, mount  mkfs.ext4, dumpe2fs and losetup for the ext4 that fills at fsync
+#                  (aml_pipeline_tests/thin_fs.py; usually part of the base system)
 # Each test starts its own on 127.0.0.1; nothing is started here.
 set -euo pipefail
 
@@ -11,6 +13,8 @@ missing=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing+=(postgresql)
 command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+{ command -v mkfs.ext4 || [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ]; } >/dev/null 2>&1 || missing+=(e2fsprogs)
+{ command -v losetup || [ -x /usr/sbin/losetup ] || [ -x /sbin/losetup ]; } >/dev/null 2>&1 || missing+=(mount)
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]} (Debian packages) for the tests" >&2

@@ -112,7 +112,7 @@ def run_stage_assets(spec: DatasetSpec, versions: StageVersions) -> dg.AssetsDef
         stages = [s for s in RUN_STAGES if asset_key(spec, s) in context.selected_asset_keys]
         run_ids = list(context.partition_keys)
         ds = store.dataset_store(spec, versions)
-        with failing_as_one_line(), ds.in_use(), tsdb.brief() as db:
+        with failing_as_one_line(), ds.in_use(), tsdb.brief(on_retry=context.log.warning) as db:
             fetch = None
             if RAW in stages:
                 # A partition that is not a finished run in scope is looked up: an unfinished run fails naming why.
@@ -270,7 +270,7 @@ def dataset_stage_assets(spec: DatasetSpec, versions: StageVersions) -> list[dg.
             yield from _check_results(manifest_key, outcomes, selected_checks)
             return
         ds = store.dataset_store(spec, versions)
-        with tsdb.open() as db:
+        with tsdb.brief(on_retry=context.log.warning) as db:
             watermark = db.availability_watermark()
         with failing_as_one_line(), ds.in_use():
             plan = load_plan(ds)

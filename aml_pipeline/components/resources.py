@@ -21,7 +21,7 @@ from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.tsdb import TsdbPort, open_tsdb
 from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT
-from aml_pipeline.tsdb.session import BriefHandle, TsdbSession
+from aml_pipeline.tsdb.retry import OnRetry, RetryingTsdb, retrying_tsdb
 
 
 class TsdbResource(dg.ConfigurableResource):
@@ -42,11 +42,12 @@ class TsdbResource(dg.ConfigurableResource):
 
 
     @contextmanager
-    def brief(self, hold_s: float = 0.5) -> Iterator[BriefHandle]:
+    def brief(self, hold_s: float = 0.5, on_retry: OnRetry | None = None) -> Iterator[RetryingTsdb]:
         """For long work: a handle held at most about ``hold_s`` at a time (reopened between pages),
-        so an ingest into the embedded file can run while a long backfill builds."""
-        with TsdbSession(self.url) as session:
-            yield BriefHandle(session, hold_s)
+        so an ingest into the embedded file can run while a long backfill builds; every call
+        retried while the TSDB is briefly unavailable, each retry's warning line to ``on_retry``."""
+        with retrying_tsdb(self.url, on_retry=on_retry, hold_s=hold_s) as db:
+            yield db
 
 
 class StoreResource(dg.ConfigurableResource):

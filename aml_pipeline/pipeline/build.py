@@ -20,6 +20,7 @@ from aml_pipeline.pipeline.stages.split import plan_dataset, save_plan
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT, TsdbPort
+from aml_pipeline.tsdb.retry import retrying
 
 Progress = Callable[[str, int, int], None]
 
@@ -37,8 +38,9 @@ def build_dataset(
     """Every stage in this process, run after run, then publish (no Dagster).
 
     ``full`` rebuilds every run from its raw stage; ``progress(run id, done, total)`` is called
-    after each run in scope.
+    after each run in scope. A TSDB briefly unavailable is retried (:mod:`aml_pipeline.tsdb.retry`).
     """
+    tsdb = retrying(tsdb)
     store = DatasetStore(store_root, spec)
     with store.in_use():
         plan = BuildPlan.read(tsdb, store, full=full)

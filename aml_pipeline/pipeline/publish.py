@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aml_pipeline.core.hashing import DIGEST_FILE, SnapshotDigest, verify_snapshot
+from aml_pipeline.faults import crash_point
 from aml_pipeline.fsutil import fsync_dir, make_read_only, process_alive, remove_tree
 from aml_pipeline.ids import check_spec_id
 
@@ -79,8 +80,10 @@ def publish_staged(staging: Path, digest: SnapshotDigest) -> Path:
             return target
         broken = target.with_name(f".broken-{target.name}-{uuid.uuid4().hex[:8]}")
         os.rename(target, broken)
+    crash_point("publish.fsynced")
     os.rename(staging, target)
     fsync_dir(staging.parent)
+    crash_point("publish.renamed")
     return target
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aml_pipeline.faults import crash_point
 from aml_pipeline.fsutil import dir_lock, fsync_dir, remove_tree
 from aml_pipeline.pipeline.publish import (
     CURRENT_LINK,
@@ -123,6 +124,7 @@ def _snapshots(root: Path, spec_id: str, keep: int, dry_run: bool, wait_s: float
                 report.freed_bytes += _size(path) if path.is_dir() else 0
                 continue
             catalog.delete(spec_id, entry.sha256)  # first: a catalog row always names a snapshot
+            crash_point("gc.catalog_row_removed")
             report.freed_bytes += _discard(path)
         catalogued = {Path(e.path).resolve() for e in catalog.entries(spec_id)}
         for path in sorted(spec_dir.iterdir()):
@@ -150,7 +152,9 @@ def _discard(path: Path) -> int:
     if trash != path:
         os.rename(path, trash)
         fsync_dir(path.parent)
+        crash_point("gc.moved_to_trash")
     remove_tree(trash)
+    crash_point("gc.deleted")
     return size
 
 

@@ -26,6 +26,7 @@ from aml_pipeline.core.normalize import apply_norm
 from aml_pipeline.core.stats import LagCorrelation, NodeSummary, add_lag_pairs
 from aml_pipeline.core.windows import window_block
 from aml_pipeline.errors import BuildError
+from aml_pipeline.faults import crash_point
 from aml_pipeline.pipeline.stages.norm import Normalization
 from aml_pipeline.pipeline.stages.split import DatasetPlan
 from aml_pipeline.pipeline.stages.windows import Columns, RunWindows
@@ -236,6 +237,7 @@ def write_snapshot_files(
             if name in linked:
                 os.link(linked[name], staging / name)
                 hasher.add_file(name, staging / name)
+                crash_point("publish.array_written")
                 continue
             expected_rows = 0
             hasher.begin(name)
@@ -262,6 +264,7 @@ def write_snapshot_files(
                 raise
             syncer.close(f)
             hasher.end()
+            crash_point("publish.array_written")
             if expected_rows != manifest["shapes"]["x"][0]:
                 raise BuildError(
                     f"spec {spec.id!r}: stored windows changed while writing {name} "

@@ -29,7 +29,7 @@ from aml_pipeline.runner.instance import build_tags, fail_abandoned_runs, failur
 from aml_pipeline.runner.jobs import build_event_settings, dataset_job_definitions
 from aml_pipeline.runner.parallel import execute_parallel, start_step_server
 from aml_pipeline.spec import DatasetSpec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb.retry import retrying_tsdb
 
 
 def sync_run_partitions(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids: list[str]) -> list[str]:
@@ -89,7 +89,7 @@ def materialize_dataset(
     if workers > 1:
         start_step_server()
     store = StoreResource(home=str(home), datasets_dir=str(datasets_dir) if datasets_dir else None)
-    with open_tsdb(tsdb_url) as db:
+    with retrying_tsdb(tsdb_url) as db:
         plan = BuildPlan.read(db, store.dataset_store(spec), full=full)
     defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})
     run_config = {"loggers": {"console": {"config": {"log_level": console_log_level}}}}

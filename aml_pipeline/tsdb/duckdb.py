@@ -72,10 +72,12 @@ from aml_pipeline.errors import (
     IngestError,
     TsdbBusyError,
     TsdbError,
+    TsdbReaderBusyError,
     UnknownNodeError,
     UnknownRunError,
     disk_full,
 )
+from aml_pipeline.faults import crash_point
 from aml_pipeline.tsdb.columns import (
     check_schema_version,
     clamp_i64,
@@ -394,7 +396,8 @@ class DuckDBTsdb:
                 raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
 
     def _busy(self, mode: str, text: str) -> TsdbBusyError:
-        return TsdbBusyError(
+        # A reader kept out by a writer is transient (a build retries it); a writer is not retried.
+        return (TsdbReaderBusyError if self.read_only else TsdbBusyError)(
             f"{self.path} is in use by another process (a build reading it, or another ingest); "
             f"try again when it finishes (waited {self.lock_timeout_s:g} s to open it {mode}"
             f"{_lock_holder(text)})"
@@ -888,6 +891,7 @@ class DuckDBTsdb:
                     outcome = write_ingest(
                         _Statements(con), runs, runs_tab, nodes_tab, prepared, replace_runs=bool(replace_runs)
                     )
+                    crash_point("ingest.commit")
             except BaseException as e:
                 # Keys assigned inside the rolled-back transaction must not stay cached.
                 self._run_keys.clear()

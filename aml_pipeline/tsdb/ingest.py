@@ -61,6 +61,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from aml_pipeline.errors import IngestError
+from aml_pipeline.faults import crash_point
 from aml_pipeline.ids import EXTERNAL_ID_RE
 from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, EVIDENCE_SOURCES, Node, PointColumns, Run, TsdbPort
 
@@ -592,6 +593,7 @@ def ingest_files(
             chunks.append(cols)
             tick()
     merged = _concat(chunks) if chunks else None
+    crash_point("ingest.files_read")
     written = tsdb.ingest(runs=all_runs, nodes=all_nodes, points=merged, replace_runs=replace_runs)
     tick()
     read = len(merged) if merged is not None else 0

@@ -14,6 +14,7 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 
 from aml_pipeline.errors import PaginationError, TruncationError
+from aml_pipeline.faults import crash_point
 
 EvidenceSource = Literal["simulation", "real", "unassessed"]
 EVIDENCE_SOURCES: tuple[str, ...] = ("simulation", "real", "unassessed")
@@ -267,6 +268,7 @@ def iter_node_pages(
             ordered = (np.diff(keys_ts) > 0) | ((np.diff(keys_ts) == 0) & (np.diff(keys_seq) > 0))
             if not bool(np.all(ordered)):
                 raise PaginationError(f"{tsdb.url}: page for {where} is not ordered by (ts, seq)")
+        crash_point("fetch.page")
         yield page, queries
         if page.done:
             return

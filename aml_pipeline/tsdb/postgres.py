@@ -83,10 +83,12 @@ from aml_pipeline.errors import (
     IngestError,
     TsdbBusyError,
     TsdbError,
+    TsdbUnavailableError,
     UnknownNodeError,
     UnknownRunError,
     disk_full,
 )
+from aml_pipeline.faults import crash_point
 
 # Validation and the error messages are shared with the embedded adapter on purpose: both
 # adapters must refuse the same inputs with the same words.
@@ -122,6 +124,15 @@ _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # Rows per server round trip of a page: bounds the size of one aggregated bytea value (PostgreSQL
 # refuses values over 1 GB); a larger ``limit`` is served by several queries.
 _MAX_ROWS_PER_QUERY = 4_000_000
+# A connection that fails this way finds no server, or one restarting: a transient loss (libpq's
+# and the server's own words; the server's startup and shutdown refusals are SQLSTATE 57P03).
+_UNREACHABLE = re.compile(
+    r"Connection refused|timeout expired|Connection timed out|No route to host|Network is unreachable"
+    r"|server closed the connection unexpectedly|the database system is (starting up|shutting down"
+    r"|in recovery mode|not yet accepting connections|not accepting connections)"
+)
+# admin_shutdown, crash_shutdown, cannot_connect_now: the server is restarting under the query.
+_SERVER_GOING_AWAY = ("57P01", "57P02", "57P03")
 # Points per binary COPY chunk written during ingest (bounds the client-side buffer).
 _COPY_CHUNK_ROWS = 262_144
 _PGCOPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
@@ -339,6 +350,7 @@ class PostgresTsdb:
             )
         }
         self._closed = False
+        self._connected_before = False
         self._conn: psycopg.Connection | None = self._connect()
         try:
             self._render_statements()
@@ -360,7 +372,11 @@ class PostgresTsdb:
         try:
             conn = psycopg.connect(self._parsed.conninfo, autocommit=True, **kwargs)
         except psycopg.Error as e:
-            raise TsdbError(f"{self.url}: cannot connect ({self._scrub(e)})") from None
+            # A server that answered a moment ago, or one that refuses or is restarting: transient.
+            transient = self._connected_before or _UNREACHABLE.search(str(e)) is not None
+            raise (TsdbUnavailableError if transient else TsdbError)(
+                f"{self.url}: cannot connect ({self._scrub(e)})"
+            ) from None
         except Exception as e:  # e.g. a malformed URL refused by libpq's parser
             raise TsdbError(
                 f"{self.url}: cannot connect ({self._scrub(e)})", code="TSDB_URL_INVALID"
@@ -377,6 +393,7 @@ class PostgresTsdb:
         except psycopg.Error as e:
             conn.close()
             raise TsdbError(f"{self.url}: cannot connect ({self._scrub(e)})") from None
+        self._connected_before = True
         return conn
 
     def _render_statements(self) -> None:
@@ -593,7 +610,10 @@ class PostgresTsdb:
         try:
             yield
         except psycopg.Error as e:
-            raise TsdbError(f"{self.url}: {what} failed ({self._scrub(e)})") from None
+            lost = self._conn is not None and self._conn.broken or e.sqlstate in _SERVER_GOING_AWAY
+            raise (TsdbUnavailableError if lost else TsdbError)(
+                f"{self.url}: {what} failed ({self._scrub(e)})"
+            ) from None
 
     # ---- catalog -------------------------------------------------------------------------------
     def list_runs(self, scope: RunScope | None = None, finished_only: bool = True) -> list[Run]:
@@ -806,6 +826,7 @@ class PostgresTsdb:
                         statements, runs, runs_tab, nodes_tab, prepared, replace_runs=bool(replace_runs)
                     )
                     statements.advance()
+                    crash_point("ingest.commit")
             except psycopg.Error as e:
                 self._run_keys.clear()
                 self._node_keys.clear()
@@ -818,7 +839,7 @@ class PostgresTsdb:
                 if full is not None:
                     raise full from None
                 if conn.broken:
-                    raise TsdbError(f"{self.url}: {what} (connection lost: {self._scrub(e)})") from None
+                    raise TsdbUnavailableError(f"{self.url}: {what} (connection lost: {self._scrub(e)})") from None
                 raise IngestError(f"{self.url}: {what} ({self._scrub(e)})") from None
             except BaseException:
                 self._run_keys.clear()

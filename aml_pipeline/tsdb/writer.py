@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
+from aml_pipeline.faults import crash_point
 from aml_pipeline.tsdb.columns import PreparedPoints, codes_to_keys
 from aml_pipeline.tsdb.port import Run
 from aml_pipeline.tsdb.versions import chain, points_digests, record_digest
@@ -178,6 +179,7 @@ def write_ingest(
             total = (0 if replace_runs else count) + int(counts[code])
             state[rid] = (key, chain(version, kind, digests[code] or b""), total)
 
+    crash_point("ingest.mid_transaction")
     if state:
         db.save_run_states([RunState(k, v, n) for k, v, n in state.values()])
     return IngestOutcome(written, skipped, tuple(state))

@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from aml_pipeline.errors import TsdbBusyError
+from aml_pipeline.errors import TsdbBusyError, TsdbReaderBusyError
 
 _POLL_S = 0.02
 
@@ -119,7 +119,7 @@ def pass_reader_gate(db_path: Path, deadline: float, timeout_s: float) -> None:
     path = intent_path(db_path)
     fd = _lock(path, fcntl.LOCK_SH, deadline, create=False)
     if fd is None:
-        raise TsdbBusyError(
+        raise TsdbReaderBusyError(
             f"{db_path} is in use by another process (an ingest is writing it); try again when "
             f"it finishes (waited {timeout_s:g} s to open it read-only)"
         )

@@ -18,10 +18,16 @@ store directory, as hosts would. Eight finished runs, three runs per chunk.
 3. The dataset assets (the rebuild job, also on the workers) publish a snapshot whose bytes equal
    the single-process build's (``materialize_dataset`` in this process, same TSDB): every array,
    spec.json, report.json and the manifest apart from ``provenance.capturedAt``.
+4. One chunk is backfilled again, and only the process running its raw step (the surviving
+   worker's pool process) is SIGKILLed while it waits in its fetch: the worker lives, Celery
+   requeues the step at once (``task_reject_on_worker_lost``), the same worker runs it again in
+   the same Dagster run, and the chunk's stored stages are byte-identical to before.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +71,37 @@ def raw_step_waiting(d: Deployment, backfill_id: str) -> tuple[str, str] | None:
     if taken and d.fetches_waiting() >= len(taken):
         return taken[0]
     return None
+
+
+def pool_processes(worker) -> list[int]:
+    """The pids of a Celery worker's pool processes (its children: they run the steps)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == worker.proc.pid:
+                children.append(int(entry.name))
+    return children
+
+
+def step_process_waiting(d: Deployment, backfill_id: str, worker) -> tuple[str, int] | None:
+    """(Dagster run, pid) of the process running the chunk's raw step under ``worker``, once the
+    step has started there and waits inside its fetch (the worker runs one step at a time)."""
+    for r in d.backfill(backfill_id)["runs"]:
+        run = d.run(r["runId"])
+        if step_executions(run, "run_stages") and d.fetches_waiting() >= 1:
+            [pid] = pool_processes(worker)
+            return run["runId"], pid
+    return None
+
+
+def stage_bytes(d: Deployment, run_ids: list[str]) -> dict[str, bytes]:
+    """Every stored stage array of these runs, by path under the store."""
+    store = d.root / "aml" / "store" / d.spec.id / "runs"
+    return {str(f.relative_to(store)): f.read_bytes() for r in run_ids for f in sorted((store / r).glob("*.npy"))}
 
 
 def test_celery_workers_build_the_same_bytes_and_survive_a_killed_worker(tmp_path: Path, postgres_url: str) -> None:
@@ -132,6 +169,28 @@ def test_celery_workers_build_the_same_bytes_and_survive_a_killed_worker(tmp_pat
         assert status == "SUCCESS", f"{d.webserver.run_failures(rebuild)}\n{d.diagnostics()}"
         assert survivor.name in {w.split("@")[0] for w in step_executions(d.run(rebuild), "dataset_manifest")}
         deployed = (d.root / "aml" / "datasets" / d.spec.id / "current").resolve()
+
+        # 4. Only a step's process killed under a living worker (as the out-of-memory killer does):
+        #    the worker stays, Celery requeues the step at once and the worker runs it again; the
+        #    chunk is redone and its stored stages come out byte-identical.
+        redo = chunks[0]
+        before = stage_bytes(d, redo)
+        assert len(before) >= 3 * len(redo)
+        with d.points_locked():
+            redo_id = d.launch_backfill(redo, "test: a step process killed under a living worker")
+            redo_run, step_pid = wait_for(
+                lambda: step_process_waiting(d, redo_id, survivor), timeout=900,
+                what="the chunk's raw step waiting in its fetch", diagnostics=lambda: d.backfill_diagnostics(redo_id),
+            )
+            os.kill(step_pid, signal.SIGKILL)
+        redone = d.wait_for_backfill(redo_id)
+        assert redone["status"] == "COMPLETED_SUCCESS", d.backfill_diagnostics(redo_id)
+        assert survivor.proc.poll() is None  # the worker lived through it
+        assert step_pid not in pool_processes(survivor)  # and the killed process was its own
+        executions = step_executions(d.run(redo_run), "run_stages")
+        assert [w.split("@")[0] for w in executions] == [survivor.name, survivor.name], executions
+        assert d.run(redo_run)["status"] == "SUCCESS" and "dagster/parent_run_id" not in d.run(redo_run)["tags"]
+        assert stage_bytes(d, redo) == before
 
         reference = materialize_dataset(d.spec, tsdb_url=d.tsdb_url, home=tmp_path / "one_process")
         single = Path(reference["snapshotDir"])

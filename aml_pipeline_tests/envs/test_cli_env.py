@@ -58,12 +58,11 @@ def test_env_status_rebuild_and_busy(tmp_path):
         assert "readers    1" in text.stdout and "nightly training (pid" in text.stdout
         assert "numpy" in text.stdout and build["python_version"] in text.stdout
 
-        started = time.monotonic()
         busy = run_cli("env", "rebuild", "--installer", "copy", env=os_env)
         assert busy.returncode == 2
         assert busy.stderr.startswith("ENV_BUSY: ") and "nightly training" in busy.stderr
         assert "Traceback" not in busy.stderr and len(busy.stderr.strip().splitlines()) == 1
-        assert time.monotonic() - started < 20  # refused at once (the process start dominates)
+        assert "waited" not in busy.stderr  # refused at once
 
         waited = run_cli("env", "rebuild", "--installer", "copy", "--wait-s", "0.5", env=os_env)
         assert waited.returncode == 2 and "waited 0.5s" in waited.stderr

@@ -20,9 +20,8 @@ HOST = socket.gethostname()
 
 # How long a killed holder's lock may linger. flock: none (the kernel drops it before the
 # holder can be reaped). PostgreSQL: the server ends the session when it sees the socket close,
-# a few milliseconds after the client died; the tests wait up to GRACE and demand < AT_ONCE.
+# a few milliseconds after the client died; the tests wait up to GRACE.
 RELEASE_GRACE = {"file": 0.0, "postgres": 3.0}
-AT_ONCE = {"file": 0.5, "postgres": 1.0}
 
 # A holder process: takes one lease, reports on stdout, then waits for "release" on stdin (or
 # its SIGKILL). With "fork", it first forks a grandchild that just sleeps: the grandchild must
@@ -134,7 +133,6 @@ class Where:
     def __init__(self, backend: str, location: str, name: str):
         self.backend, self.location, self.name = backend, location, name
         self.grace = RELEASE_GRACE[backend]
-        self.at_once = AT_ONCE[backend]
         # The PostgreSQL backend keeps a short host label (application_name has 63 bytes).
         self.host = HOST if backend == "file" else short_host(HOST)
 

@@ -14,10 +14,13 @@ import pytest
 from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.runner.build import materialize_dataset
 from aml_pipeline.errors import DiskFullError
+from aml_pipeline.faults import TRACE_ENV
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline_tests.faults import traced
 from aml_pipeline_tests.small_fs import fill, small_filesystem
+from aml_pipeline_tests.thin_fs import thin_ext4
 
 # Room left under the instance: its first runs are recorded, a later one fills the disk.
 INSTANCE_ROOM_KB = 600
@@ -130,3 +133,34 @@ def test_a_full_disk_under_the_instance_fails_in_one_line_and_loses_nothing(make
         assert summary["materialized"]["run_windows"] == len(finished) - len(before), (summary, before)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             assert sorted(instance.get_materialized_partitions(windows)) == sorted(finished)
+
+
+def test_a_disk_that_fills_at_fsync_fails_in_one_line_and_keeps_the_previous_snapshot(
+    make_spec, plant_url, tmp_path, monkeypatch
+):
+    """ext4 on a thin loop device (``thin_fs.py``): every write of the new snapshot is accepted,
+    and the disk reports ENOSPC when the files are made durable. The trace of crash points proves
+    it: the staging directory was completely written, never fsynced."""
+    spec = make_spec(extras=True)
+    with thin_ext4(64) as fs, open_tsdb(plant_url) as db:
+        root = fs.root / "datasets"
+        first = build_dataset(spec, db, store_root=tmp_path / "store", datasets_root=root)
+        before = _visible(root / spec.id)
+        edited = make_spec(extras=True, split={"method": "hashed", "train": 0.6, "val": 0.2, "test": 0.2, "seed": 1})
+        env, trace = traced(tmp_path, "publish")
+        monkeypatch.setenv(TRACE_ENV, env[TRACE_ENV])
+        fs.exhaust()
+        with pytest.raises(DiskFullError) as err:
+            build_dataset(edited, db, store_root=tmp_path / "store", datasets_root=root)
+        monkeypatch.delenv(TRACE_ENV)
+        reached = {line.split()[0] for line in trace.read_text().splitlines()}
+        assert "publish.staging_written" in reached and "publish.fsynced" not in reached, reached
+        line = err.value.one_line()
+        assert line.startswith(f"DISK_FULL: {root / spec.id}: no space left on the device") and "\n" not in line
+        assert _visible(root / spec.id) == before  # no staging directory left behind
+        assert current_snapshot(root, spec.id) == first.snapshot_dir and verify_snapshot(first.snapshot_dir).ok
+        assert [e.sha256 for e in Catalog(root).entries(spec.id)] == [first.sha256]
+        fs.relieve()
+        again = build_dataset(edited, db, store_root=tmp_path / "store", datasets_root=root)
+        assert current_snapshot(root, spec.id) == again.snapshot_dir and verify_snapshot(again.snapshot_dir).ok
+        assert verify_snapshot(first.snapshot_dir, first.sha256).ok

@@ -23,6 +23,7 @@ from aml_pipeline.pipeline.stages.norm import fit_normalization
 from aml_pipeline.pipeline.stages.split import DatasetPlan, load_plan
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline_tests.faults import count_phases, last_point, traced
 
 
 @pytest.fixture
@@ -97,48 +98,81 @@ def test_checks_catch_what_they_check(published, make_spec, roots, tmp_path):
 
 
 BUILD_LOOP = """
-import sys
+import json, os, sys
 from pathlib import Path
 from aml_pipeline.pipeline.build import build_dataset
-from aml_pipeline.simulate.plant import plant_spec_dict
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb import open_tsdb
-import json
-spec = parse_spec(json.loads(sys.argv[2]))
-print("ready", flush=True)
-while True:
-    with open_tsdb(sys.argv[1]) as db:
-        build_dataset(spec, db, store_root=Path(sys.argv[3]), datasets_root=Path(sys.argv[4]))
+spec = json.loads(sys.argv[2])
+trace = os.environ["AML_FAULT_TRACE"]
+with open_tsdb(sys.argv[1]) as db:
+    for i in range(10**6):
+        # A new note every build: each one publishes a new snapshot.
+        with open(trace, "a") as f:
+            f.write(f"build.start {os.getpid()}\\n")
+        edited = parse_spec({**spec, "note": f"{sys.argv[5]}-{i}"})
+        build_dataset(edited, db, store_root=Path(sys.argv[3]), datasets_root=Path(sys.argv[4]))
+        if i == 0:
+            print("ready", flush=True)  # builds follow each other from here on
 """
+
+# The phase a build was in, from the last crash point it reached (see aml_pipeline.faults).
+PHASE_AFTER = {
+    None: "fetch, clean, plan",
+    "publish.array_written": "writing staging",
+    "publish.staging_written": "checks and fsync",
+    "publish.fsynced": "renaming into place",
+    "publish.renamed": "swapping current",
+    "publish.current_swapped": "recording in the catalog",
+    "publish.catalog_recorded": "returning",
+}
+# Phases in which a staging directory or a half-published snapshot exists.
+PUBLISHING = {"writing staging", "checks and fsync", "renaming into place", "swapping current", "recording in the catalog"}
 
 
 def test_killed_builds_never_leave_a_visible_partial_snapshot(make_spec, plant_url, tmp_path):
-    """SIGKILL a build loop at random moments: only complete snapshots are ever visible."""
-    spec = make_spec(extras=True)  # v2: every build differs (capturedAt), so each one publishes
+    """SIGKILL a loop of publishing builds at random moments until enough kills have hit
+    publication: only complete snapshots are ever visible, and the kills per phase are counted."""
+    spec = make_spec()
     store, datasets = tmp_path / "store", tmp_path / "datasets"
+    with open_tsdb(plant_url) as db:  # the runs' stages exist: each build in the loop only publishes
+        build_dataset(spec, db, store_root=store, datasets_root=datasets)
+    env, trace = traced(tmp_path, "builds")
     rng = random.Random(1)
-    for _ in range(6):
+    phases: list[str] = []
+    checked: set[Path] = set()
+    recorded: set[tuple[str, str]] = set()
+    for attempt in range(60):
         proc = subprocess.Popen(
-            [sys.executable, "-c", BUILD_LOOP, plant_url, json.dumps(spec.to_json_dict()), str(store), str(datasets)],
-            stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-c", BUILD_LOOP, plant_url, json.dumps(spec.to_json_dict()), str(store), str(datasets),
+             str(attempt)],
+            stdout=subprocess.PIPE, text=True, env=env,
         )
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.2, 2.5))
+        time.sleep(rng.uniform(0.0, 0.3))  # a random moment, not a condition
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        root = datasets / spec.id
-        visible = [p for p in root.iterdir() if not p.name.startswith(".")] if root.exists() else []
-        for path in visible:
-            if path.name == "current":
-                assert verify_snapshot(path.resolve()).ok
-            else:
-                assert verify_snapshot(path).ok, f"{path} is visible but incomplete"
+        assert proc.returncode == -signal.SIGKILL  # it was alive when killed
+        phases.append(PHASE_AFTER[last_point(trace, proc.pid, since="build.start")])
+        # Published snapshots are immutable: what the killed build may have left is what appeared
+        # since the last kill, besides `current` and the catalog's rows.
+        current = current_snapshot(datasets, spec.id)
+        assert current is not None and verify_snapshot(current).ok, f"current is broken (killed in: {phases[-1]})"
+        for path in (datasets / spec.id).iterdir():
+            if not path.name.startswith(".") and path.name != "current" and path not in checked:
+                assert verify_snapshot(path).ok, f"{path} is visible but incomplete (killed in: {phases[-1]})"
+                checked.add(path)
         for entry in Catalog(datasets).entries(spec.id):
-            assert verify_snapshot(entry.path, entry.sha256).ok
-    snapshots = [p for p in (datasets / spec.id).iterdir() if not p.name.startswith(".") and p.name != "current"]
-    assert snapshots, "no build completed in the whole test; make the kill delays longer"
+            if (entry.path, entry.sha256) not in recorded:
+                assert verify_snapshot(entry.path, entry.sha256).ok, entry.path
+                recorded.add((entry.path, entry.sha256))
+        if sum(p in PUBLISHING for p in phases) >= 6 and len(set(phases) & PUBLISHING) >= 3:
+            break
+    counts = count_phases(phases)
+    print(f"kills per phase: {counts}")
+    assert sum(p in PUBLISHING for p in phases) >= 6 and len(set(phases) & PUBLISHING) >= 3, counts
     # The next build cleans up staging directories of killed builds.
     with open_tsdb(plant_url) as db:
-        out = build_dataset(spec, db, store_root=store, datasets_root=datasets)
+        out = build_dataset(make_spec(note="last"), db, store_root=store, datasets_root=datasets)
     assert [p.name for p in (datasets / spec.id).glob(".staging-*")] == []
     assert current_snapshot(datasets, spec.id) == out.snapshot_dir

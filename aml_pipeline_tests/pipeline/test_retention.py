@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.fsutil import dir_lock
 from aml_pipeline.pipeline.build import build_dataset
@@ -19,13 +21,14 @@ from aml_pipeline.pipeline.retention import collect_garbage
 from aml_pipeline.pipeline.stages import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline_tests.faults import armed, count_phases, kill_stopped, last_point, traced, wait_stopped
 
 
-def _publish_versions(make_spec, plant_url, roots, n: int):
+def _publish_versions(make_spec, plant_url, roots, n: int, first: int = 0):
     """n snapshots of one spec (edited notes), the last one current."""
     specs = []
     with open_tsdb(plant_url) as db:
-        for i in range(n):
+        for i in range(first, first + n):
             spec = make_spec(note=f"edit {i}")
             build_dataset(spec, db, **roots)
             specs.append(spec)
@@ -92,28 +95,149 @@ def test_gc_leaves_a_spec_alone_while_a_build_holds_it(make_spec, plant_url, roo
     assert len(Catalog(roots["datasets_root"]).entries(spec_id)) == 3
 
 
-def test_gc_killed_at_random_moments_leaves_catalog_and_disk_consistent(make_spec, plant_url, roots, tmp_path):
-    specs = _publish_versions(make_spec, plant_url, roots, 8)
-    spec_id = specs[-1].id
+def _gc_command(roots, tmp_path: Path, spec, keep: int) -> tuple[list[str], dict[str, str]]:
+    """``aml-pipeline gc`` over ``roots`` with ``spec`` as the only spec file."""
     specs_dir = tmp_path / "specs"
-    specs_dir.mkdir()
-    (specs_dir / "s.yaml").write_text(json.dumps(specs[-1].to_json_dict()))
-    env = {**os.environ, "AML_SPECS": str(specs_dir)}
-    home = roots["store_root"].parent
-    rng = random.Random(4)
-    for keep in (6, 4, 2, 0):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "aml_pipeline.cli", "gc", "--keep", str(keep), "--home", str(home),
-             "--root", str(roots["datasets_root"])],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
-        time.sleep(rng.uniform(0.3, 1.2))  # the interpreter starts in ~0.3 s; gc takes a moment
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        _assert_consistent(roots, spec_id)
-    # A gc that runs to its end cleans up whatever the killed ones left.
+    specs_dir.mkdir(exist_ok=True)
+    (specs_dir / "s.yaml").write_text(json.dumps(spec.to_json_dict()))
+    cmd = [sys.executable, "-m", "aml_pipeline.cli", "gc", "--keep", str(keep), "--home",
+           str(roots["store_root"].parent), "--root", str(roots["datasets_root"])]
+    return cmd, {**os.environ, "AML_SPECS": str(specs_dir)}
+
+
+def _snapshot_dirs(roots, spec_id: str) -> list[str]:
+    return sorted(p.name for p in (roots["datasets_root"] / spec_id).iterdir() if p.is_dir() and not p.is_symlink())
+
+
+@pytest.mark.parametrize("point", ["gc.catalog_row_removed", "gc.moved_to_trash", "gc.deleted"])
+def test_gc_killed_at_each_step_leaves_catalog_and_disk_consistent(point, make_spec, plant_url, roots, tmp_path):
+    specs = _publish_versions(make_spec, plant_url, roots, 3)
+    spec_id = specs[-1].id
+    current = current_snapshot(roots["datasets_root"], spec_id)
+    cmd, env = _gc_command(roots, tmp_path, specs[-1], keep=0)
+    env = armed(point, tmp_path, env)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    kill_stopped(wait_stopped(proc, env, output=lambda: proc.stderr.read()), proc)
+
+    _assert_consistent(roots, spec_id)
+    assert current_snapshot(roots["datasets_root"], spec_id) == current
+    left = {Path(e.path) for e in Catalog(roots["datasets_root"]).entries(spec_id)}
+    dirs = _snapshot_dirs(roots, spec_id)
+    trash = [d for d in dirs if d.startswith(".trash-")]
+    # The first snapshot gc removes: its row is gone at every point; then its directory is
+    # renamed to trash; then the trash is gone.
+    victims = [d for d in dirs if not d.startswith(".") and roots["datasets_root"] / spec_id / d not in left]
+    assert len(left) == 2
+    if point == "gc.catalog_row_removed":
+        assert len(victims) == 1 and not trash  # complete, uncatalogued: the next gc removes it
+        assert verify_snapshot(roots["datasets_root"] / spec_id / victims[0]).ok
+    elif point == "gc.moved_to_trash":
+        assert not victims and len(trash) == 1
+    else:
+        assert not victims and not trash
+    assert current in left
+
+    # A gc that runs to its end removes whatever the killed one left.
     collect_garbage(roots["datasets_root"], roots["store_root"], {spec_id: specs[-1]}, keep=0)
     _assert_consistent(roots, spec_id)
-    dirs = [p.name for p in (roots["datasets_root"] / spec_id).iterdir() if p.is_dir() and not p.is_symlink()]
-    assert dirs == [current_snapshot(roots["datasets_root"], spec_id).name]
+    assert _snapshot_dirs(roots, spec_id) == [current.name]
+    assert [Path(e.path) for e in Catalog(roots["datasets_root"]).entries(spec_id)] == [current]
+
+
+def test_gc_killed_at_random_moments_while_removing(make_spec, plant_url, roots, tmp_path):
+    """gc processes are stopped at a random one of their removal steps, let go on, and SIGKILLed a
+    random moment later: the kills that land while gc still runs (its exit status says so) are
+    spread over the removal, and catalog and disk stay consistent after each."""
+    rng = random.Random(4)
+    phases: list[str] = []
+    finished = 0
+    for round_ in range(20):
+        specs = _publish_versions(make_spec, plant_url, roots, 3, first=3 * round_)
+        spec_id = specs[-1].id
+        cmd, env = _gc_command(roots, tmp_path, specs[-1], keep=0)
+        point = f"{rng.choice(['gc.catalog_row_removed', 'gc.moved_to_trash'])}:{rng.randint(1, 3)}"
+        env, trace = traced(tmp_path, f"gc-{round_}", armed(point, tmp_path, env))
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        pid = wait_stopped(proc, env, output=lambda: proc.stderr.read())
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(rng.uniform(0.0, 0.01))  # a random moment, not a condition
+        os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        if proc.returncode == -signal.SIGKILL:
+            phases.append(last_point(trace, pid))
+        else:
+            assert proc.returncode == 0, proc.stderr.read()
+            finished += 1  # gc ended before the kill: not counted
+        _assert_consistent(roots, spec_id)
+        if len(phases) >= 6 and len(set(phases)) >= 2:
+            break
+    counts = count_phases(phases)
+    print(f"kills per phase: {counts}; gc finished before the kill: {finished}")
+    assert len(phases) >= 6 and len(set(phases)) >= 2, (counts, finished)
+    collect_garbage(roots["datasets_root"], roots["store_root"], {spec_id: specs[-1]}, keep=0)
+    _assert_consistent(roots, spec_id)
+    assert _snapshot_dirs(roots, spec_id) == [current_snapshot(roots["datasets_root"], spec_id).name]
     assert len(Catalog(roots["datasets_root"]).entries(spec_id)) == 1
+
+
+BUILD_LOOP = """
+import json, sys
+from pathlib import Path
+from aml_pipeline.core.hashing import verify_snapshot
+from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline.pipeline.publish import current_snapshot
+from aml_pipeline.spec import parse_spec
+from aml_pipeline.tsdb import open_tsdb
+spec, stop = json.loads(sys.argv[2]), Path(sys.argv[5])
+with open_tsdb(sys.argv[1]) as db:
+    i = 0
+    while not stop.exists():
+        out = build_dataset(parse_spec({**spec, "note": f"loop {i}"}), db, store_root=Path(sys.argv[3]),
+                            datasets_root=Path(sys.argv[4]))
+        # Until the next build publishes, this snapshot is current: gc must leave it whole.
+        ok = out.published and current_snapshot(Path(sys.argv[4]), spec["id"]) == out.snapshot_dir
+        print(json.dumps({"i": i, "ok": ok and verify_snapshot(out.snapshot_dir, out.sha256).ok}), flush=True)
+        i += 1
+"""
+
+
+def test_gc_in_a_loop_against_a_real_build_loop(make_spec, plant_url, roots, tmp_path):
+    """``gc --keep 0`` again and again while a build loop publishes a new snapshot each time,
+    until gc has removed snapshots the loop published in several runs: no build fails or loses
+    its snapshot, ``current`` always verifies."""
+    spec = make_spec()
+    with open_tsdb(plant_url) as db:
+        build_dataset(spec, db, **roots)  # the runs' stages exist: the loop's builds only publish
+    stop, log = tmp_path / "stop", tmp_path / "builds.jsonl"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", BUILD_LOOP, plant_url, json.dumps(spec.to_json_dict()), str(roots["store_root"]),
+             str(roots["datasets_root"]), str(stop)],
+            stdout=out, stderr=subprocess.PIPE, text=True,
+        )
+    gcs = removed_during = 0
+    deadline = time.monotonic() + 300
+    try:
+        while not log.read_text() and proc.poll() is None and time.monotonic() < deadline:  # published once
+            time.sleep(0.01)
+        while removed_during < 8 and proc.poll() is None and time.monotonic() < deadline:
+            report = collect_garbage(roots["datasets_root"], roots["store_root"], {spec.id: spec}, keep=0, wait_s=30)
+            gcs += 1
+            if report.removed_snapshots and proc.poll() is None:
+                removed_during += 1
+            current = current_snapshot(roots["datasets_root"], spec.id)
+            assert current is not None and verify_snapshot(current).ok
+        stop.touch()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    # gc really ran between the loop's builds, removing what they had published.
+    assert removed_during >= 8, (gcs, removed_during)
+    results = [json.loads(line) for line in log.read_text().splitlines()]
+    assert results and all(r["ok"] for r in results), results
+    collect_garbage(roots["datasets_root"], roots["store_root"], {spec.id: spec}, keep=0)
+    _assert_consistent(roots, spec.id)
+    assert len(_snapshot_dirs(roots, spec.id)) == 1

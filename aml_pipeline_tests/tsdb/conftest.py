@@ -88,3 +88,18 @@ ADAPTERS: dict[str, Callable[[Path, pytest.FixtureRequest], Iterator[MakeTsdb]]]
 @pytest.fixture(params=sorted(ADAPTERS))
 def tsdb_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeTsdb]:
     yield from ADAPTERS[request.param](tmp_path, request)
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def new_tsdb_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of a TSDB that does not exist yet: a DuckDB file (in a directory not made yet), or a
+    fresh schema on the session's PostgreSQL server (dropped at teardown)."""
+    if request.param == "duckdb":
+        yield f"duckdb://{tmp_path / 'db' / 'tsdb.duckdb'}"
+        return
+    server = request.getfixturevalue("postgres_url")
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    try:
+        yield with_schema(server, schema)
+    finally:
+        drop_schema(server, schema)

@@ -27,6 +27,7 @@ from aml_pipeline.tsdb.duckdb import DuckDBTsdb
 from aml_pipeline.tsdb.port import Node, PointColumns, Run, fetch_node_series
 from aml_pipeline.tsdb.postgres import PostgresTsdb
 from aml_pipeline.urls import redact_url
+from aml_pipeline_tests.thin_fs import thin_ext4
 from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,3 +183,29 @@ def test_postgres_server_out_of_space_is_one_line_and_writes_nothing(postgres_ur
         finally:
             drop_schema(postgres_url, schema)
             server_admin.execute(sql.SQL("DROP TABLESPACE IF EXISTS {}").format(sql.Identifier(space)))
+
+
+def test_duckdb_on_a_disk_that_fills_at_fsync_is_one_line_and_loses_nothing():
+    """ext4 on a thin loop device (``thin_fs.py``) accepts the ingest's writes and reports ENOSPC
+    when DuckDB makes its commit durable: one DISK_FULL line; once there is room, the file opens
+    with exactly what was committed before, and the same ingest succeeds."""
+    with thin_ext4(64) as fs:
+        url = f"duckdb://{fs.root / 'tsdb.duckdb'}"
+        with DuckDBTsdb(url, read_only=False) as db:
+            db.ingest(runs=RUNS, nodes=NODES, points=noisy_points("R0", ["A", "B"], 2_000, 1))
+            before = state_of(db)
+        with DuckDBTsdb(url, read_only=False) as db:
+            fs.exhaust()
+            with pytest.raises(DiskFullError) as info:
+                db.ingest(points=noisy_points("R1", ["A", "B"], 200_000, 2))
+            line = info.value.one_line()
+            assert line.startswith(f"DISK_FULL: {fs.root}/tsdb.duckdb"), line
+            assert "nothing written" in line and "\n" not in line
+            assert "Could not fsync" in str(info.value.__context__)  # DuckDB's own words: at fsync
+        fs.relieve()
+        with DuckDBTsdb(url) as ro:
+            assert state_of(ro) == before
+        with DuckDBTsdb(url, read_only=False) as db:
+            assert db.ingest(points=noisy_points("R1", ["A", "B"], 200_000, 2)) == 200_000
+            after = state_of(db)
+        assert after["versions"]["R0"] == before["versions"]["R0"] and after["versions"]["R1"] != before["versions"]["R1"]

@@ -17,7 +17,6 @@ from aml_pipeline.simulate.plant import simulate_plant, write_plant_files
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline.tsdb.ingest import ingest_into
 from aml_pipeline.tsdb.port import fetch_node_series
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
 
 REPO = Path(__file__).resolve().parents[2]
 FAR = 2**62
@@ -33,19 +32,9 @@ def files(plant, tmp_path):
     return write_plant_files(plant, tmp_path / "files", fmt="csv")
 
 
-@pytest.fixture(params=["duckdb", "postgres"])
-def url(request, tmp_path):
-    if request.param == "duckdb":
-        yield f"duckdb://{tmp_path / 'db' / 'tsdb.duckdb'}"
-        return
-    import uuid
-
-    server = request.getfixturevalue("postgres_url")
-    schema = f"t_{uuid.uuid4().hex[:16]}"
-    try:
-        yield with_schema(server, schema)
-    finally:
-        drop_schema(server, schema)
+@pytest.fixture
+def url(new_tsdb_url):
+    return new_tsdb_url
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess:

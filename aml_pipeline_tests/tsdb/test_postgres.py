@@ -15,7 +15,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from aml_pipeline.errors import DiskFullError, IngestError, TsdbBusyError, TsdbError, UnknownRunError
+from aml_pipeline.errors import (
+    DiskFullError,
+    IngestError,
+    TsdbBusyError,
+    TsdbError,
+    TsdbUnavailableError,
+    UnknownRunError,
+)
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline.tsdb import postgres as pg_adapter
 from aml_pipeline.tsdb.port import Cursor, Node, PointColumns, Run, fetch_node_series
@@ -131,10 +138,10 @@ def test_connection_failure_is_one_clear_line_without_the_password(where):
         url = f"postgresql://aml:{secret}@127.0.0.1:{port}/plant?connect_timeout=3"
     else:
         url = f"postgresql://aml@127.0.0.1:{port}/plant?password={secret}&connect_timeout=3"
-    with pytest.raises(TsdbError) as info:
+    with pytest.raises(TsdbUnavailableError) as info:  # refused: a build retries it
         PostgresTsdb(url)
     err = info.value
-    assert err.code == "TSDB_ERROR"
+    assert err.code == "TSDB_UNAVAILABLE"
     assert "cannot connect" in err.message and str(port) in err.message
     assert secret not in err.message and secret not in err.one_line() and secret not in repr(err)
     assert "\n" not in err.one_line()
@@ -318,7 +325,7 @@ def test_handle_reconnects_after_the_server_dropped_its_connection(url, admin):
         db.ingest(runs=[run("R1")], nodes=[Node("A")], points=points([("R1", "A", 1, 2.0)]))
         pid = db._c.info.backend_pid
         admin.execute("SELECT pg_terminate_backend(%s)", [pid])
-        with pytest.raises(TsdbError):  # the call that finds the connection dead fails cleanly
+        with pytest.raises(TsdbUnavailableError):  # the call that finds the connection dead fails cleanly
             db.list_runs()
         assert [r.run_id for r in db.list_runs()] == ["R1"]  # the next one reconnects
         assert db._c.info.backend_pid != pid

@@ -22,6 +22,7 @@ from typing import Any
 
 from aml_pipeline.core.hashing import SnapshotDigest
 from aml_pipeline.errors import BuildError, DiskFullError, disk_full
+from aml_pipeline.faults import crash_point
 from aml_pipeline.fsutil import dir_lock
 from aml_pipeline.pipeline.checks import CheckOutcome, snapshot_checks
 from aml_pipeline.pipeline.metadata import FilePath, Json, Table
@@ -190,6 +191,7 @@ def publish_dataset(
                 availability_watermark=availability_watermark, captured_at=captured_at, wait_durable=False,
                 linked=linked,
             )
+            crash_point("publish.staging_written")
             clock.lap("write")
             try:
                 checks = snapshot_checks(staging, files.sha256, files.files)
@@ -201,10 +203,12 @@ def publish_dataset(
             passed = all(c.passed for c in checks if c.blocking)
             if passed:
                 set_current(snapshot)
+                crash_point("publish.current_swapped")
             catalog.record(
                 snapshot, files.manifest, files.sha256, current=passed, build_key=key,
                 checks={c.name: c.to_json() for c in checks},
             )
+            crash_point("publish.catalog_recorded")
     except OSError as e:
         full = disk_full(e, Path(datasets_root) / spec.id, needed_bytes=snapshot_bytes(plan, spec))
         if full is not None:
