@@ -212,3 +212,45 @@ def test_help_names_every_subcommand():
     for path, _ in parser_tree(parser):
         if len(path) == 1:
             assert path[0] in parser.description and path[0] in text, path
+
+
+def test_the_architecture_names_only_modules_that_exist():
+    doc = text("architecture.md")
+    named = set(re.findall(r"`([\w./-]+(?:\.py|/))`", doc))
+    assert len(named) > 40, "the module map names the modules"
+    package = REPO_ROOT / "aml_pipeline"
+    missing = []
+    for name in sorted(named):
+        if name.startswith("aml_pipeline/") or name.split("/")[0] in ("bench", "specs", "deploy", "scripts", "aml_pipeline_tests"):
+            ok = (REPO_ROOT / name).exists()
+        else:  # the map's paths are relative to aml_pipeline/, or a file named in its package's row
+            ok = (package / name).exists() or any(package.glob(f"*/{name}")) or any(package.glob(f"*/*/{name}"))
+        if not ok:
+            missing.append(name)
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+# An error code, not a variable.
+NOT_VARIABLES = {"AML_ERROR"}
+
+
+def test_every_environment_variable_the_code_reads_is_in_the_readme():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    sources = [p for d in ("aml_pipeline", "scripts", "deploy", "bench") for p in (REPO_ROOT / d).rglob("*") if p.is_file()
+               and p.suffix in (".py", ".sh", ".yaml", ".example", ".service", "") and "__pycache__" not in p.parts]
+    names = {n for p in sources for n in re.findall(r"\bAML_[A-Z0-9_]*[A-Z0-9]\b", p.read_text(encoding="utf-8", errors="replace"))}
+    names -= NOT_VARIABLES
+    assert {"AML_HOME", "AML_TSDB_URL", "AML_MEMORY_MB"} <= names
+    missing = sorted(n for n in names if f"`{n}" not in readme)
+    assert not missing, f"read by the code, not in README.md: {missing}"
+
+
+DIARY = re.compile(r"this session|the runs? before\b|in the (?:previous|latest|last|earlier) (?:full )?runs?\b|ad hoc"
+                   r"|patched in|until this run|\bissue \d+", re.I)
+
+
+def test_no_doc_reads_as_a_diary():
+    found = [f"{p.relative_to(REPO_ROOT)}:{no}: {line.strip()}"
+             for p in (*DOC_FILES, REPO_ROOT / "bench" / "README.md")
+             for no, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if DIARY.search(line)]
+    assert not found, "\n".join(found)
