@@ -254,3 +254,22 @@ def test_no_doc_reads_as_a_diary():
              for p in (*DOC_FILES, REPO_ROOT / "bench" / "README.md")
              for no, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if DIARY.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_every_table_row_has_its_header_s_columns():
+    """A `|` inside a cell (even inside backticks) splits the cell: the row then renders broken."""
+    broken = []
+    for path in (*DOC_FILES, REPO_ROOT / "bench" / "README.md"):
+        columns, in_fence = None, False
+        for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                in_fence = not in_fence
+            if in_fence or not line.startswith("|"):
+                columns = None
+                continue
+            cells = len(re.findall(r"(?<!\\)\|", line)) - 1
+            if columns is None:
+                columns = cells
+            elif cells != columns:
+                broken.append(f"{path.relative_to(REPO_ROOT)}:{no}: {cells} cells, the header has {columns}")
+    assert not broken, "\n".join(broken)
