@@ -1,4 +1,4 @@
-"""``aml-pipeline``: demo, ingest, build, verify, export, datasets, env.
+"""The ``aml-pipeline`` command line; :func:`build_parser` declares its subcommands and flags.
 
 User errors print one line ``CODE: message`` on stderr and exit 2 (1 for a failed
 verification); they never print a traceback.
@@ -340,8 +340,12 @@ Full description with examples and the errors: docs/ingest.md
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="aml-pipeline", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(
+        prog="aml-pipeline",
+        epilog="User errors print one line CODE: message and exit 2 (verify: 1 for a snapshot that fails). "
+        "Documentation: README.md and docs/cli.md.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = sub.add_parser("demo", help="seed the simulated plant and build the example dataset through Dagster")
     d.add_argument("--home", help="AML_HOME (default: $AML_HOME or ./.aml)")
@@ -450,6 +454,11 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--json", action="store_true", help="print only JSON")
     bl.set_defaults(func=cmd_baseline)
 
+    # Named from the subcommands themselves, so a new one is never missing from --help.
+    p.description = (
+        "Reproducible, leakage-free, tamper-evident training datasets from industrial time series. "
+        f"Commands: {', '.join(sub.choices)}."
+    )
     return p
 
 

@@ -2,8 +2,8 @@
 # The benchmark: set up, install the benchmark-only packages (CPU torch, PyTorch Forecasting,
 # numba, pyinstrument; see bench/README.md for why --no-deps), run bench/run.py with the given
 # arguments.
-#   scripts/bench.sh --json bench.json     # full run (10 to 20 min)
-#   scripts/bench.sh --quick               # ~20 s (CI runs bench/run.py --quick without these packages)
+#   scripts/bench.sh --json bench.json     # full run (20 to 30 min)
+#   scripts/bench.sh --quick               # a few minutes (CI runs bench/run.py --quick without these packages)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
