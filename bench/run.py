@@ -62,6 +62,8 @@ GOALS = (
     Goal("noop_rebuild_over_full", "<=", 0.15, "x", "unchanged rebuild / full build", "incremental"),
     Goal("split_edit_rebuild_over_full", "<=", 0.75, "x", "rebuild after a split edit / full build", "incremental"),
     Goal("parallel_speedup_2_workers", ">=", 1.6, "x", "run stages, 1 worker / 2 workers", "parallel"),
+    Goal("parallel_whole_build_speedup_2_workers", ">=", 1.0, "x",
+         "whole `aml-pipeline build`, --workers 1 / --workers 2, fresh homes", "parallel"),
     Goal("orchestration_ms_per_run", "<=", 10.0, "ms", "(Dagster - library) / runs, many small runs", "orchestration"),
     Goal("orchestration_ms_per_run_pg", "<=", 10.0, "ms", "the same, PostgreSQL instance (deploy/dagster.yaml)",
          "orchestration"),
@@ -266,16 +268,15 @@ def _incremental(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: P
 
 
 def _parallel(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
-    why = dagster_bench.workers_unsupported()
-    if why:
-        res.missing("parallel_speedup_2_workers", why)
-        return
     w = ctx["w"]
     _log(f"Dagster build with 1 and 2 workers, {cfg['build_repeat']} repetitions")
     p = dagster_bench.run_parallel(w.spec, w.tsdb_url, work / "parallel", repeat=cfg["build_repeat"])
+    _log(f"`aml-pipeline build` with --workers 1 and 2, whole build, fresh homes, {cfg['build_repeat']} repetitions")
+    p["whole_build"] = dagster_bench.run_whole_build(w.spec, w.tsdb_url, work / "whole_build", repeat=cfg["build_repeat"])
     res["parallel"] = p
     res.figure("parallel_speedup_2_workers", p["speedup"])
-    res.check("1 and 2 workers publish the same sha256", p["same_sha256"])
+    res.figure("parallel_whole_build_speedup_2_workers", p["whole_build"]["speedup"])
+    res.check("1 and 2 workers publish the same sha256", p["same_sha256"] and p["whole_build"]["same_sha256"])
 
 
 def _instance_servers(stack: contextlib.ExitStack) -> tuple[str | None, str | None, str | None, str | None]:
@@ -532,6 +533,13 @@ def render(d: dict[str, Any]) -> str:
                 p = d[key]
                 L.append(f"  2 workers / 1: x{_fmt(p['speedup']['value'])}; the same run stages without Dagster in a "
                          f"warm pool of 2 processes / 1: x{_fmt(p['library_speedup_2_processes']['value'])}")
+            if key == "parallel" and "whole_build" in d[key]:
+                wb = d[key]["whole_build"]
+                L.append("  whole `aml-pipeline build`: " + "; ".join(
+                    f"{side} {_t(t)}" for side, t in wb["timings"].items() if isinstance(t, dict) and "seconds" in t))
+                L.append(f"  --workers 2 / 1: x{_fmt(wb['speedup']['value'])} (used {wb['workers_used']['used']} "
+                         f"worker(s){': ' + wb['workers_used']['why'] if wb['workers_used'].get('why') else ''}); "
+                         f"two chunk runs forced: x{_fmt(wb['speedup_forced']['value'])}")
     if "run_figures" in d:
         f = d["run_figures"]
         L.append("")

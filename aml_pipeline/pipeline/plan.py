@@ -18,7 +18,7 @@ from functools import cached_property
 
 from aml_pipeline.errors import BuildError, UnknownNodeError
 from aml_pipeline.pipeline.stages import RAW, RUN_STAGES, Stage, stages_from
-from aml_pipeline.pipeline.stages.raw import RawSummary, is_raw_current, run_fetcher
+from aml_pipeline.pipeline.stages.raw import RawSummary, is_raw_current, run_bounds, run_fetcher
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.tsdb.port import Node, Run, RunScope, TsdbPort
@@ -91,6 +91,19 @@ class BuildPlan:
         """``(run id, stages to build)`` for the stale runs, in run order."""
         order = {r: i for i, r in enumerate(self.run_ids)}
         return [(r, stages_from(s)) for r, s in sorted(self.stale.items(), key=lambda kv: order.get(kv[0], len(order)))]
+
+    def grid_cells(self, run_ids: Iterable[str]) -> int:
+        """Grid rows times nodes of ``run_ids``: the size of their run stages' work, from the run
+        records alone (nothing is fetched)."""
+        spec = self.store.spec
+        by_id = {r.run_id: r for r in self.runs}
+        rows = 0
+        for run_id in run_ids:
+            run = by_id.get(run_id)
+            if run is not None and run.ended_at is not None:
+                lo, hi = run_bounds(spec, run)
+                rows += max(0, hi - lo) // spec.beat_ms + 1
+        return rows * len(spec.nodes)
 
     def fetcher(self, tsdb: TsdbPort, *, page_limit: int) -> Callable[[str], RawSummary]:
         return run_fetcher(tsdb, self.store, self.runs, self.catalog, page_limit=page_limit, tsdb_versions=self.tsdb_versions)

@@ -11,6 +11,7 @@ materialised too, so that what the UI shows is what the snapshot holds.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from pathlib import Path
@@ -27,9 +28,11 @@ from aml_pipeline.pipeline.plan import BuildPlan, run_batches
 from aml_pipeline.pipeline.stages import DATASET_ASSETS, MANIFEST, RUN_ASSETS, RUN_STAGES, Stage
 from aml_pipeline.runner.instance import build_tags, fail_abandoned_runs, failure_description, instance_failures, user_error
 from aml_pipeline.runner.jobs import build_event_settings, dataset_job_definitions
-from aml_pipeline.runner.parallel import execute_parallel, start_step_server
+from aml_pipeline.runner.parallel import execute_parallel, parallel_workers, start_step_server
 from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.tsdb.retry import retrying_tsdb
+
+log = logging.getLogger("aml_pipeline")
 
 
 def sync_run_partitions(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids: list[str]) -> list[str]:
@@ -78,16 +81,17 @@ def materialize_dataset(
     ``full`` rematerialises every run partition. The summary adds ``materialized`` (run
     partitions materialised by this build, per asset) and ``published``.
 
-    ``workers`` > 1 spreads the run stages over that many processes through Dagster's execution:
-    the runs needing work are cut into at least ``workers`` chunks, each a Dagster run of the
-    ``<spec>__runs`` job executed by the multiprocess executor (its step in a process Dagster
-    forks), ``workers`` of them at a time; a persistent instance is needed for that (a temporary
-    one when ``instance`` is not given). The output is byte-identical to ``workers=1``.
+    ``workers`` > 1 spreads the run stages over up to that many processes through Dagster's
+    execution: the runs needing work are cut into at least as many chunks, each a Dagster run of
+    the ``<spec>__runs`` job executed by the multiprocess executor (its step in a process Dagster
+    forks), that many at a time; a persistent instance is needed for that (a temporary one when
+    ``instance`` is not given). Where more workers cannot help (:func:`parallel_workers`: too few
+    cores, runs or grid cells), the build uses fewer and says why in the summary's ``workers`` and
+    one warning line. The output is byte-identical to ``workers=1``.
     """
     if workers < 1:
         raise AmlError(f"--workers must be >= 1, got {workers}", code="USAGE")
-    if workers > 1:
-        start_step_server()
+    asked = workers
     store = StoreResource(home=str(home), datasets_dir=str(datasets_dir) if datasets_dir else None)
     with retrying_tsdb(tsdb_url) as db:
         plan = BuildPlan.read(db, store.dataset_store(spec), full=full)
@@ -97,18 +101,27 @@ def materialize_dataset(
     with build_event_settings(), instance_failures(where):
         own = instance is None
         scratch = None
-        if own and workers > 1:
-            scratch = tempfile.TemporaryDirectory(prefix="aml-instance-")
-            instance = dg.DagsterInstance.local_temp(scratch.name)  # multiprocess execution needs one on disk
-        instance = instance or dg.DagsterInstance.ephemeral()
         try:
             if not own:
                 fail_abandoned_runs(instance, spec)
-            keys = sync_run_partitions(instance, spec, plan.run_ids)
-            if not own and not full:
-                for run_id, stage in unrecorded_runs(instance, spec, keys).items():
-                    plan.mark_stale(run_id, stage)
+                keys = sync_run_partitions(instance, spec, plan.run_ids)
+                if not full:
+                    for run_id, stage in unrecorded_runs(instance, spec, keys).items():
+                        plan.mark_stale(run_id, stage)
             todo = plan.stale
+            used, why = parallel_workers(workers, runs=len(todo), cells=plan.grid_cells(todo))
+            if why:
+                log.warning(f"--workers {workers}: building with {used} worker{'s' if used > 1 else ''}: {why}")
+            if used > 1:
+                start_step_server()
+            if own:
+                if used > 1:  # multiprocess execution needs an instance on disk
+                    scratch = tempfile.TemporaryDirectory(prefix="aml-instance-")
+                    instance = dg.DagsterInstance.local_temp(scratch.name)
+                else:
+                    instance = dg.DagsterInstance.ephemeral()
+                keys = sync_run_partitions(instance, spec, plan.run_ids)
+            workers = used
             materialized = dict.fromkeys(RUN_ASSETS, 0)
             chunk_runs = config.backfill_runs_per_chunk()
             if workers > 1 and todo:
@@ -158,10 +171,11 @@ def materialize_dataset(
                     seconds = {"total": round(total, 3)}
                     if run_stages_s is not None:
                         seconds.update(runStages=round(run_stages_s, 3), dataset=round(total - run_stages_s, 3))
-                    return {**summary, "materialized": materialized, "seconds": seconds}
+                    return {**summary, "materialized": materialized, "seconds": seconds,
+                            "workers": {"asked": asked, "used": used, **({"why": why} if why else {})}}
             raise BuildError(f"spec {spec.id!r}: dataset_manifest was not materialised")
         finally:
-            if own:
+            if own and instance is not None:
                 instance.dispose()
             if scratch is not None:
                 scratch.cleanup()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from aml_pipeline import config
 from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.components.partitions import range_tags
 from aml_pipeline.components.schedules import runs_job_name
@@ -33,6 +34,39 @@ STEP_SETTINGS = ("AML_MEMORY_MB", "AML_RUN_PLOTS", *BUILD_EVENT_SETTINGS)
 def step_settings() -> str:
     """:data:`STEP_SETTINGS` as this process has them now, for :func:`reconstruct_runs_job` (JSON)."""
     return json.dumps({name: os.environ[name] for name in STEP_SETTINGS if name in os.environ}, sort_keys=True)
+
+
+# The work (grid rows times nodes of the runs to build) each worker beyond the first must have
+# for its chunk runs to save more than starting them costs (the chunk runs' creation and step
+# processes, their events written side by side); bench/run.py's ``parallel`` part measures both
+# sides on the standard workload. AML_PARALLEL_MIN_CELLS overrides it for another host.
+DEFAULT_MIN_CELLS_PER_WORKER = 10_000_000
+
+
+def parallel_workers(asked: int, *, runs: int, cells: int) -> tuple[int, str | None]:
+    """How many workers a build uses for ``runs`` runs of ``cells`` grid cells when ``asked`` for
+    some, and why fewer (None: as asked). More workers than cores, or than runs, cannot help;
+    nor can a worker whose share of the work is smaller than what starting it costs."""
+    if asked <= 1:
+        return 1, None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    min_cells = config.whole_number_env("AML_PARALLEL_MIN_CELLS", DEFAULT_MIN_CELLS_PER_WORKER, minimum=0,
+                                        unit="a whole number of grid cells")
+    used, reasons = asked, []
+    if cores < used:
+        used = cores
+        reasons.append(f"this host has {cores} core{'s' if cores > 1 else ''}")
+    if runs < used:
+        used = max(1, runs)
+        reasons.append(f"{runs} run{'s' if runs != 1 else ''} to build")
+    by_work = 1 + cells // min_cells if min_cells else used
+    if by_work < used:
+        used = by_work
+        reasons.append(
+            f"{cells / 1e6:.1f} M grid cells to build, under {min_cells / 1e6:g} M per extra worker, where starting "
+            "parallel chunk runs costs more than they save (AML_PARALLEL_MIN_CELLS)"
+        )
+    return used, ("; ".join(reasons) if used < asked else None)
 
 
 STEP_PRELOAD_MODULES = [

@@ -138,7 +138,14 @@ def _instance_on_disk(home: Path, settings: str = "") -> dg.DagsterInstance:
     return dg.DagsterInstance.from_config(str(home))
 
 
-def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp_path):
+@pytest.fixture
+def parallel_allowed(monkeypatch):
+    """Two workers used whatever the work and the host: these builds are small."""
+    monkeypatch.setenv("AML_PARALLEL_MIN_CELLS", "0")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+
+
+def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp_path, parallel_allowed):
     from aml_pipeline.simulate.plant import plant_spec_dict
 
     spec = parse_spec(plant_spec_dict(dagster_plant, "dg_par", history_steps=20, horizon_steps=10))  # v1: hash reproducible
@@ -154,6 +161,7 @@ def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp
             out[workers] = (summary, jobs)
     assert out[1][0]["sha256"] == out[2][0]["sha256"]
     assert out[2][0]["materialized"] == out[1][0]["materialized"]
+    assert out[2][0]["workers"] == {"asked": 2, "used": 2} and out[1][0]["workers"] == {"asked": 1, "used": 1}
     assert out[1][1] == [f"{spec.id}__build"]  # one chunk: run stages and dataset in one Dagster run
     # Two workers: the runs in two Dagster runs of the run stages (in parallel), then the dataset.
     assert out[2][1] == [f"{spec.id}__rebuild", f"{spec.id}__runs", f"{spec.id}__runs"]
@@ -165,7 +173,7 @@ def test_two_workers_give_the_bytes_of_one(dagster_plant, dagster_plant_url, tmp
 
 
 def test_a_killed_step_process_ends_the_build_in_one_line_and_the_next_build_redoes_only_its_chunk(
-        dagster_plant, dagster_plant_url, tmp_path):
+        dagster_plant, dagster_plant_url, tmp_path, parallel_allowed):
     import signal
     import threading
     import time
@@ -353,3 +361,33 @@ def test_late_points_rebuild_that_run_and_only_that_run(dagster_spec, dagster_pl
         assert again["materialized"] == dict.fromkeys(RUN_ASSETS, 1)
         assert store.read_meta(late.run_id, RAW)["points"][node] == before + ts.size
         assert _build(dagster_spec, resources, instance)["materialized"] == dict.fromkeys(RUN_ASSETS, 0)
+
+
+def test_workers_that_cannot_help_are_not_started_and_the_build_says_why(dagster_plant, dagster_plant_url, tmp_path,
+                                                                         monkeypatch, caplog):
+    from aml_pipeline.runner.parallel import parallel_workers
+    from aml_pipeline.simulate.plant import plant_spec_dict
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.delenv("AML_PARALLEL_MIN_CELLS", raising=False)
+    assert parallel_workers(1, runs=100, cells=10**12) == (1, None)
+    assert parallel_workers(2, runs=100, cells=10**9) == (2, None)
+    used, why = parallel_workers(8, runs=100, cells=10**9)
+    assert used == 2 and why == "this host has 2 cores"
+    used, why = parallel_workers(2, runs=1, cells=10**9)
+    assert used == 1 and why == "1 run to build"
+    used, why = parallel_workers(2, runs=32, cells=3_700_000)
+    assert used == 1 and why.startswith("3.7 M grid cells to build, under 10 M per extra worker")
+    monkeypatch.setenv("AML_PARALLEL_MIN_CELLS", "1000000")
+    assert parallel_workers(2, runs=32, cells=3_700_000) == (2, None)
+    monkeypatch.delenv("AML_PARALLEL_MIN_CELLS")
+
+    # A small build asked for two workers: built by one, in one Dagster run, saying why once.
+    spec = parse_spec(plant_spec_dict(dagster_plant, "dg_few", history_steps=20, horizon_steps=10))
+    with _instance_on_disk(tmp_path / "instance") as instance, caplog.at_level("WARNING", logger="aml_pipeline"):
+        summary = materialize_dataset(spec, tsdb_url=dagster_plant_url, home=tmp_path / "aml", instance=instance, workers=2)
+        assert [r.job_name for r in instance.get_runs()] == [f"{spec.id}__build"]
+    assert summary["workers"]["asked"] == 2 and summary["workers"]["used"] == 1
+    assert "grid cells to build" in summary["workers"]["why"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "aml_pipeline"]
+    assert lines == [f"--workers 2: building with 1 worker: {summary['workers']['why']}"], lines
