@@ -103,7 +103,8 @@ def _measure(PostgresTsdb: Any, base_url: str, tsdb_url: str, spec_dict: dict[st
     from aml_pipeline.pipeline.plan import run_scope
     from aml_pipeline.pipeline.stages.raw import run_bounds
     from aml_pipeline.spec import parse_spec
-    from aml_pipeline.tsdb import PointColumns, fetch_node_series, open_tsdb
+    from aml_pipeline.tsdb import PointColumns, open_tsdb
+    from aml_pipeline_tests.tsdb.series import fetch_node_series
 
     spec = parse_spec(spec_dict)
     schema = f"aml_bench_{os.getpid()}"

@@ -130,7 +130,8 @@ def bench_fetch(url: str, run_ids: list[str], node_ids: list[str], repeat: int) 
     import duckdb
     import numpy as np
 
-    from aml_pipeline.tsdb import TsdbSession, fetch_node_series
+    from aml_pipeline.tsdb import TsdbSession
+    from aml_pipeline_tests.tsdb.series import fetch_node_series, held
     from aml_pipeline.tsdb.duckdb import DuckDBTsdb, parse_duckdb_url
 
     got: dict[str, int] = {}
@@ -143,7 +144,7 @@ def bench_fetch(url: str, run_ids: list[str], node_ids: list[str], repeat: int) 
         total = 0
         with TsdbSession(url) as s:
             for r in run_ids:
-                with s.chunk() as db:
+                with held(s) as db:
                     total += sum(len(fetch_node_series(db, n, r, -FAR, FAR)) for n in node_ids)
         got["handle_per_run"] = total
 
@@ -152,7 +153,7 @@ def bench_fetch(url: str, run_ids: list[str], node_ids: list[str], repeat: int) 
         with TsdbSession(url) as s:
             for r in run_ids:
                 for n in node_ids:
-                    with s.chunk() as db:
+                    with held(s) as db:
                         total += len(fetch_node_series(db, n, r, -FAR, FAR))
         got["handle_per_series"] = total
 
@@ -160,7 +161,7 @@ def bench_fetch(url: str, run_ids: list[str], node_ids: list[str], repeat: int) 
         total = 0
         with TsdbSession(url) as s:
             for r in run_ids:
-                with s.chunk() as db:
+                with held(s) as db:
                     assert db.prefetch(r, node_ids, -FAR, FAR)
                     total += sum(len(fetch_node_series(db, n, r, -FAR, FAR)) for n in node_ids)
         got["prefetch_per_run"] = total

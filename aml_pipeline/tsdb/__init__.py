@@ -7,27 +7,23 @@ from aml_pipeline.tsdb.port import (
     DEFAULT_LOCK_TIMEOUT_S,
     Cursor,
     Node,
-    NodeSeries,
     Page,
     PointColumns,
     Run,
     RunScope,
     TsdbPort,
-    fetch_node_series,
 )
 from aml_pipeline.tsdb.session import TsdbSession
 
 __all__ = [
     "Cursor",
     "Node",
-    "NodeSeries",
     "Page",
     "PointColumns",
     "Run",
     "RunScope",
     "TsdbPort",
     "TsdbSession",
-    "fetch_node_series",
     "open_tsdb",
 ]
 

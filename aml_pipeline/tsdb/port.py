@@ -177,59 +177,6 @@ class TsdbPort(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass
-class NodeSeries:
-    """All points of one node in one run, in (ts, seq) order, with how they were fetched."""
-
-    node_id: str
-    run_id: str
-    ts: np.ndarray
-    value: np.ndarray
-    state: np.ndarray
-    seq: np.ndarray
-    pages: int = 0  # query_page calls it took
-
-    def __len__(self) -> int:
-        return int(self.ts.shape[0])
-
-
-def fetch_node_series(
-    tsdb: TsdbPort,
-    node_id: str,
-    run_id: str,
-    from_ms: int,
-    to_ms: int,
-    *,
-    page_limit: int = DEFAULT_PAGE_LIMIT,
-    max_points: int | None = None,
-) -> NodeSeries:
-    """Read every point of a node in a run, page by page, into memory (:func:`iter_node_pages`
-    checks every page). ``max_points`` bounds memory; exceeding it is an error, never a silent cut.
-    """
-    chunks: list[Page] = []
-    total = 0
-    queries = 0
-    for page, queries in iter_node_pages(tsdb, node_id, run_id, from_ms, to_ms, page_limit=page_limit):
-        if len(page):
-            chunks.append(page)
-            total += len(page)
-            if max_points is not None and total > max_points:
-                raise TruncationError(
-                    f"node {node_id!r} in run {run_id!r} has more than {max_points} points in "
-                    f"[{from_ms}, {to_ms}]; raise the limit or narrow the window (points are never "
-                    "dropped silently)"
-                )
-    if chunks:
-        ts = np.concatenate([c.ts for c in chunks]).astype(np.int64, copy=False)
-        value = np.concatenate([c.value for c in chunks]).astype(np.float64, copy=False)
-        state = np.concatenate([c.state for c in chunks]).astype(np.int32, copy=False)
-        seq = np.concatenate([c.seq for c in chunks]).astype(np.int64, copy=False)
-    else:
-        ts, value = np.empty(0, np.int64), np.empty(0, np.float64)
-        state, seq = np.empty(0, np.int32), np.empty(0, np.int64)
-    return NodeSeries(node_id, run_id, ts, value, state, seq, pages=queries)
-
-
 def iter_node_pages(
     tsdb: TsdbPort,
     node_id: str,

@@ -12,21 +12,21 @@ millisecond with the close; ``bench/tsdb_bench.py`` measures it). For PostgreSQL
 ingest: a session keeps its one connection for its whole life and ``release`` keeps it too.
 
     with TsdbSession(url) as session:
-        with session.chunk() as db:
-            runs = db.list_runs(scope)
+        db = session.acquire()              # opened on first use
+        runs = db.list_runs(scope)
+        session.release()                   # let a waiting ingest in
         for run in runs:
-            for lo, hi in time_chunks(run):
-                with session.chunk() as db:      # held for this chunk only
-                    db.prefetch(...)            # optional (DuckDB), bounded by AML_MEMORY_MB
-                    series = [fetch_node_series(db, n, run.run_id, lo, hi) for n in nodes]
+            db = session.acquire()          # held for this chunk only
+            ...
+            session.release()
+
+:class:`BriefHandle` does this for a build: it holds the handle at most about half a second at a time.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from aml_pipeline.errors import TsdbError
 from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, TsdbPort
@@ -70,15 +70,6 @@ class TsdbSession:
         """End of a chunk: close the handle if it holds a file lock (else keep it for the next)."""
         if self.releases_between_chunks:
             self._close_handle()
-
-    @contextmanager
-    def chunk(self) -> Iterator[TsdbPort]:
-        """The handle for one chunk of work, released when the block ends (also on error)."""
-        handle = self.acquire()
-        try:
-            yield handle
-        finally:
-            self.release()
 
     @property
     def holding(self) -> bool:

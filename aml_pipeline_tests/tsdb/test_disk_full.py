@@ -24,7 +24,8 @@ from psycopg import sql
 
 from aml_pipeline.errors import DiskFullError
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
-from aml_pipeline.tsdb.port import Node, PointColumns, Run, fetch_node_series
+from aml_pipeline.tsdb.port import Node, PointColumns, Run
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 from aml_pipeline.tsdb.postgres import PostgresTsdb
 from aml_pipeline.urls import redact_url
 from aml_pipeline_tests.thin_fs import thin_ext4

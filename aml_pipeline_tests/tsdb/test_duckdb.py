@@ -17,7 +17,8 @@ import pytest
 from aml_pipeline.errors import AmlError, IngestError, TsdbBusyError, TsdbError
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline.tsdb.duckdb import SCHEMA_VERSION, DuckDBTsdb, parse_duckdb_url
-from aml_pipeline.tsdb.port import Node, PointColumns, Run, fetch_node_series
+from aml_pipeline.tsdb.port import Node, PointColumns, Run
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 
 REPO = Path(__file__).resolve().parents[2]
 FAR = 2**62
@@ -74,7 +75,7 @@ CHILD = textwrap.dedent(
     import json, sys, time
     from aml_pipeline.errors import AmlError
     from aml_pipeline.tsdb.duckdb import DuckDBTsdb
-    from aml_pipeline.tsdb.port import fetch_node_series
+    from aml_pipeline_tests.tsdb.series import fetch_node_series
 
     url, mode, hold_s, timeout_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 

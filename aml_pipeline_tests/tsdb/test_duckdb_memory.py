@@ -13,7 +13,8 @@ import pytest
 
 from aml_pipeline.errors import AmlError, TsdbError
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb, reader_memory_limit_mb
-from aml_pipeline.tsdb.port import Cursor, Node, PointColumns, Run, fetch_node_series
+from aml_pipeline.tsdb.port import Cursor, Node, PointColumns, Run
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 
 FAR = 2**62
 CROWDED = 1_000_000  # points of one node at one timestamp

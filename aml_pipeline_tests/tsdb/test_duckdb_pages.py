@@ -10,7 +10,8 @@ import pytest
 
 from aml_pipeline.tsdb import duckdb as adapter
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
-from aml_pipeline.tsdb.port import Cursor, Node, PointColumns, Run, fetch_node_series
+from aml_pipeline.tsdb.port import Cursor, Node, PointColumns, Run
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 
 FAR = 2**62
 

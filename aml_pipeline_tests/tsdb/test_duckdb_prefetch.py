@@ -9,7 +9,8 @@ import pytest
 
 from aml_pipeline.errors import UnknownNodeError
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
-from aml_pipeline.tsdb.port import Node, PointColumns, Run, fetch_node_series
+from aml_pipeline.tsdb.port import Node, PointColumns, Run
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 
 
 @pytest.fixture(scope="module")

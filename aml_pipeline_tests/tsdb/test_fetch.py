@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from aml_pipeline.errors import PaginationError, TruncationError
-from aml_pipeline.tsdb.port import Cursor, Page, TsdbPort, fetch_node_series
+from aml_pipeline.tsdb.port import Cursor, Page, TsdbPort
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 
 
 def page(ts, seq=None, *, done: bool, cursor: Cursor | None | str = "last") -> Page:

@@ -20,7 +20,8 @@ from aml_pipeline.tsdb.ingest import (
     read_points,
     read_runs,
 )
-from aml_pipeline.tsdb.port import Node, Run, fetch_node_series
+from aml_pipeline.tsdb.port import Node, Run
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 
 FAR = 2**62
 T0 = 1_735_718_400_000  # 2025-01-01T08:00:00Z

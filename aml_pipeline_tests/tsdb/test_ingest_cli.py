@@ -16,7 +16,7 @@ from aml_pipeline.errors import IngestError
 from aml_pipeline.simulate.plant import simulate_plant, write_plant_files
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline.tsdb.ingest import ingest_into
-from aml_pipeline.tsdb.port import fetch_node_series
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 
 REPO = Path(__file__).resolve().parents[2]
 FAR = 2**62

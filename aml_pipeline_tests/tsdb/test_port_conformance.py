@@ -8,15 +8,8 @@ import numpy as np
 import pytest
 
 from aml_pipeline.errors import IngestError, TsdbError, UnknownNodeError, UnknownRunError
-from aml_pipeline.tsdb.port import (
-    Cursor,
-    Node,
-    PointColumns,
-    Run,
-    RunScope,
-    TsdbPort,
-    fetch_node_series,
-)
+from aml_pipeline.tsdb.port import Cursor, Node, PointColumns, Run, RunScope, TsdbPort
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 
 FAR = 2**62
 

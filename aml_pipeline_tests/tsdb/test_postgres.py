@@ -25,7 +25,8 @@ from aml_pipeline.errors import (
 )
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline.tsdb import postgres as pg_adapter
-from aml_pipeline.tsdb.port import Cursor, Node, PointColumns, Run, fetch_node_series
+from aml_pipeline.tsdb.port import Cursor, Node, PointColumns, Run
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 from aml_pipeline.tsdb.postgres import SCHEMA_VERSION, PostgresTsdb, parse_postgres_url
 from aml_pipeline.urls import redact_url
 from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema

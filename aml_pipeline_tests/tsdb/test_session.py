@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from aml_pipeline.errors import TsdbBusyError, TsdbError
-from aml_pipeline.tsdb import TsdbSession, fetch_node_series
+from aml_pipeline.tsdb import TsdbSession
+from aml_pipeline_tests.tsdb.series import fetch_node_series, held
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
 from aml_pipeline.tsdb.port import Node, PointColumns, Run
 from aml_pipeline.tsdb.writer_intent import intent_path
@@ -72,7 +73,8 @@ def next_event(proc: subprocess.Popen) -> dict:
 READER = """
     import json, sys, time
     from aml_pipeline.errors import AmlError
-    from aml_pipeline.tsdb import TsdbSession, fetch_node_series
+    from aml_pipeline.tsdb import TsdbSession
+    from aml_pipeline_tests.tsdb.series import fetch_node_series, held
 
     url, seconds, log = sys.argv[1], float(sys.argv[2]), open(sys.argv[3], "w")
     session = TsdbSession(url, lock_timeout_s=60)
@@ -81,7 +83,7 @@ READER = """
     while time.monotonic() < end:
         t0 = time.time()
         try:
-            with session.chunk() as db:  # one chunk: every node of the run, then let go
+            with held(session) as db:  # one chunk: every node of the run, then let go
                 n = sum(len(fetch_node_series(db, node, "R0", -2**62, 2**62)) for node in ("N0", "N1", "N2", "N3"))
         except AmlError as e:
             log.write(json.dumps({"error": e.one_line()}) + "\\n")
@@ -244,7 +246,7 @@ def test_a_session_holds_a_handle_per_chunk_and_sees_new_data_in_the_next(any_ur
     with TsdbSession(any_url) as session:
         assert not session.holding and session.opens == 0  # opened lazily
         for _ in range(3):
-            with session.chunk() as db:
+            with held(session) as db:
                 assert session.holding
                 assert len(fetch_node_series(db, "N0", "R0", -FAR, FAR)) == 50
             # The embedded file is let go after each chunk; a PostgreSQL connection is kept.
@@ -253,9 +255,9 @@ def test_a_session_holds_a_handle_per_chunk_and_sees_new_data_in_the_next(any_ur
         # between chunks a writer gets in at once (no waiting: a zero lock timeout)
         with open_tsdb(any_url, read_only=False, lock_timeout_s=0) as writer:
             assert writer.ingest(points=plant_points("R0", 5, t0=10**8)) == 5 * len(NODES)
-        with session.chunk() as db:
+        with held(session) as db:
             assert len(fetch_node_series(db, "N0", "R0", -FAR, FAR)) == 55
-        with pytest.raises(RuntimeError), session.chunk():
+        with pytest.raises(RuntimeError), held(session):
             raise RuntimeError("a chunk that fails still lets go")
         assert session.holding is (not embedded)
     assert not session.holding
@@ -264,7 +266,7 @@ def test_a_session_holds_a_handle_per_chunk_and_sees_new_data_in_the_next(any_ur
 
 
 def test_a_writer_in_the_same_process_is_refused_at_once_while_a_chunk_reads(url):
-    with TsdbSession(url) as session, session.chunk():
+    with TsdbSession(url) as session, held(session):
         with pytest.raises(TsdbBusyError, match="already open in this process") as info:
             DuckDBTsdb(url, read_only=False, lock_timeout_s=5)
         assert "waited" not in info.value.message  # no point in waiting for ourselves
