@@ -1,4 +1,5 @@
-"""The demo: seed the simulated plant into the embedded TSDB, build the example spec through Dagster.
+"""The demo: seed the simulated plant into the TSDB (the embedded file unless ``AML_TSDB_URL`` names
+another), build the example spec through Dagster.
 
 It says what it does on stderr: what it seeded (or re-seeded, when ``--runs`` asks for another
 number of runs than the demo's own TSDB file holds), which runs the dataset takes and why the

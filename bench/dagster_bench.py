@@ -336,15 +336,16 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
 
 def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_url: str | None = None,
                  pg_pooled_url: str | None = None) -> dict[str, Any]:
-    """What attaching each run's figures costs, two ways, over Dagster's floor: milliseconds a run
+    """What attaching each run's figures costs, three ways, over Dagster's floor: milliseconds a run
     recorded, per instance (SQLite; PostgreSQL directly and through PgBouncer when given).
 
     The floor's asset shape (:func:`_run_stages_job`) on a spec with ``partitions`` run
     partitions, of which ``runs`` (in the middle) are recorded in chunks of
     ``AML_BACKFILL_RUNS_PER_CHUNK``, with the build's tags and event settings. Sides, alternating,
     a fresh instance each: ``none``; ``metadata`` (onto the materialisation, after Dagster's
-    partition check, :func:`partition_lookup`); ``observation`` (the build's way: one more event a
-    run, no check). Each side must leave the last recorded run's figures where it puts them."""
+    partition check, :func:`partition_lookup`); ``observation`` (one more event a run, no check);
+    ``stage_observations`` (the build's way: an event per stage a run, each stage's figures on its
+    own asset). Each side must leave the last recorded run's figures where it puts them."""
     keys = [f"run-{i:06d}" for i in range(partitions)]
     middle = (partitions - runs) // 2
     recorded = keys[middle:middle + runs]

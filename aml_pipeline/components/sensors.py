@@ -1,8 +1,7 @@
 """New-run sensor: finished runs in a spec's scope become run partitions and are materialised.
 
-Every tick compares the runs in scope with the stored run stages (:mod:`aml_pipeline.pipeline.
-incremental`): new runs, runs with late points (their TSDB version changed) and runs whose spec
-stages changed are requested, from their first stale stage on, in contiguous partition ranges of
+Every tick reads the build plan (:class:`aml_pipeline.pipeline.plan.BuildPlan`): new runs, runs
+with late points (their TSDB version changed) and runs whose spec stages changed are requested, from their first stale stage on, in contiguous partition ranges of
 at most ``AML_BACKFILL_RUNS_PER_CHUNK`` runs per Dagster run (the range tags single-run backfills
 use), never one Dagster run per partition. A run whose build failed is requested again on a
 later tick, at most ``MAX_ATTEMPTS`` times, then reported in the tick's log and skip reason until

@@ -1,4 +1,4 @@
-"""The shared Python environment in Dagster (DESIGN.md sections 5, 6).
+"""The shared Python environment in Dagster (docs/design.md, "The shared environment").
 
 * ``SharedEnvResource`` (resource key ``shared_env``): where the environment and its lease
   live, what goes into it and how it is built. ``lease_location`` comes from

@@ -1,4 +1,4 @@
-"""Per-node cleaning of one run's raw points (DESIGN 4.2).
+"""Per-node cleaning of one run's raw points (docs/spec.md, cleaning).
 
 Rules apply in a fixed order and every removed point is charged to exactly one cause, the first
 rule that removed it, so the counts always add up: ``input == sum(causes) + kept``.

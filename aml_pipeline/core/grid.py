@@ -1,4 +1,4 @@
-"""Alignment of cleaned points to the run's regular grid (DESIGN 4.3).
+"""Alignment of cleaned points to the run's regular grid (docs/spec.md, the grid).
 
 Grid times are ``ceil(start / beat) * beat + n * beat <= end`` in integer milliseconds, so every
 run's grid is phase-locked to epoch multiples of the beat. Values are never extrapolated, and a gap

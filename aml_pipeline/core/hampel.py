@@ -1,6 +1,6 @@
 """Hampel outlier filter with exact numpy-median semantics, vectorised.
 
-Contract (DESIGN 4.2): for point ``i`` the window is indices ``max(0, i-k)..min(n-1, i+k)`` (it
+Contract (docs/spec.md, cleaning): for point ``i`` the window is indices ``max(0, i-k)..min(n-1, i+k)`` (it
 shrinks at the ends), ``m_i`` = median of the window (even counts average the middle two),
 ``MAD_i`` = median of ``|x_j - m_i|`` over the same window, and ``i`` is an outlier iff
 ``|x_i - m_i| > max(sigma * 1.4826 * MAD_i, min_dev)``.

@@ -1,4 +1,4 @@
-"""Normalisation statistics fitted on train windows only, and their application (DESIGN 4.7).
+"""Normalisation statistics fitted on train windows only, and their application (docs/spec.md, normalisation).
 
 Fit and transform are separate so the fit can stream over runs (one run's grid in memory at a time)
 and the transform can never see anything but the frozen statistics.

@@ -1,4 +1,4 @@
-"""Train/val/test split by run, never by window (DESIGN 4.6).
+"""Train/val/test split by run, never by window (docs/spec.md, split).
 
 Overlapping windows of one run are near-duplicates; splitting them across train and test would
 leak. Both methods therefore assign whole runs. ``chronological`` keeps the latest runs for test

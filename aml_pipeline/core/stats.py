@@ -1,4 +1,4 @@
-"""Descriptive statistics for the build report (DESIGN 4.8): JSON-safe, NaN-aware, streamable.
+"""Descriptive statistics for the build report (docs/snapshot.md, report.json): JSON-safe, NaN-aware, streamable.
 
 The report covers every run of a dataset, and the build never holds all runs in memory, so each
 statistic is an accumulator fed one run at a time (:class:`NodeSummary`, :class:`LagCorrelation`);

@@ -1,4 +1,4 @@
-"""Sliding windows over one run's aligned grid (DESIGN 4.5).
+"""Sliding windows over one run's aligned grid (docs/spec.md, windows).
 
 A window starting at grid row ``t`` uses ``x`` = rows ``t-H..t-1`` of every node, ``u`` = rows
 ``t..t+F-1`` of the controls and ``y`` = rows ``t..t+F-1`` of the targets. It is dropped if anything

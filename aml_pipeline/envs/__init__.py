@@ -1,4 +1,4 @@
-"""The shared Python environment (DESIGN.md section 6): building it and using it under its lease.
+"""The shared Python environment: building it and using it under its lease (docs/design.md).
 
 One implementation for the Dagster resource/job (``aml_pipeline.components.shared_env``) and the CLI
 (``aml-pipeline env status|rebuild``)::

@@ -1,4 +1,4 @@
-"""Shared-environment lease (DESIGN.md section 6): many readers or one exclusive holder.
+"""Shared-environment lease: many readers or one exclusive holder (docs/design.md).
 
 ``open_lease(location)`` picks the backend from the location:
 

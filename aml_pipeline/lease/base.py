@@ -1,6 +1,6 @@
 """What both lease backends share: the error, the status record, the handle and the retry loop.
 
-A lease protects the shared Python environment (DESIGN.md section 6): jobs that run code in it
+A lease protects the shared Python environment (docs/design.md): jobs that run code in it
 hold a *read* lease (many at once); a rebuild/install holds the *exclusive* lock. Every request
 is non-blocking at the OS/database level; ``wait_s`` only repeats the attempt with short sleeps
 until a deadline, so no call can block forever. The lock itself is always something the kernel

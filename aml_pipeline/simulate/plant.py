@@ -581,7 +581,7 @@ def _assemble(
 
 
 def plant_tables(plant: SimulatedPlant) -> dict[str, pa.Table]:
-    """The plant as Arrow tables with the DESIGN section 2 columns (points, runs, nodes)."""
+    """The plant as Arrow tables with the columns of docs/ingest.md (points, runs, nodes)."""
     p = plant.points
     points = pa.table(
         {
@@ -648,7 +648,7 @@ def plant_spec_dict(
     extras: bool = False,
     note: str = "simulated plant",
 ) -> dict[str, Any]:
-    """A dataset spec (camelCase, DESIGN section 3) over the plant's nodes.
+    """A dataset spec (camelCase, docs/spec.md) over the plant's nodes.
 
     Node order: targets, controls, features. Controls: ``interp: hold``, ``hampelK: 0``, their
     catalog range, and for on-change logged ones ``maxInterpMs`` just above the heartbeat.

@@ -1,4 +1,4 @@
-"""Code that runs *inside* the shared environment (DESIGN.md section 6).
+"""Code that runs *inside* the shared environment (docs/design.md).
 
 The scripts here import only the standard library, numpy and dagster_pipes (what
 ``requirements/shared-env.txt`` pins) and the snapshot reader ``aml_pipeline/snapshot`` (numpy and

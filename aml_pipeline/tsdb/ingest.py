@@ -6,7 +6,7 @@ Files
     case, surrounding blanks and ``-``/space separators do not matter. Columns the file has but
     nobody asked for are ignored.
 
-Columns (DESIGN section 2)
+Columns (docs/ingest.md)
     points: ``run_id, node_id, ts, value, state`` (all required; ``state`` too: a file that
     does not say which points are good must not pass as all-good).
     runs: ``run_id, line_id, product_id, recipe_id, started_at, ended_at`` required;
