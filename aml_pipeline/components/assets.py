@@ -47,9 +47,8 @@ PLOTS_OFF = " (no plot: AML_RUN_PLOTS=off)"
 FIGURES_WHERE = "The partition's metadata table in the UI (the asset's Partitions tab) shows a run's figures."
 
 
-def dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
+def dataset_assets(spec: DatasetSpec, versions: StageVersions) -> list[dg.AssetsDefinition]:
     """The assets of one dataset spec: the run stages (one multi-asset) and the dataset stages."""
-    versions = StageVersions.of(spec)
     return [run_stage_assets(spec, versions), *dataset_stage_assets(spec, versions)]
 
 

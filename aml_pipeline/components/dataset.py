@@ -28,17 +28,20 @@ from aml_pipeline.components.schedules import build_job, rebuild_job, rebuild_sc
 from aml_pipeline.components.sensors import new_run_sensor
 from aml_pipeline.components.shared_env import rebuild_shared_env_job, shared_env_asset
 from aml_pipeline.components.sources import observe_tsdb_job, observe_tsdb_schedule, tsdb_points
+from aml_pipeline.pipeline.stages import StageVersions
 from aml_pipeline.spec import DatasetSpec, discover_specs, parse_spec
 
 log = dg.get_dagster_logger("aml_pipeline")
 
 
-def dataset_definitions(spec: DatasetSpec) -> dg.Definitions:
-    """Everything one dataset spec contributes (its plant part aside: :func:`plant_definitions`)."""
+def dataset_definitions(spec: DatasetSpec, versions: StageVersions | None = None) -> dg.Definitions:
+    """Everything one dataset spec contributes (its plant part aside: :func:`plant_definitions`);
+    ``versions``: the spec's stage versions when the caller has them already."""
+    versions = versions or StageVersions.of(spec)
     rebuild, verify = rebuild_job(spec), verify_job(spec)
     return dg.Definitions(
-        assets=[*dataset_assets(spec), *baseline_assets(spec)],
-        sensors=[new_run_sensor(spec)],
+        assets=[*dataset_assets(spec, versions), *baseline_assets(spec)],
+        sensors=[new_run_sensor(spec, versions)],
         jobs=[runs_job(spec), build_job(spec), rebuild, verify],
         schedules=[rebuild_schedule(spec, rebuild), verify_schedule(spec, verify)],
     )

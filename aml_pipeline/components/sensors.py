@@ -34,10 +34,9 @@ _ACTIVE = [
 ]
 
 
-def new_run_sensor(spec: DatasetSpec) -> dg.SensorDefinition:
+def new_run_sensor(spec: DatasetSpec, versions: StageVersions) -> dg.SensorDefinition:
     runs_def = run_partitions(spec.id)
     name = f"{spec.id}__new_runs"
-    versions = StageVersions.of(spec)
 
     @dg.sensor(
         name=name,

@@ -25,7 +25,7 @@ from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name
 from aml_pipeline.errors import AmlError, BuildError
 from aml_pipeline.pipeline.plan import BuildPlan, run_batches
-from aml_pipeline.pipeline.stages import DATASET_ASSETS, MANIFEST, RUN_ASSETS, RUN_STAGES, Stage
+from aml_pipeline.pipeline.stages import DATASET_ASSETS, MANIFEST, RUN_ASSETS, RUN_STAGES, Stage, StageVersions
 from aml_pipeline.runner.instance import build_tags, fail_abandoned_runs, failure_description, instance_failures, user_error
 from aml_pipeline.runner.jobs import build_event_settings, dataset_job_definitions
 from aml_pipeline.runner.parallel import execute_parallel, parallel_workers, start_step_server
@@ -93,9 +93,10 @@ def materialize_dataset(
         raise AmlError(f"--workers must be >= 1, got {workers}", code="USAGE")
     asked = workers
     store = StoreResource(home=str(home), datasets_dir=str(datasets_dir) if datasets_dir else None)
+    versions = StageVersions.of(spec)  # once for the plan and the definitions
     with retrying_tsdb(tsdb_url) as db:
-        plan = BuildPlan.read(db, store.dataset_store(spec), full=full)
-    defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store})
+        plan = BuildPlan.read(db, store.dataset_store(spec, versions), full=full)
+    defs = dataset_job_definitions(spec, {"tsdb": TsdbResource(url=tsdb_url), "store": store}, versions)
     run_config = {"loggers": {"console": {"config": {"log_level": console_log_level}}}}
     where = "of this build" if instance is None else f"in {instance.root_directory}"
     with build_event_settings(), instance_failures(where):

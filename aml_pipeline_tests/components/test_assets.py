@@ -22,6 +22,7 @@ from aml_pipeline.pipeline.publish import current_snapshot
 from aml_pipeline.pipeline.runs import PROGRESS_LINES, progress_line_due
 from aml_pipeline.pipeline.stages import DATASET_ASSETS, RUN_ASSETS
 from aml_pipeline.spec import parse_spec
+from aml_pipeline.pipeline.stages import StageVersions
 
 
 def finished_runs(plant) -> list[str]:
@@ -34,7 +35,7 @@ def keys(spec, names):
 
 def materialize(spec, instance, resources, names, **kw):
     return dg.materialize(
-        [*dataset_assets(spec), tsdb_points], instance=instance, resources=resources,
+        [*dataset_assets(spec, StageVersions.of(spec)), tsdb_points], instance=instance, resources=resources,
         selection=keys(spec, names), **kw,
     )
 
@@ -213,7 +214,7 @@ def test_manifest_checks_block_publication_as_current(dagster_spec, dagster_plan
 
 def _code_versions(spec) -> dict[str, str]:
     out = {}
-    for a in dataset_assets(spec):
+    for a in dataset_assets(spec, StageVersions.of(spec)):
         for k, v in a.code_versions_by_key.items():
             out[k.path[-1]] = v
     return out
@@ -246,7 +247,7 @@ def _tick(sensor, instance, resources, cursor=None):
 
 def test_sensor_adds_finished_runs_and_requests_them_in_ranges(dagster_spec, dagster_plant, instance, resources, monkeypatch):
     monkeypatch.setenv("AML_BACKFILL_RUNS_PER_CHUNK", "2")
-    sensor = new_run_sensor(dagster_spec)
+    sensor = new_run_sensor(dagster_spec, StageVersions.of(dagster_spec))
     assert sensor.name == f"{dagster_spec.id}__new_runs"
     finished = finished_runs(dagster_plant)
     unfinished = [r.run_id for r in dagster_plant.runs if r.ended_at is None]
@@ -285,12 +286,12 @@ def test_sensor_adds_finished_runs_and_requests_them_in_ranges(dagster_spec, dag
     # A spec edit that changes the cleaning re-requests every run, from the cleaning stage on.
     j = dagster_spec.to_json_dict()
     edited = parse_spec({**j, "cleaning": {**j["cleaning"], "hampelSigma": 4.0}})
-    redo = _tick(new_run_sensor(edited), instance, resources)
+    redo = _tick(new_run_sensor(edited, StageVersions.of(edited)), instance, resources)
     assert all(set(r.asset_selection) == set(keys(edited, ["cleaned_grid", "run_windows"])) for r in redo.run_requests)
 
 
 def test_sensor_retries_a_failed_build_a_bounded_number_of_times(dagster_spec, dagster_plant, instance, resources):
-    sensor = new_run_sensor(dagster_spec)
+    sensor = new_run_sensor(dagster_spec, StageVersions.of(dagster_spec))
     first = _tick(sensor, instance, resources)
     instance.add_dynamic_partitions(run_partitions(dagster_spec.id).name, list(first.dynamic_partitions_requests[0].partition_keys))
     cursor, keys_seen = first.cursor, {r.run_key for r in first.run_requests}

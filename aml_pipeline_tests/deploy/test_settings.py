@@ -21,7 +21,7 @@ from aml_pipeline.defs.executor import executor as executor_definitions
 from aml_pipeline.components.partitions import run_backfill_policy
 from aml_pipeline.demo import DEMO_SPEC
 from aml_pipeline.errors import AmlError
-from aml_pipeline.pipeline.stages import DATASET_ASSETS, RUN_ASSETS
+from aml_pipeline.pipeline.stages import DATASET_ASSETS, RUN_ASSETS, StageVersions
 from aml_pipeline.spec import load_spec
 from aml_pipeline_tests.deploy.cluster import (
     DEPLOY,
@@ -31,6 +31,7 @@ from aml_pipeline_tests.deploy.cluster import (
 )
 
 BIN = Path(sys.executable).parent
+DEMO = load_spec(DEMO_SPEC)
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +49,7 @@ def test_run_assets_backfill_in_chunks_of_the_configured_size(monkeypatch) -> No
     assert run_backfill_policy() == dg.BackfillPolicy.multi_run(50)
 
     monkeypatch.setenv("AML_BACKFILL_RUNS_PER_CHUNK", "7")
-    assets = {k.path[-1]: a for a in dataset_assets(load_spec(DEMO_SPEC)) for k in a.keys}
+    assets = {k.path[-1]: a for a in dataset_assets(DEMO, StageVersions.of(DEMO)) for k in a.keys}
     for name in RUN_ASSETS:
         assert assets[name].backfill_policy == dg.BackfillPolicy.multi_run(7), name
     for name in DATASET_ASSETS:  # not partitioned: no chunks
@@ -78,7 +79,7 @@ def test_run_plots_are_on_unless_switched_off(monkeypatch, value, on) -> None:
 def test_a_run_plots_setting_other_than_on_or_off_fails_the_load_naming_it(monkeypatch, value) -> None:
     monkeypatch.setenv("AML_RUN_PLOTS", value)
     with pytest.raises(AmlError) as err:
-        dataset_assets(load_spec(DEMO_SPEC))
+        dataset_assets(DEMO, StageVersions.of(DEMO))
     assert err.value.code == "CONFIG_INVALID"
     assert f"AML_RUN_PLOTS={value.strip().lower()!r} must be on or off" in err.value.one_line()
 

@@ -75,7 +75,7 @@ def _coverage(intervals, lo: int, hi: int) -> float:
 
 
 def test_stream_of_readers_does_not_starve_a_waiting_rebuild(where, holders, tmp_path):
-    lease = where.lease()
+    where.lease()  # creates the lease's files before the holders start
     log, stop = tmp_path / "events.log", tmp_path / "stop"
     log.touch()
     far = time.monotonic_ns() + int(600e9)  # the stop file ends the stream, this only bounds it

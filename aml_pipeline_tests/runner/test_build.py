@@ -315,6 +315,7 @@ from aml_pipeline.components.resources import StoreResource, TsdbResource  # noq
 from aml_pipeline.components.sensors import new_run_sensor  # noqa: E402
 from aml_pipeline.tsdb import PointColumns, open_tsdb  # noqa: E402
 from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema  # noqa: E402
+from aml_pipeline.pipeline.stages import StageVersions
 
 
 @pytest.fixture(params=["duckdb", "postgres"])
@@ -337,7 +338,7 @@ def test_late_points_rebuild_that_run_and_only_that_run(dagster_spec, dagster_pl
     with dg.DagsterInstance.ephemeral() as instance:
         first = _build(dagster_spec, resources, instance)
         assert first["materialized"] == dict.fromkeys(RUN_ASSETS, len(finished))
-        sensor = new_run_sensor(dagster_spec)
+        sensor = new_run_sensor(dagster_spec, StageVersions.of(dagster_spec))
         assert isinstance(sensor(dg.build_sensor_context(instance=instance, resources=resources)), dg.SkipReason)
 
         # Late points for one run that was already built (inside its time window).
