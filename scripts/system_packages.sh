@@ -6,6 +6,7 @@
 #                  (aml_pipeline_tests/pgbouncer.py)
 #   e2fsprogs, mount  mkfs.ext4, dumpe2fs and losetup for the ext4 that fills at fsync
 #                  (aml_pipeline_tests/thin_fs.py; usually part of the base system)
+#   chromium       the browser the UI test drives (Playwright, headless; no browser download)
 # Each test starts its own on 127.0.0.1; nothing is started here.
 set -euo pipefail
 
@@ -14,6 +15,7 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/n
 command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 { command -v mkfs.ext4 || [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ]; } >/dev/null 2>&1 || missing+=(e2fsprogs)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 { command -v losetup || [ -x /usr/sbin/losetup ] || [ -x /sbin/losetup ]; } >/dev/null 2>&1 || missing+=(mount)
 
 if [ ${#missing[@]} -gt 0 ]; then

@@ -32,6 +32,7 @@ from aml_pipeline.pipeline.plan import run_scope
 from aml_pipeline.pipeline.stages import DATASET_ASSETS, RUN_ASSETS
 from aml_pipeline.spec import load_spec
 from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline_tests.browser import browser_page, dismiss_dialogs
 from aml_pipeline_tests.dagster_server import (
     DagsterDev,
     running,
@@ -401,6 +402,26 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
             assert expected <= labels, (run_id, name, events)
             others = set().union(*(v for n, v in own.items() if n != name))
             assert not labels & others, (run_id, name, labels & others)
+
+    # The same, as a person sees it: each asset's partition view in a real browser shows its own
+    # figures in its metadata table, and the cleaned grid's plot opens at full width.
+    with browser_page() as page:
+        for name, expected in own.items():
+            page.goto(f"{server.url}/assets/{SPEC_ID}/{name}?view=partitions&partition={selected[0]}")
+            dismiss_dialogs(page)
+            table = page.locator("table", has=page.get_by_role("cell", name=sorted(expected)[0], exact=True)).first
+            table.wait_for(timeout=LOAD_TIMEOUT * 1000)
+            shown = {c.strip() for c in table.locator("tr > td:first-child").all_inner_texts()}
+            page.screenshot(path=str(plant["tmp"] / f"ui-{name}.png"))
+            assert expected <= shown, (name, shown)
+            assert not shown & set().union(*(v for n, v in own.items() if n != name)), (name, shown)
+        plot_row = page.locator("tr", has=page.get_by_role("cell", name="plot", exact=True))
+        plot_row.get_by_text("[Show Markdown]").click(timeout=LOAD_TIMEOUT * 1000)
+        image = page.locator("img[src^='data:image/png']").first
+        image.wait_for(timeout=LOAD_TIMEOUT * 1000)
+        width, height, complete = image.evaluate("e => [e.naturalWidth, e.naturalHeight, e.complete]")
+        page.screenshot(path=str(plant["tmp"] / "ui-plot.png"))
+        assert complete and width >= 1000 and height >= 400, (width, height)
 
     # 4. The rebuild job: split, normalise and publish from the partitions materialised so far.
     launched = server.graphql(
