@@ -1,0 +1,104 @@
+"""What a mapped source's backend does (PostgreSQL, a lake of files, InfluxDB), as columns.
+
+:class:`~aml_pipeline.sources.mapped.MappedTsdb` implements the port once, over any backend:
+runs, the node catalog, pages with their cursor, versions. A backend only answers narrow
+questions in the source's own terms: one node's points in a time range, in the source's
+deterministic order; the rows of a runs or node table; one aggregate per run window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from aml_pipeline.sources.description import Quality
+from aml_pipeline.sources.timecodec import TimeCodec
+
+NO_END = 2**63 - 1  # a run in progress reaches to the end of time
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """Where one node's points are: the value the points hold for it (``key``, narrow layouts),
+    or its own column (``column``, wide layouts), with that column's quality mapping."""
+
+    node_id: str
+    key: Any = None
+    column: str | None = None
+    quality: Quality | None = None
+
+
+@dataclass
+class Series:
+    """Points of one node in the source's order: ``ts`` (epoch ms, ascending), ``value``,
+    ``state`` (0 good)."""
+
+    ts: np.ndarray
+    value: np.ndarray
+    state: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+    @classmethod
+    def empty(cls) -> Series:
+        return cls(np.empty(0, np.int64), np.empty(0, np.float64), np.empty(0, np.int32))
+
+
+@dataclass(frozen=True)
+class Window:
+    """A run's time range ``[lo, hi]`` (epoch ms, inclusive) and its line (for sources whose
+    points name their line)."""
+
+    lo: int
+    hi: int
+    line: str | None = None
+
+
+@dataclass(frozen=True)
+class TableRead:
+    """Which columns of a runs or node table to read: field name -> column name. ``times`` are
+    fields read as epoch ms (None where NULL) with the time type declared (or detected) for them."""
+
+    key: str  # the description key, for messages: "runs", "node_table"
+    relation: Any  # the description's table/files/query model
+    columns: dict[str, str]
+    times: tuple[str, ...] = ()
+    time_type: str | None = None
+    time_zone: str | None = None
+
+
+class Backend(Protocol):
+    label: str  # the source in messages: "postgresql://reader@host/plant"
+    codec: TimeCodec | None  # how the points' time column is stored (None: the backend's own)
+
+    def read_table(self, read: TableRead) -> dict[str, list[Any]]:
+        """Every row of a runs or node table, as lists per field (``read.times`` in epoch ms)."""
+
+    def distinct_keys(self) -> list[Any]:
+        """The node values the points hold (narrow layouts without a node catalog)."""
+
+    def fetch(self, node: NodeRef, lo: int, hi: int, line: str | None, limit: int) -> Series:
+        """The first ``limit`` points of ``node`` with ``lo <= ts <= hi``, in the source order
+        (time, then the mapping's tie order)."""
+
+    def fetch_many(
+        self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int
+    ) -> list[Series] | None:
+        """Every point of each node in ``[lo, hi]`` in one read, or None if there are more than
+        ``limit`` in all (or the backend reads node by node anyway)."""
+
+    def max_time(self, nodes: Sequence[NodeRef]) -> int | None:
+        """The latest point time (epoch ms) of any of ``nodes``; None when they have none."""
+
+    def aggregates(self, windows: Sequence[Window], nodes: Sequence[NodeRef]) -> list[Any]:
+        """For each window, a JSON-able summary of every point of ``nodes`` in it that changes
+        when a point is added, deleted or corrected (count, time range, a checksum)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the backend assumed, for ``source check``."""
+
+    def close(self) -> None: ...

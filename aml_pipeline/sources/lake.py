@@ -1,0 +1,419 @@
+"""Parquet or CSV files read in place through DuckDB: a glob, hive-style partition folders.
+
+Files
+    ``points.files`` is a glob relative to the description's folder (``lake/points/**/*.parquet``);
+    the format follows the extension unless ``format`` says. Folders named ``key=value``
+    (``date=2026-01-05/``) are columns of every row in them (hive partitioning); with
+    ``points.partition`` naming one, every query names only the folders its time range overlaps,
+    so DuckDB opens no other file. Nothing is copied or written: DuckDB runs in memory, with the
+    memory limit the embedded TSDB's readers get.
+
+Order
+    Points of one millisecond keep their file order: ties are ordered by the file's name, then
+    the row's position in it (Parquet's ``file_row_number``; for CSV, the row's position in the
+    file's scan), after the mapping's ``order`` columns if any.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from aml_pipeline.errors import SourceError, TsdbError, TsdbUnavailableError
+from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window
+from aml_pipeline.sources.description import LoadedDescription, Quality
+from aml_pipeline.sources.sqlbuild import Q, check_columns, join, quote_ident, state_expr, val, where_equal
+from aml_pipeline.sources.timecodec import TimeCodec, resolve_codec, type_class
+
+_TIE = ("aml_file", "aml_row")  # the file order columns the relation adds
+
+
+def _format_of(pattern: str, declared: str | None, key: str, where: str) -> str:
+    if declared:
+        return declared
+    low = pattern.lower()
+    if low.endswith((".parquet", ".parq", ".pq")):
+        return "parquet"
+    if low.endswith((".csv", ".csv.gz", ".tsv")):
+        return "csv"
+    raise SourceError(f"{where}: {key}.format: cannot tell the format of {pattern!r} from its extension; "
+                      "say format: parquet or format: csv")
+
+
+def _connect() -> duckdb.DuckDBPyConnection:
+    from aml_pipeline.tsdb.duckdb import reader_memory_limit_mb
+
+    # No temp directory: a query that does not fit fails instead of spilling next to the lake.
+    return duckdb.connect(":memory:", config={"memory_limit": f"{reader_memory_limit_mb()}MiB", "temp_directory": ""})
+
+
+class _Files:
+    """One glob of Parquet or CSV files as a relation (the table function and its values)."""
+
+    def __init__(self, loaded: LoadedDescription, pattern: str, fmt: str | None, key: str) -> None:
+        self.key = key
+        self.where = str(loaded.path)
+        path = Path(pattern).expanduser()
+        self.glob = str(path if path.is_absolute() else loaded.base_dir / path)
+        self.format = _format_of(pattern, fmt, key, self.where)
+
+    def files(self) -> list[str]:
+        return sorted(_glob.glob(self.glob, recursive=True))
+
+    def relation(self, filters: Sequence[Q] = (), *, tie: bool = False) -> Q:
+        """FROM clause text: the files, with the tie columns (file name, row) when ``tie``."""
+        if self.format == "parquet":
+            src = Q("read_parquet(") + val(self.glob) + ", hive_partitioning = true, hive_types_autocast = false)"
+            if not tie:
+                return src
+            inner = Q("SELECT *, filename AS aml_file, file_row_number AS aml_row FROM ") + src
+        else:
+            src = Q("read_csv(") + val(self.glob) + ", hive_partitioning = true, hive_types_autocast = false, parallel = false)"
+            if not tie:
+                return src
+            # A CSV scan keeps file order (one thread): the row number within the scan is the
+            # file order of the rows that pass the filters, all a tie needs.
+            inner = Q("SELECT *, filename AS aml_file, row_number() OVER () AS aml_row FROM ") + src
+        if filters:
+            inner = inner + " WHERE " + join(filters, " AND ")
+        return Q("(") + inner + ")"
+
+
+class LakeSource:
+    """The files backend of :class:`~aml_pipeline.sources.mapped.MappedTsdb`."""
+
+    def __init__(self, loaded: LoadedDescription) -> None:
+        self.loaded = loaded
+        self.spec = loaded.spec
+        p = self.spec.points
+        self._lock = threading.Lock()
+        self._con: duckdb.DuckDBPyConnection | None = _connect()
+        self.layout = p.effective_layout
+        try:
+            if p.query is not None:
+                raise SourceError(f"{loaded.path}: points.query: the files backend reads points from points.files")
+            self._files = _Files(loaded, p.files, p.format, "points")
+            self.label = self._files.glob
+            if not self._files.files():
+                raise SourceError(f"{loaded.path}: points.files: no file matches {self._files.glob!r}", code="SOURCE_NOT_FOUND")
+            self._types = self._describe(self._files.relation(), "points.files")
+            needed = [("points.time", p.time)]
+            if self.layout == "narrow":
+                needed += [("points.node", p.node), ("points.value", p.value)]
+            q = p.quality_spec()
+            if q is not None:
+                needed.append(("points.quality", q.column))
+            needed += [("points.order", c) for c in p.order]
+            needed += [("points.where", c) for c in p.where]
+            if p.line:
+                needed.append(("points.line", p.line))
+            if p.modified:
+                needed.append(("points.modified", p.modified))
+            if p.partition is not None:
+                needed.append(("points.partition.column", p.partition.column))
+            for node_id, col in p.wide_columns().items():
+                needed.append((f"points.columns.{node_id}", col.column))
+                cq = _quality(col.quality)
+                if cq is not None:
+                    needed.append((f"points.columns.{node_id}.quality", cq.column))
+            check_columns(self._types, needed, f"the files {self._files.glob}", str(loaded.path))
+            codec, why = resolve_codec(p.time_type, p.time_zone, self._types[p.time], p.time)
+            if codec is None:
+                raise SourceError(f"{loaded.path}: points.time_type: {why}")
+            self.codec: TimeCodec = codec
+            self._t = quote_ident(p.time)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- plumbing ----------------------------------------------------------------------------
+    @property
+    def _c(self) -> duckdb.DuckDBPyConnection:
+        if self._con is None:
+            raise TsdbError(f"{self.label}: this source handle is closed")
+        return self._con
+
+    def close(self) -> None:
+        con, self._con = self._con, None
+        if con is not None:
+            con.close()
+
+    def _run(self, q: Q, what: str) -> dict[str, np.ndarray]:
+        text, params = q.render("qmark")
+        with self._lock:
+            try:
+                return self._c.execute(text, params).fetchnumpy()
+            except duckdb.IOException as e:
+                # A file listed by the glob went away (a lake being rewritten): try again later.
+                raise TsdbUnavailableError(f"{self.label}: {what}: {' '.join(str(e).split())}") from None
+            except duckdb.Error as e:
+                raise SourceError(f"{self.loaded.path}: {what}: {' '.join(str(e).split())}", code="SOURCE_QUERY") from None
+
+    def _describe(self, rel: Q, key: str) -> dict[str, str]:
+        text, params = (Q("DESCRIBE SELECT * FROM ") + rel).render("qmark")
+        with self._lock:
+            try:
+                rows = self._c.execute(text, params).fetchall()
+            except duckdb.Error as e:
+                raise SourceError(f"{self.loaded.path}: {key}: {' '.join(str(e).split())}", code="SOURCE_NOT_FOUND") from None
+        return {r[0]: r[1] for r in rows}
+
+    # ---- expressions -------------------------------------------------------------------------
+    def _raw_time(self, expr: str) -> str:
+        if self.codec.is_timestamp:
+            return f"epoch_us({expr})"
+        return f"CAST({expr} AS DOUBLE)" if self.codec.is_float else f"CAST({expr} AS BIGINT)"
+
+    def _bound(self, raw: Any) -> Q:
+        v = self.codec.bind(raw)
+        if self.codec.kind == "timestamptz":
+            return val(v) + "::TIMESTAMPTZ"
+        if self.codec.kind == "timestamp":
+            return val(v) + "::TIMESTAMP"
+        return val(v)
+
+    def _value(self, column: str) -> str:
+        return f"coalesce(CAST({quote_ident(column)} AS DOUBLE), 'NaN'::DOUBLE)"
+
+    def _state(self, quality: Quality | None) -> Q:
+        if quality is None:
+            return Q("0")
+        textual = type_class(self._types.get(quality.column, "")) == "other"
+        return state_expr(quality, quote_ident(quality.column), textual)
+
+    def _base_filters(self, lo: int, hi: int, line: str | None) -> list[Q]:
+        p = self.spec.points
+        a, b = self.codec.bounds(lo, hi)
+        conds = self._partition_filters(lo, hi)
+        conds.append(Q(f"{self._t} BETWEEN ") + self._bound(a) + " AND " + self._bound(b))
+        if p.line and line is not None:
+            conds.append(Q(f"{quote_ident(p.line)} = ") + val(line))
+        return conds + where_equal(p.where)
+
+    def _partition_filters(self, lo: int, hi: int) -> list[Q]:
+        part = self.spec.points.partition
+        if part is None:
+            return []
+        import pandas as pd
+
+        bounds = []
+        for ms in (lo, hi):
+            ms = min(max(ms, -(2**62)), 2**62)
+            try:
+                t = pd.Timestamp(ms, unit="ms", tz="UTC").tz_convert(part.zone)
+            except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
+                return []  # the whole time axis: every folder
+            bounds.append(t.strftime(part.value_format))
+        col = quote_ident(part.column)
+        return [Q(f"CAST({col} AS VARCHAR) BETWEEN ") + val(bounds[0]) + " AND " + val(bounds[1])]
+
+    def _order(self) -> str:
+        return ", ".join(quote_ident(c) for c in (self.spec.points.time, *self.spec.points.order, *_TIE))
+
+    # ---- points ------------------------------------------------------------------------------
+    def fetch(self, node: NodeRef, lo: int, hi: int, line: str | None, limit: int) -> Series:
+        p = self.spec.points
+        conds = self._base_filters(lo, hi, line)
+        if self.layout == "narrow":
+            conds.insert(0, Q(f"{quote_ident(p.node)} = ") + val(node.key))
+            value_col, quality = p.value, p.quality_spec()
+        else:
+            conds.append(Q(f"{quote_ident(node.column)} IS NOT NULL"))
+            value_col, quality = node.column, node.quality
+        q = (Q(f"SELECT {self._raw_time(self._t)} AS t, {self._value(value_col)} AS v, ") + self._state(quality)
+             + " AS s FROM " + self._files.relation(conds, tie=True)
+             + f" ORDER BY {self._order()}, 2, 3 LIMIT " + val(int(limit)))
+        cols = self._run(q, f"reading node {node.node_id!r}")
+        return Series(self.codec.to_ms(cols["t"]), np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32))
+
+    def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int) -> list[Series] | None:
+        p = self.spec.points
+        conds = self._base_filters(lo, hi, line)
+        if self.layout == "narrow":
+            keys = [n.key for n in nodes]
+            conds.insert(0, Q(f"{quote_ident(p.node)} IN (") + join([val(k) for k in keys], ", ") + ")")
+            idx = Q(f"CASE {quote_ident(p.node)}") + join([Q(" WHEN ") + val(k) + f" THEN {i}" for i, k in enumerate(keys)], "") + " END"
+            q = (Q("SELECT ") + idx + f" AS i, {self._raw_time(self._t)} AS t, {self._value(p.value)} AS v, "
+                 + self._state(p.quality_spec()) + " AS s FROM " + self._files.relation(conds, tie=True)
+                 + f" ORDER BY 1, {self._order()}, 3, 4 LIMIT " + val(int(limit)))
+            cols = self._run(q, f"reading {len(nodes)} nodes")
+            i = np.asarray(cols["i"], np.int64)
+            ts = self.codec.to_ms(cols["t"])
+            v, s = np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32)
+            bounds = np.searchsorted(i, np.arange(len(nodes) + 1))
+            return [Series(ts[a:b], v[a:b], s[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        conds.append(Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
+        select = [Q(f"{self._raw_time(self._t)} AS t"), Q(f"dense_rank() OVER (ORDER BY {self._order()}) AS g")]
+        for k, n in enumerate(nodes):
+            select += [Q(f"{self._value(n.column)} AS v{k}"), Q(f"{quote_ident(n.column)} IS NOT NULL AS p{k}"),
+                       self._state(n.quality) + f" AS s{k}"]
+        q = (Q("SELECT ") + join(select, ", ") + " FROM " + self._files.relation(conds, tie=True)
+             + f" ORDER BY {self._order()} LIMIT " + val(int(limit)))
+        cols = self._run(q, f"reading {len(nodes)} nodes")
+        ts, g = self.codec.to_ms(cols["t"]), np.asarray(cols["g"], np.int64)
+        out = []
+        for k in range(len(nodes)):
+            has = np.asarray(cols[f"p{k}"], bool)
+            v, s = np.asarray(cols[f"v{k}"], np.float64)[has], np.asarray(cols[f"s{k}"], np.int32)[has]
+            order = np.lexsort((s, v, g[has]))
+            out.append(Series(ts[has][order], v[order], s[order]))
+        return out
+
+    def distinct_keys(self) -> list[Any]:
+        p = self.spec.points
+        rel = self._files.relation()
+        conds = where_equal(p.where)
+        q = Q(f"SELECT DISTINCT {quote_ident(p.node)} AS k FROM ") + rel
+        if conds:
+            q = q + " WHERE " + join(conds, " AND ")
+        cols = self._run(q + " ORDER BY 1", "points: listing the nodes")
+        return [x for x in cols["k"].tolist() if x is not None]
+
+    def max_time(self, nodes: Sequence[NodeRef]) -> int | None:
+        p = self.spec.points
+        node_cond: Q
+        if self.layout == "narrow":
+            node_cond = Q(f"{quote_ident(p.node)} IN (") + join([val(n.key) for n in nodes], ", ") + ")"
+        else:
+            node_cond = Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")"
+        conds = [node_cond, *where_equal(p.where)]
+        # With partition folders, the newest folder that holds any of the nodes answers.
+        for part in self._partitions_newest_first() or [None]:
+            extra = [] if part is None else [Q(f"CAST({quote_ident(p.partition.column)} AS VARCHAR) = ") + val(part)]
+            q = (Q(f"SELECT max({self._raw_time(self._t)}) AS m FROM ") + self._files.relation()
+                 + " WHERE " + join(conds + extra, " AND "))
+            m = self._run(q, "points: the latest point")["m"]
+            if m.shape[0] and not np.ma.is_masked(m[0]) and m[0] is not None:
+                return int(self.codec.to_ms(np.asarray([m[0]]))[0])
+        return None
+
+    def _partitions_newest_first(self) -> list[str]:
+        part = self.spec.points.partition
+        if part is None:
+            return []
+        values = set()
+        prefix = f"{part.column}="
+        for f in self._files.files():
+            for piece in Path(f).parts:
+                if piece.startswith(prefix):
+                    values.add(piece[len(prefix):])
+        return sorted(values, reverse=True)
+
+    def aggregates(self, windows: Sequence[Window], nodes: Sequence[NodeRef]) -> list[Any]:
+        p = self.spec.points
+        lo_all, hi_all = min(w.lo for w in windows), max(w.hi for w in windows)
+        bounds = [self.codec.bounds(w.lo, w.hi) for w in windows]
+        conds = self._base_filters(lo_all, hi_all, None)
+        if self.layout == "narrow":
+            conds.insert(0, Q(f"{quote_ident(p.node)} IN (") + join([val(n.key) for n in nodes], ", ") + ")")
+            q = p.quality_spec()
+            cells = [self._t, quote_ident(p.value)] + ([quote_ident(q.column)] if q is not None else [])
+        else:
+            cells = [self._t] + [quote_ident(n.column) for n in nodes]
+            cells += [quote_ident(n.quality.column) for n in nodes if n.quality is not None]
+        check = f"max(pt.{quote_ident(p.modified)})" if p.modified else f"sum(pt.h)"
+        extra = f", {quote_ident(p.modified)}" if p.modified else ""
+        points = (Q(f"(SELECT {self._t} AS t{extra}, hash({', '.join(cells)}) AS h"
+                    + (f", {quote_ident(p.line)} AS line" if p.line else "") + " FROM ")
+                  + self._files.relation() + " WHERE " + join(conds, " AND ") + ") AS pt")
+        tt = {"timestamptz": "TIMESTAMPTZ", "timestamp": "TIMESTAMP"}.get(self.codec.kind, "DOUBLE" if self.codec.is_float else "BIGINT")
+        w = (Q("(SELECT unnest(") + val(list(range(len(windows)))) + ") AS i, unnest(CAST("
+             + val([self.codec.bind(a) for a, _ in bounds]) + f" AS {tt}[])) AS lo, unnest(CAST("
+             + val([self.codec.bind(b) for _, b in bounds]) + f" AS {tt}[])) AS hi, unnest(CAST("
+             + val([wi.line for wi in windows]) + " AS VARCHAR[])) AS line) AS w")
+        join_cond = "pt.t BETWEEN w.lo AND w.hi" + (" AND pt.line = w.line" if p.line else "")
+        q = (Q(f"SELECT w.i AS i, count(pt.t) AS n, {self._raw_time('min(pt.t)')} AS a, {self._raw_time('max(pt.t)')} AS b, "
+               f"CAST({check} AS VARCHAR) AS c FROM ") + w + " LEFT JOIN " + points + f" ON {join_cond} GROUP BY w.i ORDER BY w.i")
+        cols = self._run(q, f"reading the versions of {len(windows)} runs")
+        out = []
+        for k in range(len(windows)):
+            out.append([int(cols["n"][k]), _plain(cols["a"][k]), _plain(cols["b"][k]), _plain(cols["c"][k])])
+        return out
+
+    # ---- runs and node tables ----------------------------------------------------------------
+    def read_table(self, read: TableRead) -> dict[str, list[Any]]:
+        return read_file_table(self.loaded, read, self)
+
+    def describe(self) -> dict[str, Any]:
+        p = self.spec.points
+        return {
+            "backend": "files",
+            "files": self._files.glob,
+            "format": self._files.format,
+            "file_count": len(self._files.files()),
+            "layout": self.layout,
+            "time": {"column": p.time, "type": self.codec.describe(), "kind": self.codec.kind, "zone": self.codec.zone},
+            "order": "time, " + ", ".join([*p.order, "file name", "row in file", "value", "state"]),
+        }
+
+
+def _quality(q: Any) -> Quality | None:
+    return Quality(column=q) if isinstance(q, str) else q
+
+
+def _plain(v: Any) -> Any:
+    if v is None or np.ma.is_masked(v):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def read_file_table(loaded: LoadedDescription, read: TableRead, lake: LakeSource | None = None) -> dict[str, list[Any]]:
+    """Every row of a runs or node table kept in files (CSV or Parquet), read with DuckDB."""
+    rel = read.relation
+    where = str(loaded.path)
+    if rel.files is None:
+        raise SourceError(f"{where}: {read.key}: this backend reads {read.key} from files only")
+    files = _Files(loaded, rel.files, rel.format, read.key)
+    if not files.files():
+        raise SourceError(f"{where}: {read.key}.files: no file matches {files.glob!r}", code="SOURCE_NOT_FOUND")
+    con = lake._c if lake is not None else _connect()
+    try:
+        text, params = (Q("DESCRIBE SELECT * FROM ") + files.relation()).render("qmark")
+        types = {r[0]: r[1] for r in con.execute(text, params).fetchall()}
+        check_columns(types, [(f"{read.key}.{f}", c) for f, c in read.columns.items()]
+                      + [(f"{read.key}.where", c) for c in rel.where], f"the files {files.glob}", where)
+        codec = None
+        if read.times:
+            first = read.columns[read.times[0]]
+            codec, why = resolve_codec(read.time_type, read.time_zone, types[first], first)
+            if codec is None:
+                raise SourceError(f"{where}: {read.key}.time_type: {why}")
+        select = []
+        for f, c in read.columns.items():
+            col = quote_ident(c)
+            if f in read.times:
+                raw = f"epoch_us({col})" if codec.is_timestamp else (f"CAST({col} AS DOUBLE)" if codec.is_float else f"CAST({col} AS BIGINT)")
+                select.append(f"{raw} AS {quote_ident(f)}")
+            elif type_class(types[c]) == "numeric":
+                select.append(f"CAST({col} AS DOUBLE) AS {quote_ident(f)}")
+            else:
+                select.append(f"{col} AS {quote_ident(f)}")
+        q = Q(f"SELECT {', '.join(select)} FROM ") + files.relation()
+        filters = where_equal(rel.where)
+        if filters:
+            q = q + " WHERE " + join(filters, " AND ")
+        text, params = q.render("qmark")
+        try:
+            rows = con.execute(text, params).fetchall()
+        except duckdb.Error as e:
+            raise SourceError(f"{where}: {read.key}: {' '.join(str(e).split())}", code="SOURCE_QUERY") from None
+    except duckdb.Error as e:
+        raise SourceError(f"{where}: {read.key}: {' '.join(str(e).split())}", code="SOURCE_NOT_FOUND") from None
+    finally:
+        if lake is None:
+            con.close()
+    out: dict[str, list[Any]] = {f: [r[i] for r in rows] for i, f in enumerate(read.columns)}
+    for f in read.times:
+        raw = out[f]
+        present = [i for i, v in enumerate(raw) if v is not None]
+        ms = codec.to_ms(np.array([raw[i] for i in present], dtype=np.float64 if codec.is_float else np.int64))
+        out[f] = [None] * len(raw)
+        for i, m in zip(present, ms.tolist()):
+            out[f][i] = m
+    return out

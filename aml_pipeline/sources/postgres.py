@@ -1,0 +1,613 @@
+"""A plant's PostgreSQL (or TimescaleDB) tables, read in place, read-only.
+
+Connection
+    The description's ``connection`` (a libpq URL; ``${VAR}`` from the environment, or the
+    password from ``PGPASSWORD`` / ``~/.pgpass``). The session is ``default_transaction_read_only``
+    and ``TimeZone = UTC``; nothing is created, not even a temporary table: a role with
+    ``CONNECT``, ``USAGE`` on the schemas and ``SELECT`` on the mapped tables is enough. A server
+    that cannot be reached or drops the connection mid-call is ``TSDB_UNAVAILABLE`` (the next
+    call connects again); a missing table, column or privilege is one ``SOURCE_*`` line naming it.
+
+Reads
+    A page is ``COPY (SELECT time, value, state FROM ... WHERE node = ... AND time BETWEEN ...
+    ORDER BY time, <order>, value, quality LIMIT n) TO STDOUT (FORMAT BINARY)``: every column
+    fixed-width (value NULL -> NaN, the state computed in SQL from the quality mapping), decoded
+    by numpy in one pass. COPY takes no server-side parameters, so psycopg binds the values on
+    the client (quoted literals); identifiers are quoted with ``psycopg.sql.Identifier``.
+
+Versions
+    One query per batch of runs: the runs' windows as arrays, joined with the points of every
+    mapped node; per window ``count``, ``min``/``max`` of time and ``sum(hash_record(ROW(time,
+    value, quality)))`` (or ``max(<modified>)`` where the mapping names a modification column).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg import pq, sql
+
+from aml_pipeline.errors import SourceError, TsdbError, TsdbUnavailableError
+from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window
+from aml_pipeline.sources.description import LoadedDescription, Quality
+from aml_pipeline.sources.sqlbuild import (
+    Q,
+    check_columns,
+    join,
+    quote_dotted,
+    quote_ident,
+    state_expr,
+    user_query,
+    val,
+    where_equal,
+)
+from aml_pipeline.sources.timecodec import TimeCodec, resolve_codec, timestamp_ms, type_class
+from aml_pipeline.tsdb.postgres import parse_postgres_url
+
+_PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds: the zero of binary timestamps
+_HEADER = 19  # PGCOPY signature (11), flags (4), header extension length (4)
+_TIME_SQL_TYPE = {"tz": "timestamptz", "naive": "timestamp", "int": "int8", "float": "float8"}
+
+
+class PostgresSource:
+    """The PostgreSQL backend of :class:`~aml_pipeline.sources.mapped.MappedTsdb`."""
+
+    def __init__(self, loaded: LoadedDescription) -> None:
+        self.loaded = loaded
+        self.spec = loaded.spec
+        self._parsed = parse_postgres_url(loaded.connection())
+        self.label = self._parsed.redacted.split("?")[0]
+        self._conn: psycopg.Connection | None = None
+        self._closed = False
+        self._periods: list[tuple[int, int, str]] = []
+        self._conn = self._connect()
+        try:
+            self._prepare_points()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- connection --------------------------------------------------------------------------
+    def _connect(self) -> psycopg.Connection:
+        conninfo = self._parsed.conninfo
+        kwargs: dict[str, Any] = {}
+        if "connect_timeout=" not in conninfo.lower():
+            kwargs["connect_timeout"] = 10
+        if "application_name=" not in conninfo.lower():
+            kwargs["application_name"] = "aml_pipeline source"
+        try:
+            conn = psycopg.connect(conninfo, autocommit=True, **kwargs)
+        except psycopg.OperationalError as e:
+            text = self._scrub(e)
+            if re.search(r"password authentication|no password supplied|authentication failed|"
+                         r"role .* does not exist|permission denied", text):
+                raise SourceError(f"{self.loaded.path}: connection {self.label}: {text}", code="SOURCE_PERMISSION") from None
+            if re.search(r"database .* does not exist", text):
+                raise SourceError(f"{self.loaded.path}: connection {self.label}: {text}", code="SOURCE_NOT_FOUND") from None
+            raise TsdbUnavailableError(f"{self.label}: cannot connect ({text})") from None
+        except psycopg.Error as e:
+            raise SourceError(f"{self.loaded.path}: connection {self.label}: {self._scrub(e)}") from None
+        try:
+            # Read-only by construction: every transaction this session opens refuses writes.
+            conn.execute("SET default_transaction_read_only = on")
+            conn.execute("SET TimeZone = 'UTC'")
+            conn.execute("SET jit = off")
+        except psycopg.Error as e:
+            conn.close()
+            raise TsdbUnavailableError(f"{self.label}: cannot set up the session ({self._scrub(e)})") from None
+        return conn
+
+    @property
+    def _c(self) -> psycopg.Connection:
+        if self._closed:
+            raise TsdbError(f"{self.label}: this source handle is closed")
+        if self._conn is not None and (self._conn.broken or self._conn.closed):
+            self._conn.close()
+            self._conn = None
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
+
+    def close(self) -> None:
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _scrub(self, e: BaseException) -> str:
+        text = " ".join(str(e).split())
+        for secret in self._parsed.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    @contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.Error as e:
+            conn = self._conn
+            if isinstance(e, psycopg.OperationalError) and (conn is None or conn.broken or conn.closed):
+                raise TsdbUnavailableError(f"{self.label}: {what}: the connection was lost ({self._scrub(e)})") from None
+            if isinstance(e, psycopg.errors.InsufficientPrivilege):
+                raise SourceError(f"{self.loaded.path}: {what}: {self._scrub(e)}; the role needs SELECT on it "
+                                  "(and USAGE on its schema)", code="SOURCE_PERMISSION") from None
+            if isinstance(e, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn,
+                              psycopg.errors.InvalidSchemaName)):
+                raise SourceError(f"{self.loaded.path}: {what}: {self._scrub(e)}", code="SOURCE_NOT_FOUND") from None
+            if conn is not None and conn.broken:
+                raise TsdbUnavailableError(f"{self.label}: {what}: the connection was lost ({self._scrub(e)})") from None
+            raise SourceError(f"{self.loaded.path}: {what}: {self._scrub(e)}", code="SOURCE_QUERY") from None
+
+    # ---- introspection -----------------------------------------------------------------------
+    def _table_columns(self, name: str, key: str, needed: Sequence[tuple[str, str]]) -> dict[str, str]:
+        """Column -> type of table ``name`` (as written in the description at ``key``); the
+        ``needed`` (key, column) pairs must exist and be readable."""
+        where = str(self.loaded.path)
+        quoted = self._quoted_table(name)
+        with self._reading(f"{key}: table {name}"):
+            oid = self._c.execute("SELECT to_regclass(%s)::oid", [quoted]).fetchone()[0]
+            if oid is None:
+                raise SourceError(f"{where}: {key}: table {name!r} does not exist (or is not on the search_path; "
+                                  "write schema.table)", code="SOURCE_NOT_FOUND")
+            rows = self._c.execute(
+                "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute a "
+                "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", [oid]
+            ).fetchall()
+            have = {r[0]: r[1] for r in rows}
+            check_columns(have, needed, f"table {name}", where)
+            for k, column in needed:
+                ok = self._c.execute("SELECT has_column_privilege(%s, %s, 'SELECT')", [oid, column]).fetchone()[0]
+                if not ok:
+                    user = self._c.execute("SELECT current_user").fetchone()[0]
+                    raise SourceError(
+                        f"{where}: {k}: role {user!r} may not read column {column!r} of table {name}: "
+                        f"GRANT SELECT ON {quoted} TO {quote_ident(user)} (and USAGE on its schema)",
+                        code="SOURCE_PERMISSION",
+                    )
+        return have
+
+    def _quoted_table(self, name: str) -> str:
+        parts = quote_dotted(name).split(".")
+        return sql.SQL(".").join(sql.Identifier(p[1:-1].replace('""', '"')) for p in parts).as_string(self._c)
+
+    def _query_columns(self, q: Q, key: str) -> dict[str, str]:
+        text, params = q.render("pyformat")
+        with self._reading(f"{key}: the query"):
+            with self._c.cursor() as cur:
+                cur.execute(f"SELECT * FROM ({text}) AS aml_q LIMIT 0", params)
+                out = {}
+                for d in cur.description or ():
+                    out[d.name] = self._c.execute("SELECT format_type(%s, NULL)", [d.type_code]).fetchone()[0]
+        return out
+
+    # ---- points ------------------------------------------------------------------------------
+    def _prepare_points(self) -> None:
+        p, where = self.spec.points, str(self.loaded.path)
+        self.layout = p.effective_layout
+        quality = p.quality_spec()
+        needed = [("points.time", p.time)]
+        if self.layout == "narrow":
+            needed += [("points.node", p.node), ("points.value", p.value)]
+        if self.layout == "query":
+            needed += [("points.value", p.value)]
+        if quality is not None:
+            needed.append(("points.quality", quality.column))
+        needed += [("points.order", c) for c in p.order]
+        if p.line:
+            needed.append(("points.line", p.line))
+        if p.modified:
+            needed.append(("points.modified", p.modified))
+        if self.layout == "wide":
+            for node_id, col in p.wide_columns().items():
+                needed.append((f"points.columns.{node_id}", col.column))
+                q = col.quality if isinstance(col.quality, Quality) else (Quality(column=col.quality) if col.quality else None)
+                if q is not None:
+                    needed.append((f"points.columns.{node_id}.quality", q.column))
+        if self.layout == "query":
+            if p.periods is not None:
+                self._periods = self._list_periods()
+                if not self._periods:
+                    raise SourceError(f"{where}: points.periods: no table matches {p.periods.table!r}", code="SOURCE_NOT_FOUND")
+            probe = self._from_query(None, Q("NULL"), Q("NULL"), Q("NULL"), last_period=True)
+            self._types = self._query_columns(Q("SELECT * FROM ") + probe, "points.query")
+            check_columns(self._types, [k for k in needed if k[0] != "points.where"], "the query's columns", where)
+        else:
+            self._types = self._table_columns(p.table, "points.table", needed + [("points.where", c) for c in p.where])
+        codec, why = resolve_codec(p.time_type, p.time_zone, self._types[p.time], p.time)
+        if codec is None:
+            raise SourceError(f"{where}: points.time_type: {why}")
+        self.codec: TimeCodec = codec
+        self._t = quote_ident(p.time)
+
+    def _textual(self, column: str) -> bool:
+        return type_class(self._types.get(column, "")) == "other"
+
+    def _time_select(self, expr: str) -> str:
+        """The time column as its raw binary value: timestamps as they are (8 bytes), epoch
+        numbers as int8 or float8."""
+        if self.codec.is_timestamp:
+            return expr
+        return f"CAST({expr} AS float8)" if self.codec.is_float else f"CAST({expr} AS int8)"
+
+    def _time_scalar(self, expr: str) -> str:
+        """One time value as a raw number (for max, min): microseconds for timestamps."""
+        if self.codec.is_timestamp:
+            return f"CAST(extract(epoch FROM {expr}) * 1000000 AS int8)"
+        return self._time_select(expr)
+
+    def _time_type(self) -> str:
+        return {"timestamptz": "timestamptz", "timestamp": "timestamp"}.get(
+            self.codec.kind, "float8" if self.codec.is_float else "int8")
+
+    def _bound(self, raw: Any) -> Q:
+        return val(self.codec.bind(raw)) + f"::{self._time_type()}"
+
+    def _value_sql(self, column: str, prefix: str = "") -> str:
+        return f"coalesce(CAST({prefix}{quote_ident(column)} AS float8), 'NaN'::float8)"
+
+    def _state_sql(self, quality: Quality | None, prefix: str = "") -> Q:
+        if quality is None:
+            return Q("0")
+        return state_expr(quality, f"{prefix}{quote_ident(quality.column)}", self._textual(quality.column))
+
+    def _filters(self, prefix: str = "") -> list[Q]:
+        return where_equal(self.spec.points.where, prefix)
+
+    def _list_periods(self) -> list[tuple[int, int, str]]:
+        """The period tables that exist: (start ms, end ms, quoted name), oldest first."""
+        import pandas as pd
+
+        per = self.spec.points.periods
+        parts = quote_dotted(per.table).split(".")
+        schema = None
+        if len(parts) == 2:
+            schema = parts[0][1:-1].replace('""', '"')
+        elif len(parts) != 1:
+            raise SourceError(f"{self.loaded.path}: points.periods.table: use table or schema.table")
+        pattern = parts[-1][1:-1].replace('""', '"')
+        prefix, suffix = pattern.split("{period}", 1)
+        with self._reading("points.periods: listing the period tables"):
+            if schema is None:
+                schema = self._c.execute("SELECT current_schema()").fetchone()[0]
+            names = [r[0] for r in self._c.execute(
+                "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND starts_with(c.relname, %s)",
+                [schema, prefix]).fetchall()]
+        out = []
+        step = {"day": pd.DateOffset(days=1), "month": pd.DateOffset(months=1), "year": pd.DateOffset(years=1)}[per.every]
+        for name in names:
+            if not name.endswith(suffix) or len(name) < len(prefix) + len(suffix):
+                continue
+            text = name[len(prefix): len(name) - len(suffix)]
+            try:
+                start = pd.Timestamp(dt.datetime.strptime(text, per.period_format)).tz_localize(per.zone)
+            except ValueError:
+                continue
+            end = start + step
+            quoted = sql.Identifier(schema, name).as_string(self._c)
+            out.append((timestamp_ms(start), timestamp_ms(end) - 1, quoted))
+        return sorted(out)
+
+    def _from_query(self, key: Any, lo: Q, hi: Q, line: Q, *, span: tuple[int, int] | None = None,
+                    last_period: bool = False, alias: str = "q") -> Q:
+        """``(<the description's query>) AS q`` bound to one node and a time range; over every
+        period table the span overlaps (or the newest one)."""
+        p = self.spec.points
+
+        def bind(name: str) -> Q:
+            return {"node": val(key), "from": lo, "to": hi, "line": line}[name]
+
+        if p.periods is None:
+            return Q("(") + user_query(p.query, bind) + f") AS {alias}"
+        if last_period:
+            tables = [self._periods[-1][2]]
+        else:
+            a, b = span if span is not None else (-(2**63), 2**63 - 1)
+            tables = [name for s, e, name in self._periods if e >= a and s <= b]
+            if not tables:
+                tables = [self._periods[-1][2]]  # no period: an empty result of the right shape
+                return Q("(") + user_query(p.query.replace("{table}", tables[0]), bind) + f" LIMIT 0) AS {alias}"
+        parts = [Q("(") + user_query(p.query.replace("{table}", t), bind) + ")" for t in tables]
+        return Q("(") + join(parts, " UNION ALL ") + f") AS {alias}"
+
+    def _points_from(self, node: NodeRef, lo: int, hi: int, line: str | None) -> tuple[Q, str]:
+        """FROM and WHERE of one node's points in [lo, hi] (ms), and the column prefix."""
+        p = self.spec.points
+        a, b = self.codec.bounds(lo, hi)
+        if self.layout == "query":
+            frm = self._from_query(node.key, self._bound(a), self._bound(b), val(line), span=(lo, hi))
+            return Q(" FROM ") + frm, "q."
+        conds = [Q(f"{self._t} BETWEEN ") + self._bound(a) + " AND " + self._bound(b)]
+        if self.layout == "narrow":
+            conds.insert(0, Q(f"{quote_ident(p.node)} = ") + val(node.key))
+        else:
+            conds.append(Q(f"{quote_ident(node.column)} IS NOT NULL"))
+        if p.line and line is not None:
+            conds.append(Q(f"{quote_ident(p.line)} = ") + val(line))
+        conds += self._filters()
+        return Q(f" FROM {self._quoted_table(p.table)} WHERE ") + join(conds, " AND "), ""
+
+    def _order(self, prefix: str, value_pos: int) -> str:
+        """The source order: time, the mapping's order columns, then value and state (the
+        selected columns at ``value_pos`` and ``value_pos + 1``)."""
+        cols = [prefix + quote_ident(c) for c in (self.spec.points.time, *self.spec.points.order)]
+        return ", ".join(cols + [str(value_pos), str(value_pos + 1)])
+
+    def _node_value(self, node: NodeRef) -> tuple[str, Quality | None]:
+        if self.layout == "wide":
+            return node.column, node.quality
+        return self.spec.points.value, self.spec.points.quality_spec()
+
+    def fetch(self, node: NodeRef, lo: int, hi: int, line: str | None, limit: int) -> Series:
+        value_col, quality = self._node_value(node)
+        frm, pre = self._points_from(node, lo, hi, line)
+        q = (Q(f"SELECT {self._time_select(pre + self._t)}, {self._value_sql(value_col, pre)}, ")
+             + self._state_sql(quality, pre) + frm + f" ORDER BY {self._order(pre, 2)} LIMIT "
+             + val(int(limit)))
+        with self._reading(f"reading node {node.node_id!r}"):
+            cols = self._copy(q, [("t", ">f8" if self.codec.is_float else ">i8"), ("v", ">f8"), ("s", ">i4")])
+        return Series(self._to_ms(cols["t"]), cols["v"].astype(np.float64), cols["s"].astype(np.int32))
+
+    def _to_ms(self, raw: np.ndarray) -> np.ndarray:
+        if self.codec.is_timestamp:
+            raw = raw.astype(np.int64) + _PG_EPOCH_US
+        return self.codec.to_ms(raw)
+
+    def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int) -> list[Series] | None:
+        p = self.spec.points
+        if self.layout == "query":
+            return None  # the description's query reads one node
+        a, b = self.codec.bounds(lo, hi)
+        tsel = self._time_select(self._t)
+        tdt = ">f8" if self.codec.is_float else ">i8"
+        conds = [Q(f"{self._t} BETWEEN ") + self._bound(a) + " AND " + self._bound(b)]
+        if p.line and line is not None:
+            conds.append(Q(f"{quote_ident(p.line)} = ") + val(line))
+        conds += self._filters()
+        table = self._quoted_table(p.table)
+        if self.layout == "narrow":
+            quality = p.quality_spec()
+            keys = [n.key for n in nodes]
+            conds.insert(0, Q(f"{quote_ident(p.node)} IN (") + join([val(k) for k in keys], ", ") + ")")
+            # The node's position in `nodes`, computed in SQL so the rows come back grouped.
+            idx = Q(f"CASE {quote_ident(p.node)}") + join([Q(" WHEN ") + val(k) + f" THEN {i}" for i, k in enumerate(keys)], "") + " END"
+            q = (Q("SELECT ") + idx + f", {tsel}, {self._value_sql(p.value)}, " + self._state_sql(quality)
+                 + f" FROM {table} WHERE " + join(conds, " AND ")
+                 + f" ORDER BY 1, {self._order('', 3)} LIMIT " + val(int(limit)))
+            with self._reading(f"reading {len(nodes)} nodes"):
+                cols = self._copy(q, [("i", ">i4"), ("t", tdt), ("v", ">f8"), ("s", ">i4")])
+            i = cols["i"].astype(np.int64)
+            ts, v, s = self._to_ms(cols["t"]), cols["v"].astype(np.float64), cols["s"].astype(np.int32)
+            bounds = np.searchsorted(i, np.arange(len(nodes) + 1))
+            return [Series(ts[x:y], v[x:y], s[x:y]) for x, y in zip(bounds[:-1], bounds[1:])]
+        # Wide: one scan of the rows; each node's points are its non-NULL cells, ordered per node
+        # as fetch orders them (time, order columns, value, state).
+        conds.append(Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
+        fields: list[tuple[str, str]] = [("t", tdt), ("g", ">i8")]
+        select = [Q(tsel), Q(f"dense_rank() OVER (ORDER BY {', '.join(quote_ident(c) for c in [p.time, *p.order])})")]
+        for k, n in enumerate(nodes):
+            select += [Q(self._value_sql(n.column)), Q(f"{quote_ident(n.column)} IS NOT NULL"), self._state_sql(n.quality)]
+            fields += [(f"v{k}", ">f8"), (f"p{k}", "?"), (f"s{k}", ">i4")]
+        q = (Q("SELECT ") + join(select, ", ") + f" FROM {table} WHERE " + join(conds, " AND ")
+             + f" ORDER BY {', '.join(quote_ident(c) for c in [p.time, *p.order])} LIMIT " + val(int(limit)))
+        with self._reading(f"reading {len(nodes)} nodes"):
+            cols = self._copy(q, fields)
+        ts, group = self._to_ms(cols["t"]), cols["g"].astype(np.int64)
+        out = []
+        for k, n in enumerate(nodes):
+            has = cols[f"p{k}"].astype(bool)
+            v, s, g, t = cols[f"v{k}"][has].astype(np.float64), cols[f"s{k}"][has].astype(np.int32), group[has], ts[has]
+            order = np.lexsort((s, v, g))
+            out.append(Series(t[order], v[order], s[order]))
+        return out
+
+    def _copy(self, q: Q, fields: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+        """Run ``COPY (q) TO STDOUT (FORMAT BINARY)`` and decode its fixed-width rows."""
+        text, params = q.render("pyformat")
+        conn = self._c
+        statement = psycopg.ClientCursor(conn).mogrify(f"COPY ({text}) TO STDOUT (FORMAT BINARY)", params)
+        pg = conn.pgconn
+        chunks: list[bytes] = []
+        try:
+            pg.send_query(statement.encode(conn.info.encoding))
+            result = pg.get_result()
+            if result is not None and result.status == pq.ExecStatus.COPY_OUT:
+                get = pg.get_copy_data
+                append = chunks.append
+                while True:
+                    nbytes, data = get(0)
+                    if nbytes < 0:
+                        break
+                    append(data)
+                result = pg.get_result()
+            error = None
+            while result is not None:
+                if error is None and result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.BAD_RESPONSE):
+                    error = psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+                result = pg.get_result()
+        except psycopg.Error:
+            conn.close()  # the protocol state is unknown: the next call connects afresh
+            raise
+        except BaseException:
+            conn.close()
+            raise
+        if pg.status != pq.ConnStatus.OK:
+            raise psycopg.OperationalError(pg.error_message.decode(errors="replace") or "connection lost")
+        if error is not None:
+            raise error
+        body = b"".join(chunks)
+        row = np.dtype([("n", ">i2")] + [item for name, d in fields for item in ((f"l_{name}", ">i4"), (name, d))])
+        payload = memoryview(body)[_HEADER: len(body) - 2] if body else memoryview(b"")
+        if len(payload) % row.itemsize:
+            raise TsdbError(f"{self.label}: unexpected row layout from COPY (a NULL where none can be)")
+        rows = np.frombuffer(payload, dtype=row)
+        out = {name: rows[name] for name, _ in fields}
+        for name, d in fields:
+            if rows.shape[0] and not bool(np.all(rows[f"l_{name}"] == np.dtype(d).itemsize)):
+                raise TsdbError(f"{self.label}: unexpected NULL in column {name} from COPY")
+        return out
+
+    # ---- catalog, watermark, versions --------------------------------------------------------
+    def distinct_keys(self) -> list[Any]:
+        p = self.spec.points
+        node = quote_ident(p.node)
+        table = self._quoted_table(p.table)
+        filters = self._filters()
+        extra = (Q(" AND ") + join(filters, " AND ")) if filters else Q()
+        # A loose index scan: one index probe per distinct node on an index led by the node column.
+        q = (Q(f"WITH RECURSIVE k(v) AS (SELECT min({node}) FROM {table} WHERE TRUE") + extra
+             + f" UNION ALL SELECT (SELECT min({node}) FROM {table} WHERE {node} > k.v" + extra
+             + ") FROM k WHERE k.v IS NOT NULL) SELECT v FROM k WHERE v IS NOT NULL ORDER BY v")
+        text, params = q.render("pyformat")
+        with self._reading("points: listing the nodes"):
+            return [r[0] for r in self._c.execute(text, params).fetchall()]
+
+    def max_time(self, nodes: Sequence[NodeRef]) -> int | None:
+        p = self.spec.points
+        if self.layout == "query":
+            best: int | None = None
+            for n in nodes:
+                a, b = self.codec.bounds(-(2**63), 2**63 - 1)
+                frm = self._from_query(n.key, self._bound(a), self._bound(b), Q("NULL"))
+                q = Q(f"SELECT {self._time_scalar('q.' + self._t)} FROM ") + frm + f" ORDER BY q.{self._t} DESC LIMIT 1"
+                v = self._scalar(q, "points.query: the latest point")
+                if v is not None:
+                    ms = int(self.codec.to_ms(np.array([v]))[0])
+                    best = ms if best is None else max(best, ms)
+            return best
+        table = self._quoted_table(p.table)
+        filters = self._filters()
+        if self.layout == "narrow":
+            node = quote_ident(p.node)
+            extra = (Q(" AND ") + join(filters, " AND ")) if filters else Q()
+            q = (Q(f"SELECT max(m) FROM unnest(") + val([n.key for n in nodes])
+                 + f"::{self._types[p.node]}[]) AS k(key) CROSS JOIN LATERAL (SELECT {self._time_scalar(self._t)} AS m "
+                 f"FROM {table} WHERE {node} = k.key" + extra + f" ORDER BY {self._t} DESC LIMIT 1) AS x")
+        else:
+            conds = [Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")"] + filters
+            q = (Q(f"SELECT {self._time_scalar(self._t)} FROM {table} WHERE ") + join(conds, " AND ")
+                 + f" ORDER BY {self._t} DESC LIMIT 1")
+        v = self._scalar(q, "points: the latest point")
+        return None if v is None else int(self.codec.to_ms(np.array([v]))[0])
+
+    def _scalar(self, q: Q, what: str) -> Any:
+        text, params = q.render("pyformat")
+        with self._reading(what):
+            row = self._c.execute(text, params).fetchone()
+        return None if row is None else row[0]
+
+    def aggregates(self, windows: Sequence[Window], nodes: Sequence[NodeRef]) -> list[Any]:
+        p = self.spec.points
+        tt = self._time_type()
+        bounds = [self.codec.bounds(w.lo, w.hi) for w in windows]
+        arrays = (Q("unnest(") + val(list(range(len(windows)))) + "::int4[], "
+                  + val([self.codec.bind(a) for a, _ in bounds]) + f"::{tt}[], "
+                  + val([self.codec.bind(b) for _, b in bounds]) + f"::{tt}[], "
+                  + val([w.line for w in windows]) + "::text[]) AS w(i, lo, hi, line)")
+        t = f"p.{self._t}"
+        if p.modified:
+            check = f"max(p.{quote_ident(p.modified)})"
+        elif self.layout == "wide":
+            cells = [f"p.{quote_ident(n.column)}" for n in nodes]
+            cells += [f"p.{quote_ident(n.quality.column)}" for n in nodes if n.quality is not None]
+            check = f"sum(hash_record(ROW({t}, {', '.join(cells)})))"
+        else:
+            q = p.quality_spec()
+            cells = [t, f"p.{quote_ident(p.value)}"] + ([f"p.{quote_ident(q.column)}"] if q is not None else [])
+            check = f"sum(hash_record(ROW({', '.join(cells)})))"
+        head = f"SELECT w.i, count({t}), {self._time_scalar(f'min({t})')}, {self._time_scalar(f'max({t})')}, {check} FROM "
+        if self.layout == "query":
+            lo_all = min(w.lo for w in windows)
+            hi_all = max(w.hi for w in windows)
+            line = Q("w.line") if p.line else Q("NULL")
+            parts = [Q("(SELECT * FROM ") + self._from_query(n.key, Q("w.lo"), Q("w.hi"), line, span=(lo_all, hi_all),
+                                                              alias=f"n{k}") + ")"
+                     for k, n in enumerate(nodes)]
+            q = (Q(head) + arrays + " LEFT JOIN LATERAL (" + join(parts, " UNION ALL ") + ") AS p ON TRUE"
+                 + " GROUP BY w.i ORDER BY w.i")
+        else:
+            conds = [Q(f"{t} BETWEEN w.lo AND w.hi")]
+            if self.layout == "narrow":
+                conds.insert(0, Q(f"p.{quote_ident(p.node)} = ANY(") + val([n.key for n in nodes]) + f"::{self._types[p.node]}[])")
+            if p.line:
+                conds.append(Q(f"p.{quote_ident(p.line)} = w.line"))
+            conds += self._filters("p.")
+            q = (Q(head) + arrays + f" LEFT JOIN {self._quoted_table(p.table)} AS p ON " + join(conds, " AND ")
+                 + " GROUP BY w.i ORDER BY w.i")
+        text, params = q.render("pyformat")
+        with self._reading(f"reading the versions of {len(windows)} runs"):
+            rows = self._c.execute(text, params).fetchall()
+        return [[r[1], r[2], r[3], None if r[4] is None else str(r[4])] for r in rows]
+
+    # ---- runs and node tables ----------------------------------------------------------------
+    def read_table(self, read: TableRead) -> dict[str, list[Any]]:
+        rel, where = read.relation, str(self.loaded.path)
+        needed = [(f"{read.key}.{f}", c) for f, c in read.columns.items()]
+        if rel.query is not None:
+            frm = Q("(") + rel.query + ") AS r"
+            types = self._query_columns(Q("SELECT * FROM ") + frm, f"{read.key}.query")
+            check_columns(types, needed, "the query's columns", where)
+        elif rel.table is not None:
+            types = self._table_columns(rel.table, f"{read.key}.table", needed + [(f"{read.key}.where", c) for c in rel.where])
+            frm = Q(f"{self._quoted_table(rel.table)} AS r")
+        else:
+            from aml_pipeline.sources.lake import read_file_table
+
+            return read_file_table(self.loaded, read)
+        codec = None
+        if read.times:
+            first = read.columns[read.times[0]]
+            codec, why = resolve_codec(read.time_type, read.time_zone, types[first], first)
+            if codec is None:
+                raise SourceError(f"{where}: {read.key}.time_type: {why}")
+        select = []
+        for f, c in read.columns.items():
+            col = f"r.{quote_ident(c)}"
+            if f in read.times:
+                select.append(f"CASE WHEN {col} IS NULL THEN NULL ELSE {_scalar_raw(codec, col)} END")
+            elif type_class(types[c]) == "numeric":
+                select.append(f"CAST({col} AS float8)")
+            else:
+                select.append(col)
+        q = Q(f"SELECT {', '.join(select)} FROM ") + frm
+        filters = where_equal(rel.where, "r.") if rel.table is not None else []
+        if filters:
+            q = q + " WHERE " + join(filters, " AND ")
+        text, params = q.render("pyformat")
+        with self._reading(f"reading {read.key}"):
+            rows = self._c.execute(text, params).fetchall()
+        out: dict[str, list[Any]] = {f: [r[i] for r in rows] for i, f in enumerate(read.columns)}
+        for f in read.times:
+            raw = out[f]
+            present = [i for i, v in enumerate(raw) if v is not None]
+            ms = codec.to_ms(np.array([raw[i] for i in present], dtype=np.float64 if codec.is_float else np.int64))
+            out[f] = [None] * len(raw)
+            for i, m in zip(present, ms.tolist()):
+                out[f][i] = m
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        p = self.spec.points
+        out = {
+            "backend": "postgresql",
+            "connection": self.label,
+            "layout": self.layout,
+            "points": p.table if p.table else "query" + (f" over {len(self._periods)} period tables" if self._periods else ""),
+            "time": {"column": p.time, "type": self.codec.describe(), "kind": self.codec.kind, "zone": self.codec.zone},
+            "order": "time, " + ", ".join([*p.order, "value", "quality"]),
+        }
+        with self._reading("reading the role"):
+            out["role"] = self._c.execute("SELECT current_user").fetchone()[0]
+        return out
+
+
+def _scalar_raw(codec: TimeCodec, col: str) -> str:
+    if codec.is_timestamp:
+        return f"CAST(extract(epoch FROM {col}) * 1000000 AS int8)"
+    return f"CAST({col} AS float8)" if codec.is_float else f"CAST({col} AS int8)"
