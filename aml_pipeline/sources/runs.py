@@ -157,13 +157,15 @@ def runs_from_windows(spec: Windows, watermark: int | None, where: str) -> list[
     if stop is not None and stop <= last:
         last = stop - pd.Timedelta(milliseconds=1)
     prefix = spec.id_prefix or f"{spec.line}-"
+    # A calendar day is at least 23 hours: a bound on the count before making any window.
+    shortest = every - 3_600_000 * days if days and not rest else every
+    if (timestamp_ms(last) - timestamp_ms(start)) // max(shortest, 1) + 1 > MAX_WINDOWS:
+        raise SourceError(f"{where}.windows: more than {MAX_WINDOWS:,} windows of {spec.every} up to the latest point; "
+                          "is every right?")
     runs: list[Run] = []
     lo = start
     while lo <= last:
         hi = lo + offset
-        if len(runs) >= MAX_WINDOWS:
-            raise SourceError(f"{where}.windows: more than {MAX_WINDOWS:,} windows of {spec.every} up to the latest point; "
-                              "is every right?")
         run_id = f"{prefix}{lo.strftime('%Y%m%dT%H%M%S' if every % 60_000 else '%Y%m%dT%H%M')}"
         _check_id(run_id, f"{where}.windows: run id")
         started, ended = _ms(lo), _ms(hi) - 1
