@@ -475,8 +475,9 @@ def _most_telling(errors: list[Any]) -> tuple[Any, int]:
     """The error to report: a value given as a mapping fails every branch of ``str | Model``;
     the model's complaint says what is wrong, "should be a valid string" does not."""
     telling = [e for e in errors if not e["type"].endswith("_type")] or errors
-    rank = {"extra_forbidden": 0, "value_error": 1, "missing": 2}
-    return min(telling, key=lambda e: rank.get(e["type"], 3)), len(telling)
+    # A typo first, then a value given but wrong, then a key left out.
+    rank = {"extra_forbidden": 0, "missing": 2}
+    return min(telling, key=lambda e: rank.get(e["type"], 1)), len(telling)
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
