@@ -102,3 +102,40 @@ class Backend(Protocol):
         """What the backend assumed, for ``source check``."""
 
     def close(self) -> None: ...
+
+
+def source_order(node: np.ndarray, keys: Sequence[np.ndarray]) -> np.ndarray:
+    """The permutation that orders rows by ``node`` (small integers), then by ``keys`` in turn
+    (time, the order columns, ...), ties kept in the order the rows came (a stable sort): what
+    ``ORDER BY`` would give, computed in numpy.
+
+    Rows usually arrive in the source's physical order (a table's insertion order, a file's row
+    order), which is time order within each node: a stable grouping by node (a radix sort) is
+    then enough. That is checked, comparing the other keys only where times tie; otherwise a
+    full (stable) ``lexsort``.
+    """
+    n = node.shape[0]
+    if n < 2:
+        return np.arange(n)
+    small = node.astype(np.int16) if 0 <= node.min() and node.max() < 2**15 else node
+    perm = np.argsort(small, kind="stable")
+    nd = np.diff(node[perm])
+    t = keys[0][perm]
+    dt = np.diff(t)
+    if not bool(np.any((nd == 0) & ~(dt >= 0))):  # NaN times are never in order
+        tied = np.flatnonzero((nd == 0) & (dt == 0))
+        if tied.size == 0 or _ascending([k[perm][tied] for k in keys[1:]], [k[perm][tied + 1] for k in keys[1:]]):
+            return perm
+    return np.lexsort((np.arange(n), *reversed(keys), node))
+
+
+def _ascending(first: Sequence[np.ndarray], second: Sequence[np.ndarray]) -> bool:
+    """Whether each row of ``first`` is at most the same row of ``second`` in lexicographic order
+    of the keys (equal counts as in order; NaN never does)."""
+    if not first:
+        return True
+    ge = np.ones(first[0].shape[0], dtype=bool)
+    for a, b in zip(reversed(first), reversed(second)):
+        d = b.astype(np.float64) - a.astype(np.float64) if a.dtype.kind == "u" else b - a
+        ge = (d > 0) | ((d == 0) & ge)
+    return bool(np.all(ge))

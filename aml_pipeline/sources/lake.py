@@ -26,7 +26,7 @@ import duckdb
 import numpy as np
 
 from aml_pipeline.errors import SourceError, TsdbError, TsdbUnavailableError
-from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window
+from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window, source_order
 from aml_pipeline.sources.description import LoadedDescription, Quality
 from aml_pipeline.sources.sqlbuild import Q, check_columns, join, quote_ident, state_expr, val, where_equal
 from aml_pipeline.sources.timecodec import TimeCodec, resolve_codec, type_class
@@ -58,6 +58,7 @@ class _Files:
 
     def __init__(self, loaded: LoadedDescription, pattern: str, fmt: str | None, key: str) -> None:
         self.key = key
+        self.hive = True  # read key=value folders as columns (LakeSource turns it off when unused)
         self.where = str(loaded.path)
         path = Path(pattern).expanduser()
         self.glob = str(path if path.is_absolute() else loaded.base_dir / path)
@@ -66,20 +67,22 @@ class _Files:
     def files(self) -> list[str]:
         return sorted(_glob.glob(self.glob, recursive=True))
 
-    def relation(self, filters: Sequence[Q] = (), *, tie: bool = False) -> Q:
-        """FROM clause text: the files, with the tie columns (file name, row) when ``tie``."""
+    def relation(self, files: Sequence[str] | None = None, filters: Sequence[Q] = (), *, tie: bool = False) -> Q:
+        """FROM clause text: ``files`` (default: the glob), with the tie columns when ``tie``:
+        the file's place in ``files`` (sorted by name) and the row's place in the file."""
+        what = val(self.glob if files is None else list(files))
         if self.format == "parquet":
-            src = Q("read_parquet(") + val(self.glob) + ", hive_partitioning = true, hive_types_autocast = false)"
+            src = Q("read_parquet(") + what + f", hive_partitioning = {str(self.hive).lower()}, hive_types_autocast = false)"
             if not tie:
                 return src
-            inner = Q("SELECT *, filename AS aml_file, file_row_number AS aml_row FROM ") + src
+            inner = Q("SELECT *, file_index AS aml_file, file_row_number AS aml_row FROM ") + src
         else:
-            src = Q("read_csv(") + val(self.glob) + ", hive_partitioning = true, hive_types_autocast = false, parallel = false)"
+            src = Q("read_csv(") + what + f", hive_partitioning = {str(self.hive).lower()}, hive_types_autocast = false, parallel = false)"
             if not tie:
                 return src
             # A CSV scan keeps file order (one thread): the row number within the scan is the
             # file order of the rows that pass the filters, all a tie needs.
-            inner = Q("SELECT *, filename AS aml_file, row_number() OVER () AS aml_row FROM ") + src
+            inner = Q("SELECT *, file_index AS aml_file, row_number() OVER () AS aml_row FROM ") + src
         if filters:
             inner = inner + " WHERE " + join(filters, " AND ")
         return Q("(") + inner + ")"
@@ -94,6 +97,8 @@ class LakeSource:
         p = self.spec.points
         self._lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = _connect()
+        self._listed: dict[str, str | None] | None = None  # file -> its partition folder value
+        self._hashes: dict[str, int] = {}  # node name -> DuckDB's hash of it
         self.layout = p.effective_layout
         try:
             if p.query is not None:
@@ -115,14 +120,19 @@ class LakeSource:
                 needed.append(("points.line", p.line))
             if p.modified:
                 needed.append(("points.modified", p.modified))
-            if p.partition is not None:
-                needed.append(("points.partition.column", p.partition.column))
             for node_id, col in p.wide_columns().items():
                 needed.append((f"points.columns.{node_id}", col.column))
                 cq = _quality(col.quality)
                 if cq is not None:
                     needed.append((f"points.columns.{node_id}.quality", cq.column))
             check_columns(self._types, needed, f"the files {self._files.glob}", str(loaded.path))
+            # Folder keys become columns only if the mapping uses one (it costs a little per file).
+            self._files.hive = False
+            in_files = self._describe(self._files.relation(), "points.files")
+            self._files.hive = any(c not in in_files for _, c in needed)
+            if p.partition is not None and not any(v is not None for v in self._refresh_values().values()):
+                raise SourceError(f"{loaded.path}: points.partition.column: no file is in a folder named "
+                                  f"{p.partition.column}=... under {self._files.glob!r}", code="SOURCE_NOT_FOUND")
             codec, why = resolve_codec(p.time_type, p.time_zone, self._types[p.time], p.time)
             if codec is None:
                 raise SourceError(f"{loaded.path}: points.time_type: {why}")
@@ -190,35 +200,93 @@ class LakeSource:
     def _base_filters(self, lo: int, hi: int, line: str | None) -> list[Q]:
         p = self.spec.points
         a, b = self.codec.bounds(lo, hi)
-        conds = self._partition_filters(lo, hi)
-        conds.append(Q(f"{self._t} BETWEEN ") + self._bound(a) + " AND " + self._bound(b))
+        conds = [Q(f"{self._t} BETWEEN ") + self._bound(a) + " AND " + self._bound(b)]
         if p.line and line is not None:
             conds.append(Q(f"{quote_ident(p.line)} = ") + val(line))
         return conds + where_equal(p.where)
 
-    def _partition_filters(self, lo: int, hi: int) -> list[Q]:
+    # ---- which files -------------------------------------------------------------------------
+    def _refresh_values(self) -> dict[str, str | None]:
+        self._refresh()
+        return self._listed
+
+    def _refresh(self) -> list[str]:
+        """List the files again (the catalog calls that begin a build do: files added later are
+        read by the next build). Each file's partition value is read from its path once."""
+        part = self.spec.points.partition
+        listed = self._files.files()
+        values: dict[str, str | None] = {}
+        for f in listed:
+            values[f] = None
+            if part is not None:
+                for piece in Path(f).parts:
+                    if piece.startswith(f"{part.column}="):
+                        values[f] = piece[len(part.column) + 1:]
+        self._listed = values
+        return listed
+
+    def _files_for(self, lo: int, hi: int) -> list[str]:
+        """The files that can hold points in [lo, hi] (ms): with ``partition``, those in the
+        folders the range overlaps (and any file outside such folders)."""
+        if self._listed is None:
+            self._refresh()
         part = self.spec.points.partition
         if part is None:
-            return []
+            return list(self._listed)
         import pandas as pd
 
         bounds = []
         for ms in (lo, hi):
-            ms = min(max(ms, -(2**62)), 2**62)
             try:
-                t = pd.Timestamp(ms, unit="ms", tz="UTC").tz_convert(part.zone)
+                t = pd.Timestamp(min(max(ms, -(2**62)), 2**62), unit="ms", tz="UTC").tz_convert(part.zone)
             except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
-                return []  # the whole time axis: every folder
+                return list(self._listed)  # the whole time axis: every folder
             bounds.append(t.strftime(part.value_format))
-        col = quote_ident(part.column)
-        return [Q(f"CAST({col} AS VARCHAR) BETWEEN ") + val(bounds[0]) + " AND " + val(bounds[1])]
+        return [f for f, v in self._listed.items() if v is None or bounds[0] <= v <= bounds[1]]
 
     def _order(self) -> str:
         return ", ".join(quote_ident(c) for c in (self.spec.points.time, *self.spec.points.order, *_TIE))
 
+    def _tie_keys(self) -> list[str] | None:
+        """The order columns as numbers (for numpy), or None when one is not a number or a time.
+        File order needs no column: a scan returns the rows of the files in their order (list
+        order, then row order; DuckDB keeps insertion order), and numpy's sorts are stable."""
+        keys = []
+        for c in self.spec.points.order:
+            cls, col = type_class(self._types[c]), quote_ident(c)
+            if cls in ("tz", "naive"):
+                keys.append(f"coalesce(epoch_us({col}), 9223372036854775807)")
+            elif cls == "int":
+                keys.append(f"coalesce(CAST({col} AS BIGINT), 9223372036854775807)")
+            elif cls in ("float", "numeric"):
+                keys.append(f"coalesce(CAST({col} AS DOUBLE), 'NaN'::DOUBLE)")
+            else:
+                return None
+        return keys
+
+    def _node_numbers(self, nodes: Sequence[NodeRef]) -> tuple[str, np.ndarray] | None:
+        """A fixed-width number per row naming its node (the key, or DuckDB's ``hash`` of it) and
+        the number of each of ``nodes``; None if two collide."""
+        col = quote_ident(self.spec.points.node)
+        if type_class(self._types[self.spec.points.node]) == "int":
+            numbers = np.array([int(n.key) for n in nodes], dtype=np.int64)
+            return f"CAST({col} AS BIGINT)", numbers
+        names = [str(n.key) for n in nodes]
+        missing = [k for k in names if k not in self._hashes]
+        if missing:
+            cols = self._run(Q("SELECT k, hash(k) AS h FROM (SELECT unnest(") + val(missing) + ") AS k)", "hashing node names")
+            self._hashes.update(zip(cols["k"].tolist(), cols["h"].tolist()))
+        numbers = np.array([self._hashes[k] for k in names], dtype=np.uint64)
+        if np.unique(numbers).shape[0] != len(nodes):
+            return None
+        return f"hash(CAST({col} AS VARCHAR))", numbers
+
     # ---- points ------------------------------------------------------------------------------
     def fetch(self, node: NodeRef, lo: int, hi: int, line: str | None, limit: int) -> Series:
         p = self.spec.points
+        files = self._files_for(lo, hi)
+        if not files:
+            return Series.empty()
         conds = self._base_filters(lo, hi, line)
         if self.layout == "narrow":
             conds.insert(0, Q(f"{quote_ident(p.node)} = ") + val(node.key))
@@ -227,47 +295,59 @@ class LakeSource:
             conds.append(Q(f"{quote_ident(node.column)} IS NOT NULL"))
             value_col, quality = node.column, node.quality
         q = (Q(f"SELECT {self._raw_time(self._t)} AS t, {self._value(value_col)} AS v, ") + self._state(quality)
-             + " AS s FROM " + self._files.relation(conds, tie=True)
+             + " AS s FROM " + self._files.relation(files, conds, tie=True)
              + f" ORDER BY {self._order()}, 2, 3 LIMIT " + val(int(limit)))
         cols = self._run(q, f"reading node {node.node_id!r}")
         return Series(self.codec.to_ms(cols["t"]), np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32))
 
     def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int) -> list[Series] | None:
+        """One scan of the files the run's range overlaps, without ORDER BY; numpy orders each
+        node's points as :meth:`fetch` does (time, order columns, file, row, value, state)."""
         p = self.spec.points
+        ties = self._tie_keys()
+        if ties is None:
+            return None
+        files = self._files_for(lo, hi)
+        if not files:
+            return [Series.empty() for _ in nodes]
         conds = self._base_filters(lo, hi, line)
+        select = [f"{self._raw_time(self._t)} AS t"] + [f"{k} AS o{i}" for i, k in enumerate(ties)]
         if self.layout == "narrow":
-            keys = [n.key for n in nodes]
-            conds.insert(0, Q(f"{quote_ident(p.node)} IN (") + join([val(k) for k in keys], ", ") + ")")
-            idx = Q(f"CASE {quote_ident(p.node)}") + join([Q(" WHEN ") + val(k) + f" THEN {i}" for i, k in enumerate(keys)], "") + " END"
-            q = (Q("SELECT ") + idx + f" AS i, {self._raw_time(self._t)} AS t, {self._value(p.value)} AS v, "
-                 + self._state(p.quality_spec()) + " AS s FROM " + self._files.relation(conds, tie=True)
-                 + f" ORDER BY 1, {self._order()}, 3, 4 LIMIT " + val(int(limit)))
+            named = self._node_numbers(nodes)
+            if named is None:
+                return None
+            key_sql, numbers = named
+            conds.insert(0, Q(f"{quote_ident(p.node)} IN (") + join([val(n.key) for n in nodes], ", ") + ")")
+            q = (Q(f"SELECT {key_sql} AS k, {', '.join(select)}, {self._value(p.value)} AS v, ")
+                 + self._state(p.quality_spec()) + " AS s FROM " + self._files.relation(files) + " WHERE "
+                 + join(conds, " AND ") + " LIMIT " + val(int(limit)))
             cols = self._run(q, f"reading {len(nodes)} nodes")
-            i = np.asarray(cols["i"], np.int64)
-            ts = self.codec.to_ms(cols["t"])
-            v, s = np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32)
-            bounds = np.searchsorted(i, np.arange(len(nodes) + 1))
+            by_number = np.argsort(numbers)
+            node = by_number[np.searchsorted(numbers[by_number], np.asarray(cols["k"]).astype(numbers.dtype))]
+            t, v, s = np.asarray(cols["t"]), np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32)
+            order = source_order(node, [t, *(np.asarray(cols[f"o{i}"]) for i in range(len(ties)))])
+            node, ts, v, s = node[order], self.codec.to_ms(t[order]), v[order], s[order]
+            bounds = np.searchsorted(node, np.arange(len(nodes) + 1))
             return [Series(ts[a:b], v[a:b], s[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
         conds.append(Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
-        select = [Q(f"{self._raw_time(self._t)} AS t"), Q(f"dense_rank() OVER (ORDER BY {self._order()}) AS g")]
-        for k, n in enumerate(nodes):
-            select += [Q(f"{self._value(n.column)} AS v{k}"), Q(f"{quote_ident(n.column)} IS NOT NULL AS p{k}"),
-                       self._state(n.quality) + f" AS s{k}"]
-        q = (Q("SELECT ") + join(select, ", ") + " FROM " + self._files.relation(conds, tie=True)
-             + f" ORDER BY {self._order()} LIMIT " + val(int(limit)))
+        per_node = [Q(f"{self._value(n.column)} AS v{k}, {quote_ident(n.column)} IS NOT NULL AS p{k}, ")
+                    + self._state(n.quality) + f" AS s{k}" for k, n in enumerate(nodes)]
+        q = (Q(f"SELECT {', '.join(select)}, ") + join(per_node, ", ") + " FROM "
+             + self._files.relation(files) + " WHERE " + join(conds, " AND ") + " LIMIT " + val(int(limit)))
         cols = self._run(q, f"reading {len(nodes)} nodes")
-        ts, g = self.codec.to_ms(cols["t"]), np.asarray(cols["g"], np.int64)
+        t = np.asarray(cols["t"])
+        others = [np.asarray(cols[f"o{i}"]) for i in range(len(ties))]
         out = []
         for k in range(len(nodes)):
             has = np.asarray(cols[f"p{k}"], bool)
             v, s = np.asarray(cols[f"v{k}"], np.float64)[has], np.asarray(cols[f"s{k}"], np.int32)[has]
-            order = np.lexsort((s, v, g[has]))
-            out.append(Series(ts[has][order], v[order], s[order]))
+            order = source_order(np.zeros(v.shape[0], np.int64), [t[has], *(o[has] for o in others)])
+            out.append(Series(self.codec.to_ms(t[has][order]), v[order], s[order]))
         return out
 
     def distinct_keys(self) -> list[Any]:
         p = self.spec.points
-        rel = self._files.relation()
+        rel = self._files.relation(self._refresh())
         conds = where_equal(p.where)
         q = Q(f"SELECT DISTINCT {quote_ident(p.node)} AS k FROM ") + rel
         if conds:
@@ -277,37 +357,32 @@ class LakeSource:
 
     def max_time(self, nodes: Sequence[NodeRef]) -> int | None:
         p = self.spec.points
-        node_cond: Q
         if self.layout == "narrow":
             node_cond = Q(f"{quote_ident(p.node)} IN (") + join([val(n.key) for n in nodes], ", ") + ")"
         else:
             node_cond = Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")"
         conds = [node_cond, *where_equal(p.where)]
-        # With partition folders, the newest folder that holds any of the nodes answers.
-        for part in self._partitions_newest_first() or [None]:
-            extra = [] if part is None else [Q(f"CAST({quote_ident(p.partition.column)} AS VARCHAR) = ") + val(part)]
-            q = (Q(f"SELECT max({self._raw_time(self._t)}) AS m FROM ") + self._files.relation()
-                 + " WHERE " + join(conds + extra, " AND "))
+        self._refresh()
+        # With partition folders, the newest folder that holds any of the nodes answers (files
+        # outside such folders are read with each).
+        folders = sorted({v for v in self._listed.values() if v is not None}, reverse=True)
+        rest = [f for f, v in self._listed.items() if v is None]
+        for folder in folders or [None]:
+            files = [f for f, v in self._listed.items() if folder is not None and v == folder] + rest
+            q = (Q(f"SELECT max({self._raw_time(self._t)}) AS m FROM ") + self._files.relation(files)
+                 + " WHERE " + join(conds, " AND "))
             m = self._run(q, "points: the latest point")["m"]
             if m.shape[0] and not np.ma.is_masked(m[0]) and m[0] is not None:
                 return int(self.codec.to_ms(np.asarray([m[0]]))[0])
         return None
 
-    def _partitions_newest_first(self) -> list[str]:
-        part = self.spec.points.partition
-        if part is None:
-            return []
-        values = set()
-        prefix = f"{part.column}="
-        for f in self._files.files():
-            for piece in Path(f).parts:
-                if piece.startswith(prefix):
-                    values.add(piece[len(prefix):])
-        return sorted(values, reverse=True)
-
     def aggregates(self, windows: Sequence[Window], nodes: Sequence[NodeRef]) -> list[Any]:
         p = self.spec.points
         lo_all, hi_all = min(w.lo for w in windows), max(w.hi for w in windows)
+        self._refresh()
+        files = self._files_for(lo_all, hi_all)
+        if not files:
+            return [[0, None, None, None] for _ in windows]
         bounds = [self.codec.bounds(w.lo, w.hi) for w in windows]
         conds = self._base_filters(lo_all, hi_all, None)
         if self.layout == "narrow":
@@ -317,11 +392,11 @@ class LakeSource:
         else:
             cells = [self._t] + [quote_ident(n.column) for n in nodes]
             cells += [quote_ident(n.quality.column) for n in nodes if n.quality is not None]
-        check = f"max(pt.{quote_ident(p.modified)})" if p.modified else f"sum(pt.h)"
+        check = f"max(pt.{quote_ident(p.modified)})" if p.modified else "sum(pt.h)"
         extra = f", {quote_ident(p.modified)}" if p.modified else ""
         points = (Q(f"(SELECT {self._t} AS t{extra}, hash({', '.join(cells)}) AS h"
                     + (f", {quote_ident(p.line)} AS line" if p.line else "") + " FROM ")
-                  + self._files.relation() + " WHERE " + join(conds, " AND ") + ") AS pt")
+                  + self._files.relation(files) + " WHERE " + join(conds, " AND ") + ") AS pt")
         tt = {"timestamptz": "TIMESTAMPTZ", "timestamp": "TIMESTAMP"}.get(self.codec.kind, "DOUBLE" if self.codec.is_float else "BIGINT")
         w = (Q("(SELECT unnest(") + val(list(range(len(windows)))) + ") AS i, unnest(CAST("
              + val([self.codec.bind(a) for a, _ in bounds]) + f" AS {tt}[])) AS lo, unnest(CAST("
@@ -346,7 +421,7 @@ class LakeSource:
             "backend": "files",
             "files": self._files.glob,
             "format": self._files.format,
-            "file_count": len(self._files.files()),
+            "file_count": len(self._refresh()),
             "layout": self.layout,
             "time": {"column": p.time, "type": self.codec.describe(), "kind": self.codec.kind, "zone": self.codec.zone},
             "order": "time, " + ", ".join([*p.order, "file name", "row in file", "value", "state"]),

@@ -17,8 +17,9 @@ Reads
 
 Versions
     One query per batch of runs: the runs' windows as arrays, joined with the points of every
-    mapped node; per window ``count``, ``min``/``max`` of time and ``sum(hash_record(ROW(time,
-    value, quality)))`` (or ``max(<modified>)`` where the mapping names a modification column).
+    mapped node; per window ``count``, ``min``/``max`` of time and the sum of a hash of each
+    point's value and quality (or ``max(<modified>)`` where the mapping names a modification
+    column).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import psycopg
 from psycopg import pq, sql
 
 from aml_pipeline.errors import SourceError, TsdbError, TsdbUnavailableError
-from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window
+from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window, source_order
 from aml_pipeline.sources.description import LoadedDescription, Quality
 from aml_pipeline.sources.sqlbuild import (
     Q,
@@ -66,6 +67,7 @@ class PostgresSource:
         self._conn: psycopg.Connection | None = None
         self._closed = False
         self._periods: list[tuple[int, int, str]] = []
+        self._hashes: dict[str, int] = {}  # node name -> hashtext(name), as this server computes it
         self._conn = self._connect()
         try:
             self._prepare_points()
@@ -360,52 +362,99 @@ class PostgresSource:
         return self.codec.to_ms(raw)
 
     def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int) -> list[Series] | None:
+        """One scan of the run's rows (no ORDER BY: the same index range a plain ``COPY`` of them
+        reads), each row with its node and its tie keys; numpy then orders each node's points
+        exactly as :meth:`fetch` does (time, order columns, value, state). None (node by node)
+        for the query layout, or where the node or order columns are not plain numbers."""
         p = self.spec.points
-        if self.layout == "query":
-            return None  # the description's query reads one node
+        order_keys = self._order_keys()
+        if self.layout == "query" or order_keys is None:
+            return None
         a, b = self.codec.bounds(lo, hi)
-        tsel = self._time_select(self._t)
         tdt = ">f8" if self.codec.is_float else ">i8"
         conds = [Q(f"{self._t} BETWEEN ") + self._bound(a) + " AND " + self._bound(b)]
         if p.line and line is not None:
             conds.append(Q(f"{quote_ident(p.line)} = ") + val(line))
         conds += self._filters()
+        select = [Q(self._time_select(self._t))] + [Q(sql_) for sql_, _ in order_keys]
+        fields = [("t", tdt)] + [(f"o{k}", dt_) for k, (_, dt_) in enumerate(order_keys)]
         table = self._quoted_table(p.table)
         if self.layout == "narrow":
-            quality = p.quality_spec()
-            keys = [n.key for n in nodes]
-            conds.insert(0, Q(f"{quote_ident(p.node)} IN (") + join([val(k) for k in keys], ", ") + ")")
-            # The node's position in `nodes`, computed in SQL so the rows come back grouped.
-            idx = Q(f"CASE {quote_ident(p.node)}") + join([Q(" WHEN ") + val(k) + f" THEN {i}" for i, k in enumerate(keys)], "") + " END"
-            q = (Q("SELECT ") + idx + f", {tsel}, {self._value_sql(p.value)}, " + self._state_sql(quality)
-                 + f" FROM {table} WHERE " + join(conds, " AND ")
-                 + f" ORDER BY 1, {self._order('', 3)} LIMIT " + val(int(limit)))
-            with self._reading(f"reading {len(nodes)} nodes"):
-                cols = self._copy(q, [("i", ">i4"), ("t", tdt), ("v", ">f8"), ("s", ">i4")])
-            i = cols["i"].astype(np.int64)
-            ts, v, s = self._to_ms(cols["t"]), cols["v"].astype(np.float64), cols["s"].astype(np.int32)
-            bounds = np.searchsorted(i, np.arange(len(nodes) + 1))
-            return [Series(ts[x:y], v[x:y], s[x:y]) for x, y in zip(bounds[:-1], bounds[1:])]
-        # Wide: one scan of the rows; each node's points are its non-NULL cells, ordered per node
-        # as fetch orders them (time, order columns, value, state).
-        conds.append(Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
-        fields: list[tuple[str, str]] = [("t", tdt), ("g", ">i8")]
-        select = [Q(tsel), Q(f"dense_rank() OVER (ORDER BY {', '.join(quote_ident(c) for c in [p.time, *p.order])})")]
-        for k, n in enumerate(nodes):
-            select += [Q(self._value_sql(n.column)), Q(f"{quote_ident(n.column)} IS NOT NULL"), self._state_sql(n.quality)]
-            fields += [(f"v{k}", ">f8"), (f"p{k}", "?"), (f"s{k}", ">i4")]
-        q = (Q("SELECT ") + join(select, ", ") + f" FROM {table} WHERE " + join(conds, " AND ")
-             + f" ORDER BY {', '.join(quote_ident(c) for c in [p.time, *p.order])} LIMIT " + val(int(limit)))
+            node_key = self._node_key_sql(nodes)
+            if node_key is None:
+                return None
+            key_sql, key_dt, numbers = node_key
+            by_number = np.argsort(numbers)
+            conds.insert(0, Q(f"{quote_ident(p.node)} IN (") + join([val(n.key) for n in nodes], ", ") + ")")
+            select = [Q(key_sql)] + select + [Q(self._value_sql(p.value)), self._state_sql(p.quality_spec())]
+            fields = [("k", key_dt)] + fields + [("v", ">f8"), ("s", ">i4")]
+        else:
+            conds.append(Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
+            for k, n in enumerate(nodes):
+                select += [Q(self._value_sql(n.column)), Q(f"{quote_ident(n.column)} IS NOT NULL"), self._state_sql(n.quality)]
+                fields += [(f"v{k}", ">f8"), (f"p{k}", "?"), (f"s{k}", ">i4")]
+        q = Q("SELECT ") + join(select, ", ") + f" FROM {table} WHERE " + join(conds, " AND ") + " LIMIT " + val(int(limit))
         with self._reading(f"reading {len(nodes)} nodes"):
             cols = self._copy(q, fields)
-        ts, group = self._to_ms(cols["t"]), cols["g"].astype(np.int64)
+        t = cols["t"].astype(np.float64 if self.codec.is_float else np.int64)
+        ties = [cols[f"o{k}"].astype(np.float64 if dt_ == ">f8" else np.int64) for k, (_, dt_) in enumerate(order_keys)]
+        ts = self._to_ms(cols["t"])
+        if self.layout == "narrow":
+            # A row's node: its number's place among the sorted numbers, then the node there.
+            node = by_number[np.searchsorted(numbers[by_number], cols["k"].astype(np.int64))]
+            v, s = cols["v"].astype(np.float64), cols["s"].astype(np.int32)
+            order = source_order(node, [t, *ties, v, s])
+            node, ts, v, s = node[order], ts[order], v[order], s[order]
+            bounds = np.searchsorted(node, np.arange(len(nodes) + 1))
+            return [Series(ts[x:y], v[x:y], s[x:y]) for x, y in zip(bounds[:-1], bounds[1:])]
         out = []
-        for k, n in enumerate(nodes):
+        for k in range(len(nodes)):
             has = cols[f"p{k}"].astype(bool)
-            v, s, g, t = cols[f"v{k}"][has].astype(np.float64), cols[f"s{k}"][has].astype(np.int32), group[has], ts[has]
-            order = np.lexsort((s, v, g))
-            out.append(Series(t[order], v[order], s[order]))
+            v, s = cols[f"v{k}"][has].astype(np.float64), cols[f"s{k}"][has].astype(np.int32)
+            order = source_order(np.zeros(int(has.sum()), np.int64), [t[has], *(o[has] for o in ties), v, s])
+            out.append(Series(ts[has][order], v[order], s[order]))
         return out
+
+    def _order_keys(self) -> list[tuple[str, str]] | None:
+        """The mapping's order columns as fixed-width SQL (NULLs last, as ORDER BY puts them) and
+        their binary types; None when one is not a number or a time."""
+        keys = []
+        for c in self.spec.points.order:
+            cls = type_class(self._types[c])
+            col = quote_ident(c)
+            if cls in ("int", "numeric") and "numeric" not in self._types[c]:
+                keys.append((f"coalesce(CAST({col} AS int8), 9223372036854775807)", ">i8"))
+            elif cls == "float":
+                keys.append((f"coalesce(CAST({col} AS float8), 'NaN'::float8)", ">f8"))
+            elif cls in ("tz", "naive"):
+                keys.append((f"coalesce({col}, 'infinity')", ">i8"))
+            else:
+                return None
+        return keys
+
+    def _node_key_sql(self, nodes: Sequence[NodeRef]) -> tuple[str, str, np.ndarray] | None:
+        """How a row names its node as a fixed-width number: the key itself (integer keys) or
+        ``hashtext`` of it (text keys), with the number of each of ``nodes``; None if two nodes'
+        numbers collide or the keys are neither."""
+        col = quote_ident(self.spec.points.node)
+        cls = type_class(self._types[self.spec.points.node])
+        if cls == "int":
+            numbers = np.array([int(n.key) for n in nodes], dtype=np.int64)
+            key_sql, key_dt = f"CAST({col} AS int8)", ">i8"
+        elif cls == "other":
+            names = [str(n.key) for n in nodes]
+            missing = [k for k in names if k not in self._hashes]
+            if missing:
+                text, params = (Q("SELECT k, hashtext(k) FROM unnest(") + val(missing) + "::text[]) AS u(k)").render("pyformat")
+                with self._reading("hashing node names"):
+                    self._hashes.update(self._c.execute(text, params).fetchall())
+            numbers = np.array([self._hashes[k] for k in names], dtype=np.int64)
+            key_sql, key_dt = f"hashtext({col})", ">i4"
+        else:
+            return None
+        if np.unique(numbers).shape[0] != len(nodes):
+            return None
+        return key_sql, key_dt, numbers
 
     def _copy(self, q: Q, fields: list[tuple[str, str]]) -> dict[str, np.ndarray]:
         """Run ``COPY (q) TO STDOUT (FORMAT BINARY)`` and decode its fixed-width rows."""
@@ -413,18 +462,19 @@ class PostgresSource:
         conn = self._c
         statement = psycopg.ClientCursor(conn).mogrify(f"COPY ({text}) TO STDOUT (FORMAT BINARY)", params)
         pg = conn.pgconn
-        chunks: list[bytes] = []
+        body = bytearray()
         try:
             pg.send_query(statement.encode(conn.info.encoding))
             result = pg.get_result()
             if result is not None and result.status == pq.ExecStatus.COPY_OUT:
                 get = pg.get_copy_data
-                append = chunks.append
                 while True:
                     nbytes, data = get(0)
                     if nbytes < 0:
                         break
-                    append(data)
+                    # Copied at once: keeping libpq's row buffers alive until the end costs
+                    # several times the copy.
+                    body += data
                 result = pg.get_result()
             error = None
             while result is not None:
@@ -441,7 +491,6 @@ class PostgresSource:
             raise psycopg.OperationalError(pg.error_message.decode(errors="replace") or "connection lost")
         if error is not None:
             raise error
-        body = b"".join(chunks)
         row = np.dtype([("n", ">i2")] + [item for name, d in fields for item in ((f"l_{name}", ">i4"), (name, d))])
         payload = memoryview(body)[_HEADER: len(body) - 2] if body else memoryview(b"")
         if len(payload) % row.itemsize:
@@ -502,7 +551,21 @@ class PostgresSource:
             row = self._c.execute(text, params).fetchone()
         return None if row is None else row[0]
 
+    def _cell_hash(self, column: str, prefix: str = "p.") -> str:
+        """An int4 hash of one column's value (NULL stays NULL), by its type."""
+        col, cls = f"{prefix}{quote_ident(column)}", type_class(self._types.get(column, ""))
+        if cls in ("float", "numeric"):
+            return f"hashfloat8(CAST({col} AS float8))"
+        if cls == "int":
+            return f"hashint8(CAST({col} AS int8))"
+        if cls in ("tz", "naive"):
+            return f"hashfloat8(date_part('epoch', {col}))"
+        return f"hashtext(CAST({col} AS text))"
+
     def aggregates(self, windows: Sequence[Window], nodes: Sequence[NodeRef]) -> list[Any]:
+        """Per window (one LATERAL aggregate each, all windows in one query): the point count, the
+        first and last time, and the sum over points of a hash of (value, quality): a point added,
+        deleted or corrected changes it. Or ``max(<modified>)`` where mapped."""
         p = self.spec.points
         tt = self._time_type()
         bounds = [self.codec.bounds(w.lo, w.hi) for w in windows]
@@ -511,17 +574,20 @@ class PostgresSource:
                   + val([self.codec.bind(b) for _, b in bounds]) + f"::{tt}[], "
                   + val([w.line for w in windows]) + "::text[]) AS w(i, lo, hi, line)")
         t = f"p.{self._t}"
-        if p.modified:
-            check = f"max(p.{quote_ident(p.modified)})"
-        elif self.layout == "wide":
-            cells = [f"p.{quote_ident(n.column)}" for n in nodes]
-            cells += [f"p.{quote_ident(n.quality.column)}" for n in nodes if n.quality is not None]
-            check = f"sum(hash_record(ROW({t}, {', '.join(cells)})))"
+        if self.layout == "wide":
+            columns = [n.column for n in nodes] + [n.quality.column for n in nodes if n.quality is not None]
         else:
             q = p.quality_spec()
-            cells = [t, f"p.{quote_ident(p.value)}"] + ([f"p.{quote_ident(q.column)}"] if q is not None else [])
-            check = f"sum(hash_record(ROW({', '.join(cells)})))"
-        head = f"SELECT w.i, count({t}), {self._time_scalar(f'min({t})')}, {self._time_scalar(f'max({t})')}, {check} FROM "
+            columns = [p.value] + ([q.column] if q is not None else [])
+        if p.modified:
+            check = f"max(p.{quote_ident(p.modified)})"
+        else:
+            # Time enters through the count and the first and last time only: hashing it too
+            # (date_part per row) would cost more than the value and quality together.
+            hashes = [f"coalesce({self._cell_hash(c)}, 0)" for c in columns]
+            check = f"sum({' # '.join(hashes)})"
+        head = (f"SELECT count({t}) AS n, {self._time_scalar(f'min({t})')} AS a, {self._time_scalar(f'max({t})')} AS b, "
+                f"{check} AS c FROM ")
         if self.layout == "query":
             lo_all = min(w.lo for w in windows)
             hi_all = max(w.hi for w in windows)
@@ -529,21 +595,22 @@ class PostgresSource:
             parts = [Q("(SELECT * FROM ") + self._from_query(n.key, Q("w.lo"), Q("w.hi"), line, span=(lo_all, hi_all),
                                                               alias=f"n{k}") + ")"
                      for k, n in enumerate(nodes)]
-            q = (Q(head) + arrays + " LEFT JOIN LATERAL (" + join(parts, " UNION ALL ") + ") AS p ON TRUE"
-                 + " GROUP BY w.i ORDER BY w.i")
+            per_window = Q(head) + "(" + join(parts, " UNION ALL ") + ") AS p"
         else:
             conds = [Q(f"{t} BETWEEN w.lo AND w.hi")]
             if self.layout == "narrow":
                 conds.insert(0, Q(f"p.{quote_ident(p.node)} = ANY(") + val([n.key for n in nodes]) + f"::{self._types[p.node]}[])")
+            else:
+                conds.append(Q("(") + join([Q(f"p.{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
             if p.line:
                 conds.append(Q(f"p.{quote_ident(p.line)} = w.line"))
             conds += self._filters("p.")
-            q = (Q(head) + arrays + f" LEFT JOIN {self._quoted_table(p.table)} AS p ON " + join(conds, " AND ")
-                 + " GROUP BY w.i ORDER BY w.i")
+            per_window = Q(head) + f"{self._quoted_table(p.table)} AS p WHERE " + join(conds, " AND ")
+        q = Q("SELECT a.n, a.a, a.b, a.c FROM ") + arrays + " CROSS JOIN LATERAL (" + per_window + ") AS a ORDER BY w.i"
         text, params = q.render("pyformat")
         with self._reading(f"reading the versions of {len(windows)} runs"):
             rows = self._c.execute(text, params).fetchall()
-        return [[r[1], r[2], r[3], None if r[4] is None else str(r[4])] for r in rows]
+        return [[r[0], r[1], r[2], None if r[3] is None else str(r[3])] for r in rows]
 
     # ---- runs and node tables ----------------------------------------------------------------
     def read_table(self, read: TableRead) -> dict[str, list[Any]]:
