@@ -363,50 +363,30 @@ class PostgresSource:
 
     def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int) -> list[Series] | None:
         """One scan of the run's rows (no ORDER BY: the same index range a plain ``COPY`` of them
-        reads), each row with its node and its tie keys; numpy then orders each node's points
-        exactly as :meth:`fetch` does (time, order columns, value, state). None (node by node)
-        for the query layout, or where the node or order columns are not plain numbers."""
+        reads), each row with its node; numpy then orders each node's points exactly as
+        :meth:`fetch` does (time, order columns, value, state). None (node by node) for the query
+        layout, or where the node or order columns are not plain numbers."""
         p = self.spec.points
         order_keys = self._order_keys()
         if self.layout == "query" or order_keys is None:
             return None
-        a, b = self.codec.bounds(lo, hi)
-        tdt = ">f8" if self.codec.is_float else ">i8"
-        conds = [Q(f"{self._t} BETWEEN ") + self._bound(a) + " AND " + self._bound(b)]
-        if p.line and line is not None:
-            conds.append(Q(f"{quote_ident(p.line)} = ") + val(line))
-        conds += self._filters()
-        select = [Q(self._time_select(self._t))] + [Q(sql_) for sql_, _ in order_keys]
-        fields = [("t", tdt)] + [(f"o{k}", dt_) for k, (_, dt_) in enumerate(order_keys)]
+        conds = self._range_conds(lo, hi, line)
         table = self._quoted_table(p.table)
         if self.layout == "narrow":
-            node_key = self._node_key_sql(nodes)
-            if node_key is None:
-                return None
-            key_sql, key_dt, numbers = node_key
-            by_number = np.argsort(numbers)
-            conds.insert(0, Q(f"{quote_ident(p.node)} IN (") + join([val(n.key) for n in nodes], ", ") + ")")
-            select = [Q(key_sql)] + select + [Q(self._value_sql(p.value)), self._state_sql(p.quality_spec())]
-            fields = [("k", key_dt)] + fields + [("v", ">f8"), ("s", ">i4")]
-        else:
-            conds.append(Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
-            for k, n in enumerate(nodes):
-                select += [Q(self._value_sql(n.column)), Q(f"{quote_ident(n.column)} IS NOT NULL"), self._state_sql(n.quality)]
-                fields += [(f"v{k}", ">f8"), (f"p{k}", "?"), (f"s{k}", ">i4")]
+            return self._fetch_many_narrow(nodes, conds, order_keys, limit)
+        tdt = ">f8" if self.codec.is_float else ">i8"
+        select = [Q(self._time_select(self._t))] + [Q(sql_) for sql_, _ in order_keys]
+        fields = [("t", tdt)] + [(f"o{k}", dt_) for k, (_, dt_) in enumerate(order_keys)]
+        conds.append(Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
+        for k, n in enumerate(nodes):
+            select += [Q(self._value_sql(n.column)), Q(f"{quote_ident(n.column)} IS NOT NULL"), self._state_sql(n.quality)]
+            fields += [(f"v{k}", ">f8"), (f"p{k}", "?"), (f"s{k}", ">i4")]
         q = Q("SELECT ") + join(select, ", ") + f" FROM {table} WHERE " + join(conds, " AND ") + " LIMIT " + val(int(limit))
         with self._reading(f"reading {len(nodes)} nodes"):
             cols = self._copy(q, fields)
         t = cols["t"].astype(np.float64 if self.codec.is_float else np.int64)
         ties = [cols[f"o{k}"].astype(np.float64 if dt_ == ">f8" else np.int64) for k, (_, dt_) in enumerate(order_keys)]
         ts = self._to_ms(cols["t"])
-        if self.layout == "narrow":
-            # A row's node: its number's place among the sorted numbers, then the node there.
-            node = by_number[np.searchsorted(numbers[by_number], cols["k"].astype(np.int64))]
-            v, s = cols["v"].astype(np.float64), cols["s"].astype(np.int32)
-            order = source_order(node, [t, *ties, v, s])
-            node, ts, v, s = node[order], ts[order], v[order], s[order]
-            bounds = np.searchsorted(node, np.arange(len(nodes) + 1))
-            return [Series(ts[x:y], v[x:y], s[x:y]) for x, y in zip(bounds[:-1], bounds[1:])]
         out = []
         for k in range(len(nodes)):
             has = cols[f"p{k}"].astype(bool)
@@ -414,6 +394,92 @@ class PostgresSource:
             order = source_order(np.zeros(int(has.sum()), np.int64), [t[has], *(o[has] for o in ties), v, s])
             out.append(Series(ts[has][order], v[order], s[order]))
         return out
+
+    def _range_conds(self, lo: int, hi: int, line: str | None) -> list[Q]:
+        p = self.spec.points
+        a, b = self.codec.bounds(lo, hi)
+        conds = [Q(f"{self._t} BETWEEN ") + self._bound(a) + " AND " + self._bound(b)]
+        if p.line and line is not None:
+            conds.append(Q(f"{quote_ident(p.line)} = ") + val(line))
+        return conds + self._filters()
+
+    def _fetch_many_narrow(self, nodes: Sequence[NodeRef], conds: list[Q], order_keys: list[tuple[str, str]],
+                           limit: int) -> list[Series] | None:
+        """Narrow layout: the rows carry node, time, value and state only. Points sharing a node
+        and a time (re-sent samples: few) are ordered by the mapping's order columns, read for
+        just those in a second query of the same snapshot."""
+        p = self.spec.points
+        named = self._node_key_sql(nodes)
+        if named is None:
+            return None
+        key_sql, key_dt, numbers = named
+        by_number = np.argsort(numbers)
+        tdt = ">f8" if self.codec.is_float else ">i8"
+        table = self._quoted_table(p.table)
+        select = f"{key_sql}, {self._time_select(self._t)}"
+        q = (Q(f"SELECT {select}, {self._value_sql(p.value)}, ") + self._state_sql(p.quality_spec())
+             + f" FROM {table} WHERE " + join([self._node_in(nodes), *conds], " AND ") + " LIMIT " + val(int(limit)))
+        fields = [("k", key_dt), ("t", tdt), ("v", ">f8"), ("s", ">i4")]
+        with self._reading(f"reading {len(nodes)} nodes"), self._snapshot(bool(order_keys)):
+            cols = self._copy(q, fields)
+            node = by_number[np.searchsorted(numbers[by_number], cols["k"].astype(np.int64))]
+            t = cols["t"].astype(np.float64 if self.codec.is_float else np.int64)
+            v, s = cols["v"].astype(np.float64), cols["s"].astype(np.int32)
+            order = source_order(node, [t] if order_keys else [t, v, s])
+            node, t, v, s = node[order], t[order], v[order], s[order]
+            same = np.flatnonzero((node[1:] == node[:-1]) & (t[1:] == t[:-1]))
+            if order_keys and same.size:
+                tied = np.zeros(node.shape[0], dtype=bool)
+                tied[same] = tied[same + 1] = True
+                node, t, v, s = self._order_ties(nodes, numbers, by_number, conds, order_keys, node, t, v, s, tied)
+        ts = self._to_ms(t)
+        bounds = np.searchsorted(node, np.arange(len(nodes) + 1))
+        return [Series(ts[x:y], v[x:y], s[x:y]) for x, y in zip(bounds[:-1], bounds[1:])]
+
+    def _order_ties(self, nodes, numbers, by_number, conds, order_keys, node, t, v, s, tied):
+        """Replace the rows of each (node, time) shared by several points with the same rows read
+        again with their order columns, sorted by (order columns, value, state)."""
+        p = self.spec.points
+        tdt = ">f8" if self.codec.is_float else ">i8"
+        raw_times = np.unique(t[tied])
+        bind = [self.codec.bind(int(x) + _PG_EPOCH_US) if self.codec.is_timestamp else x.item() for x in raw_times]
+        keys = [nodes[i] for i in np.unique(node[tied])]
+        key_sql, key_dt, _ = self._node_key_sql(nodes)
+        q = (Q(f"SELECT {key_sql}, {self._time_select(self._t)}, {', '.join(k for k, _ in order_keys)}, "
+               f"{self._value_sql(p.value)}, ") + self._state_sql(p.quality_spec())
+             + f" FROM {self._quoted_table(p.table)} WHERE " + join([self._node_in(keys), *conds], " AND ")
+             + f" AND {self._t} = ANY(" + val(bind) + f"::{self._time_type()}[])")
+        fields = [("k", key_dt), ("t", tdt)] + [(f"o{i}", d) for i, (_, d) in enumerate(order_keys)] + [("v", ">f8"), ("s", ">i4")]
+        again = self._copy(q, fields)
+        n2 = by_number[np.searchsorted(numbers[by_number], again["k"].astype(np.int64))]
+        t2 = again["t"].astype(np.float64 if self.codec.is_float else np.int64)
+        wanted = set(zip(node[tied].tolist(), t[tied].tolist()))
+        keep = np.fromiter(((a, b) in wanted for a, b in zip(n2.tolist(), t2.tolist())), dtype=bool, count=n2.shape[0])
+        n2, t2 = n2[keep], t2[keep]
+        v2, s2 = again["v"][keep].astype(np.float64), again["s"][keep].astype(np.int32)
+        o2 = [again[f"o{i}"][keep].astype(np.float64 if d == ">f8" else np.int64) for i, (_, d) in enumerate(order_keys)]
+        o = np.lexsort((s2, v2, *reversed(o2), t2, n2))
+        # The tied rows are contiguous runs of one (node, time) in (node, time) order, as are the
+        # rows read again once sorted: the same places, now in the order columns' order.
+        if not (np.array_equal(n2[o], node[tied]) and np.array_equal(t2[o], t[tied])):
+            raise TsdbError(f"{self.label}: the points sharing a time changed between two reads of one snapshot")
+        v, s = v.copy(), s.copy()
+        v[tied], s[tied] = v2[o], s2[o]
+        return node, t, v, s
+
+    @contextmanager
+    def _snapshot(self, needed: bool) -> Iterator[None]:
+        """One repeatable-read, read-only transaction around several reads (when ``needed``)."""
+        if not needed:
+            yield
+            return
+        conn = self._c
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield
+
+    def _node_in(self, nodes: Sequence[NodeRef]) -> Q:
+        return Q(f"{quote_ident(self.spec.points.node)} IN (") + join([val(n.key) for n in nodes], ", ") + ")"
 
     def _order_keys(self) -> list[tuple[str, str]] | None:
         """The mapping's order columns as fixed-width SQL (NULLs last, as ORDER BY puts them) and
