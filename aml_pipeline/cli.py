@@ -51,11 +51,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from aml_pipeline.runner.build import materialize_dataset
+    from aml_pipeline.sources import absolute_source_url
     from aml_pipeline.spec import load_spec
 
     spec = load_spec(args.spec)
-    from aml_pipeline.sources import absolute_source_url
-
     # A source description named relative to here must still be found by Dagster's workers.
     url = absolute_source_url(args.tsdb or config.tsdb_url())
     home = Path(args.home).resolve() if args.home else config.aml_home()

@@ -49,8 +49,8 @@ QUALITY = {"column": "quality", "good": [192], "states": {64: 1}, "other": 2}
 
 def _points(tsdb_url: str, spec: Any) -> tuple[list, list, dict[str, np.ndarray]]:
     """The spec's runs and nodes, and every point of them in ingestion (seq) order."""
-    from aml_pipeline.pipeline.build import run_scope
-    from aml_pipeline.pipeline.runs import run_bounds
+    from aml_pipeline.pipeline.plan import run_scope
+    from aml_pipeline.pipeline.stages.raw import run_bounds
     from aml_pipeline.tsdb import fetch_node_series, open_tsdb
 
     parts = []
@@ -216,7 +216,7 @@ def _measure_pg(base_url: str, server: str, runs, nodes, node_ids, points, work:
     import psycopg
 
     from aml_pipeline.sources import open_source
-    from aml_pipeline.tsdb.postgres import _drain_copy_out
+    from bench.pg_copy import _drain_copy_out
 
     schema = f"aml_src_bench_{os.getpid()}"
     url = pg_bench._with_schema(base_url, None)

@@ -36,6 +36,7 @@ import numpy as np
 from aml_pipeline.errors import SourceError, TruncationError, TsdbError, TsdbUnavailableError
 from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window
 from aml_pipeline.sources.description import LoadedDescription, Quality
+from aml_pipeline.urls import redact_url
 
 CHUNK_ROWS = 10_000
 _TIMEOUT_S = 60.0
@@ -44,14 +45,6 @@ _TIMEOUT_S = 60.0
 def quote_key(name: str) -> str:
     """An InfluxQL identifier: double-quoted, with backslash and quote escaped."""
     return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _redact(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.password:
-        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 class InfluxSource:
@@ -65,8 +58,8 @@ class InfluxSource:
         url = loaded.connection()
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SourceError(f"{loaded.path}: connection: {_redact(url)!r} is not an http:// or https:// URL of InfluxDB")
-        self.label = _redact(url)
+            raise SourceError(f"{loaded.path}: connection: {redact_url(url)!r} is not an http:// or https:// URL of InfluxDB")
+        self.label = redact_url(url)
         self._https = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port or 8086
         self._base = parts.path.rstrip("/")

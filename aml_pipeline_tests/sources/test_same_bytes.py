@@ -130,7 +130,7 @@ def test_a_description_is_accepted_wherever_a_tsdb_url_is(plant, tmp_path, url_f
     desc = layouts.csv_layout(tmp_path / "csv", plant)
     path = layouts.write_description(tmp_path / "csv" / "plant.yml", desc)
     url = str(path) if url_form == "path" else f"source://{path}"
-    from aml_pipeline.defs.resources import TsdbResource
+    from aml_pipeline.components.resources import TsdbResource
 
     with TsdbResource(url=url).open() as db:
         assert [n.node_id for n in db.list_nodes()] == sorted(n.node_id for n in plant.nodes)

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from aml_pipeline.pipeline.incremental import stale_runs
+from aml_pipeline.pipeline.plan import BuildPlan
+from aml_pipeline.pipeline.stages import RAW
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.sources import open_source
 from aml_pipeline.tsdb.port import PointColumns
@@ -104,11 +105,8 @@ def test_late_points_rebuild_their_run_only_and_match_the_embedded_build(plant, 
         for row in late:
             copy.write_row(row)
     with open_source(url) as db:
-        runs = db.list_runs()
-        stale = stale_runs(spec, DatasetStore(tmp_path / "mapped" / "store", spec.id), runs,
-                           tsdb_versions=db.run_versions([r.run_id for r in runs]),
-                           catalog={n.node_id: n for n in db.list_nodes()})
-    assert stale == {run.run_id: "raw"}
+        stale = BuildPlan.read(db, DatasetStore(tmp_path / "mapped" / "store", spec)).stale
+    assert stale == {run.run_id: RAW}
     second = build(spec, url, tmp_path / "mapped")
     assert second.snapshot_dir != first.snapshot_dir
     assert_same_v2_snapshot(reference.published.snapshot_dir, second.snapshot_dir, "the embedded and the mapped rebuild")
