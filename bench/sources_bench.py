@@ -41,36 +41,11 @@ import numpy as np
 import yaml
 
 from bench import pg_bench
+from bench.common import workload_points
 from bench.timing import side_by_side
 
 OPC = np.array([192, 64, 0], dtype=np.int32)  # the plant's states 0, 1, 2 as OPC UA quality codes
 QUALITY = {"column": "quality", "good": [192], "states": {64: 1}, "other": 2}
-
-
-def _points(tsdb_url: str, spec: Any) -> tuple[list, list, dict[str, np.ndarray]]:
-    """The spec's runs and nodes, and every point of them in ingestion (seq) order."""
-    from aml_pipeline.pipeline.plan import run_scope
-    from aml_pipeline.pipeline.stages.raw import run_bounds
-    from aml_pipeline.tsdb import fetch_node_series, open_tsdb
-
-    parts = []
-    with open_tsdb(tsdb_url) as src:
-        runs = src.list_runs(run_scope(spec), finished_only=True)
-        nodes = src.list_nodes()
-        for run in runs:
-            lo, hi = run_bounds(spec, run)
-            for node in spec.node_ids:
-                parts.append(fetch_node_series(src, node, run.run_id, lo, hi))
-    seq = np.concatenate([p.seq for p in parts])
-    order = np.argsort(seq, kind="stable")
-    cols = {
-        "run_id": np.concatenate([np.full(len(p), p.run_id, dtype=object) for p in parts])[order],
-        "node_id": np.concatenate([np.full(len(p), p.node_id, dtype=object) for p in parts])[order],
-        "ts": np.concatenate([p.ts for p in parts])[order],
-        "value": np.concatenate([p.value for p in parts])[order],
-        "state": np.concatenate([p.state for p in parts])[order],
-    }
-    return runs, nodes, cols
 
 
 def _read_runs(db: Any, runs: list, node_ids: list[str], *, prefetch: bool = True) -> tuple[int, str]:
@@ -172,7 +147,9 @@ def run(tsdb_url: str, spec_dict: dict[str, Any], work: Path, *, repeat: int) ->
     from aml_pipeline.tsdb import open_tsdb
 
     spec = parse_spec(spec_dict)
-    runs, nodes, points = _points(tsdb_url, spec)
+    runs, nodes, pc = workload_points(tsdb_url, spec)
+    points = {"run_id": pc.run_id, "node_id": pc.node_id, "ts": pc.ts, "value": pc.value, "state": pc.state}
+    del pc
     node_ids = list(spec.node_ids)
     work.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"runs": len(runs), "nodes": len(node_ids), "points": int(points["ts"].shape[0])}
