@@ -155,26 +155,6 @@ class Points(_M):
         return {n: WideColumn(column=c) if isinstance(c, str) else c for n, c in self.columns.items()}
 
 
-class RunsTable(_M):
-    table: str | None = None
-    files: str | None = None
-    format: Literal["parquet", "csv"] | None = None
-    query: str | None = None
-    id: str
-    start: str
-    end: str
-    line: ColumnOrConst
-    product: ColumnOrConst
-    recipe: ColumnOrConst
-    recipe_version: ColumnOrConst | None = None
-    recipe_hash: ColumnOrConst | None = None
-    evidence: ColumnOrConst | None = None
-    confirmed: ColumnOrConst | None = None
-    time_type: TimeType | None = None
-    time_zone: str | None = None
-    where: dict[str, Scalar] = Field(default_factory=dict)
-
-
 class RunConstants(_M):
     line: str
     product: str
@@ -251,14 +231,12 @@ class Runs(_M):
 
     @property
     def form(self) -> str:
+        """``table`` (a batch/MES table: ``table``, ``files`` or ``query``), ``batch_tag`` or ``windows``."""
         if self.batch_tag is not None:
             return "batch_tag"
         if self.windows is not None:
             return "windows"
         return "table"
-
-    def table_form(self) -> RunsTable:
-        return RunsTable.model_validate(self.model_dump(exclude={"batch_tag", "windows"}, exclude_none=True))
 
 
 class NodeEntry(_M):

@@ -468,10 +468,5 @@ def read_file_table(loaded: LoadedDescription, read: TableRead, lake: LakeSource
             con.close()
     out: dict[str, list[Any]] = {f: [r[i] for r in rows] for i, f in enumerate(read.columns)}
     for f in read.times:
-        raw = out[f]
-        present = [i for i, v in enumerate(raw) if v is not None]
-        ms = codec.to_ms(np.array([raw[i] for i in present], dtype=np.float64 if codec.is_float else np.int64))
-        out[f] = [None] * len(raw)
-        for i, m in zip(present, ms.tolist()):
-            out[f][i] = m
+        out[f] = codec.to_ms_or_none(out[f])
     return out

@@ -42,7 +42,7 @@ from aml_pipeline.sources.backend import NO_END, Backend, NodeRef, Series, Table
 from aml_pipeline.sources.description import LoadedDescription, NodeEntry
 from aml_pipeline.sources.runs import runs_from_rows, runs_from_tag, runs_from_windows, table_columns
 from aml_pipeline.tsdb.columns import clamp_i64, empty_page
-from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT, Cursor, Node, Page, PointColumns, Run, RunScope
+from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT, Cursor, Node, Page, Run, RunScope
 from aml_pipeline.tsdb.versions import record_digest
 
 # Runs per version query (one aggregate query per batch).
@@ -140,13 +140,8 @@ class MappedTsdb:
             for i, raw in enumerate(rows["id"]):
                 if raw is None:
                     continue
-                node_id = _text(raw)
-                if not EXTERNAL_ID_RE.fullmatch(node_id) or ".." in node_id:
-                    raise SourceError(
-                        f"{where}: node_table: node {node_id!r} (column {t.id}) is not a valid node id "
-                        "(letters, digits and _ . : @ + -); select the nodes you use with node_table.where, "
-                        "or map a column of clean ids"
-                    )
+                node_id = _node_id(raw, f"{where}: node_table: node", f"column {t.id}",
+                                   "select the nodes you use with node_table.where, or map a column of clean ids")
                 if node_id in entries:
                     raise SourceError(f"{where}: node_table: node {node_id!r} appears twice (column {t.id})")
                 entries[node_id] = {
@@ -176,12 +171,8 @@ class MappedTsdb:
                 for raw in self.backend.distinct_keys():
                     if raw is None:
                         continue
-                    node_id = _text(raw)
-                    if not EXTERNAL_ID_RE.fullmatch(node_id) or ".." in node_id:
-                        raise SourceError(
-                            f"{where}: points: node {node_id!r} (column {spec.points.node}) is not a valid node id; "
-                            "list the nodes you use under nodes (with key: for the source's name) or map a node_table"
-                        )
+                    node_id = _node_id(raw, f"{where}: points: node", f"column {spec.points.node}",
+                                       "list the nodes you use under nodes (with key: for the source's name) or map a node_table")
                     entries[node_id] = {"key": raw, "unit": "", "low": None, "high": None}
             for node_id, e in entries.items():
                 refs[node_id] = NodeRef(node_id, key=e["key"])
@@ -206,9 +197,9 @@ class MappedTsdb:
     def _read_runs(self) -> list[Run]:
         runs_spec, where = self.spec.runs, f"{self.loaded.path}: runs"
         if runs_spec.form == "table":
-            table = runs_spec.table_form()
-            read = TableRead("runs", table, table_columns(table), ("start", "end"), table.time_type, table.time_zone)
-            runs = runs_from_rows(table, self.backend.read_table(read), where)
+            read = TableRead("runs", runs_spec, table_columns(runs_spec), ("start", "end"), runs_spec.time_type,
+                             runs_spec.time_zone)
+            runs = runs_from_rows(runs_spec, self.backend.read_table(read), where)
         elif runs_spec.form == "batch_tag":
             tag = runs_spec.batch_tag
             ref = self._node_refs().get(tag.node)
@@ -376,22 +367,6 @@ class MappedTsdb:
                 out[run.run_id] = h.hexdigest()[:32]
         return out
 
-    # ---- points as columns, for tests and tools -------------------------------------------
-    def point_columns(self, run_id: str) -> PointColumns:
-        """Every point of a run, node by node (not part of the port)."""
-        from aml_pipeline.tsdb.port import fetch_node_series
-
-        run = self.get_run(run_id)
-        parts = [fetch_node_series(self, n, run_id, run.started_at, NO_END) for n in self._node_refs()]
-        n = [len(p) for p in parts]
-        return PointColumns(
-            np.full(sum(n), run_id, dtype=object),
-            np.repeat(np.array([p.node_id for p in parts], dtype=object), n),
-            np.concatenate([p.ts for p in parts]) if parts else np.empty(0, np.int64),
-            np.concatenate([p.value for p in parts]) if parts else np.empty(0, np.float64),
-            np.concatenate([p.state for p in parts]) if parts else np.empty(0, np.int32),
-        )
-
     def describe(self) -> dict[str, Any]:
         return self.backend.describe()
 
@@ -400,6 +375,14 @@ def _quality(q: Any) -> Any:
     from aml_pipeline.sources.description import Quality
 
     return Quality(column=q) if isinstance(q, str) else q
+
+
+def _node_id(raw: Any, what: str, where: str, hint: str) -> str:
+    """A node id read from the source, checked as ids are everywhere."""
+    node_id = _text(raw)
+    if not EXTERNAL_ID_RE.fullmatch(node_id) or ".." in node_id:
+        raise SourceError(f"{what} {node_id!r} ({where}) is not a valid node id (letters, digits and _ . : @ + -); {hint}")
+    return node_id
 
 
 def _text(v: Any) -> str:

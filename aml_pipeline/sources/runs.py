@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from aml_pipeline.errors import InvalidIdError, SourceError
 from aml_pipeline.ids import check_external_id
-from aml_pipeline.sources.description import BatchTag, Const, RunsTable, Windows, duration_ms
+from aml_pipeline.sources.description import BatchTag, Const, Runs, Windows, duration_ms
 from aml_pipeline.sources.timecodec import timestamp_ms
 from aml_pipeline.tsdb.port import EVIDENCE_SOURCES, Run
 
@@ -27,7 +26,7 @@ MAX_WINDOWS = 1_000_000
 RUN_FIELDS = ("line", "product", "recipe", "recipe_version", "recipe_hash", "evidence", "confirmed")
 
 
-def table_columns(spec: RunsTable) -> dict[str, str]:
+def table_columns(spec: Runs) -> dict[str, str]:
     """Field -> column for the fields a runs table maps to columns (constants are not read)."""
     cols = {"id": spec.id, "start": spec.start, "end": spec.end}
     for field in RUN_FIELDS:
@@ -37,7 +36,7 @@ def table_columns(spec: RunsTable) -> dict[str, str]:
     return cols
 
 
-def runs_from_rows(spec: RunsTable, rows: dict[str, list[Any]], where: str) -> list[Run]:
+def runs_from_rows(spec: Runs, rows: dict[str, list[Any]], where: str) -> list[Run]:
     """Runs from the rows of a batch/MES table (``rows``: field -> values, times in epoch ms)."""
     n = len(rows["id"])
     runs: list[Run] = []
@@ -223,14 +222,6 @@ def _check_id(value: str, what: str) -> None:
         raise SourceError(e.message) from None
 
 
-def _source_of(spec: RunsTable, name: str) -> str:
+def _source_of(spec: Runs, name: str) -> str:
     v = getattr(spec, name)
     return f"column {v}" if isinstance(v, str) else "the constant"
-
-
-def check_runs_unique(runs: Sequence[Run], where: str) -> None:
-    seen: set[str] = set()
-    for r in runs:
-        if r.run_id in seen:
-            raise SourceError(f"{where}: run {r.run_id!r} appears twice")
-        seen.add(r.run_id)

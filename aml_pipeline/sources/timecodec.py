@@ -131,6 +131,16 @@ class TimeCodec:
                 hi_us = self._utc_to_local_us(hi_us)
         return lo_us, hi_us
 
+    def to_ms_or_none(self, raw: list[Any]) -> list[int | None]:
+        """A table column of raw times (None where NULL) as epoch ms (None kept): the few rows of
+        a runs table, read as Python values."""
+        present = [i for i, v in enumerate(raw) if v is not None]
+        ms = self.to_ms(np.array([raw[i] for i in present], dtype=np.float64 if self.is_float else np.int64))
+        out: list[int | None] = [None] * len(raw)
+        for i, m in zip(present, ms.tolist()):
+            out[i] = m
+        return out
+
     def bind(self, raw: Any) -> Any:
         """A raw bound as the value a driver binds: a datetime for timestamps, else the number."""
         if not self.is_timestamp:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from aml_pipeline.errors import SourceError
-from aml_pipeline.sources.description import BatchTag, RunsTable, Windows
+from aml_pipeline.sources.description import BatchTag, Runs, Windows
 from aml_pipeline.sources.runs import runs_from_rows, runs_from_tag, runs_from_windows
 from aml_pipeline.tsdb.port import PointColumns, Run
 from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
@@ -75,8 +75,8 @@ def test_windows_stop_at_end_and_refuse_absurd_counts():
 # ---- MES table rows ----------------------------------------------------------------------------
 
 
-def table(**kw) -> RunsTable:
-    return RunsTable(table="mes.b", id="id", start="s", end="e", line="l", product={"value": "P"}, recipe="r", **kw)
+def table(**kw) -> Runs:
+    return Runs(table="mes.b", id="id", start="s", end="e", line="l", product={"value": "P"}, recipe="r", **kw)
 
 
 def rows(**cols) -> dict:
