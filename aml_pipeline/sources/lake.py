@@ -98,6 +98,7 @@ class LakeSource:
         self._lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = _connect()
         self._listed: dict[str, str | None] | None = None  # file -> its partition folder value
+        self._spans: dict[str, tuple[tuple[int, int], tuple[Any, Any] | None]] = {}  # file -> (stamp, raw time range)
         self.layout = p.effective_layout
         try:
             if p.query is not None:
@@ -129,14 +130,14 @@ class LakeSource:
             self._files.hive = False
             in_files = self._describe(self._files.relation(), "points.files")
             self._files.hive = any(c not in in_files for _, c in needed)
-            if p.partition is not None and not any(v is not None for v in self._refresh_values().values()):
-                raise SourceError(f"{loaded.path}: points.partition.column: no file is in a folder named "
-                                  f"{p.partition.column}=... under {self._files.glob!r}", code="SOURCE_NOT_FOUND")
             codec, why = resolve_codec(p.time_type, p.time_zone, self._types[p.time], p.time)
             if codec is None:
                 raise SourceError(f"{loaded.path}: points.time_type: {why}")
             self.codec: TimeCodec = codec
             self._t = quote_ident(p.time)
+            if p.partition is not None and not any(v is not None for v in self._refresh_values().values()):
+                raise SourceError(f"{loaded.path}: points.partition.column: no file is in a folder named "
+                                  f"{p.partition.column}=... under {self._files.glob!r}", code="SOURCE_NOT_FOUND")
         except BaseException:
             self.close()
             raise
@@ -211,7 +212,8 @@ class LakeSource:
 
     def _refresh(self) -> list[str]:
         """List the files again (the catalog calls that begin a build do: files added later are
-        read by the next build). Each file's partition value is read from its path once."""
+        read by the next build). Each file's partition value is read from its path, and the time
+        range of a Parquet file from its footer, once per version of the file."""
         part = self.spec.points.partition
         listed = self._files.files()
         values: dict[str, str | None] = {}
@@ -222,26 +224,63 @@ class LakeSource:
                     if piece.startswith(f"{part.column}="):
                         values[f] = piece[len(part.column) + 1:]
         self._listed = values
+        if self._files.format == "parquet":
+            self._read_spans(listed)
         return listed
+
+    def _read_spans(self, files: list[str]) -> None:
+        """The raw time range of each file from its Parquet statistics (DuckDB's
+        ``parquet_metadata``), for files not seen or changed since (path, size, mtime)."""
+        stamps = {}
+        for f in files:
+            try:
+                st = Path(f).stat()
+            except OSError:
+                continue
+            stamps[f] = (st.st_size, st.st_mtime_ns)
+        todo = [f for f, stamp in stamps.items() if self._spans.get(f, (None,))[0] != stamp]
+        if not todo:
+            return
+        duck_type = self._types[self.spec.points.time]
+        q = (Q(f"SELECT file_name AS f, min({self._raw_time(f'CAST(stats_min_value AS {duck_type})')}) AS a, "
+               f"max({self._raw_time(f'CAST(stats_max_value AS {duck_type})')}) AS b, "
+               "count(*) FILTER (WHERE stats_min_value IS NULL OR stats_max_value IS NULL) AS unknown "
+               "FROM parquet_metadata(") + val(todo) + ") WHERE path_in_schema = " + val(self.spec.points.time)
+             + " GROUP BY file_name")
+        try:
+            cols = self._run(q, "points.files: reading the files' time ranges")
+        except SourceError:
+            return  # no statistics to use: every file is read
+        for f, a, b, unknown in zip(cols["f"].tolist(), cols["a"].tolist(), cols["b"].tolist(), cols["unknown"].tolist()):
+            if f in stamps:
+                span = None if unknown or a is None or b is None else (a, b)
+                self._spans[f] = (stamps[f], span)
 
     def _files_for(self, lo: int, hi: int) -> list[str]:
         """The files that can hold points in [lo, hi] (ms): with ``partition``, those in the
-        folders the range overlaps (and any file outside such folders)."""
+        folders the range overlaps (and any file outside such folders); of Parquet files, those
+        whose time statistics overlap it (or have none)."""
         if self._listed is None:
             self._refresh()
+        files = list(self._listed)
         part = self.spec.points.partition
-        if part is None:
-            return list(self._listed)
-        import pandas as pd
+        if part is not None:
+            import pandas as pd
 
-        bounds = []
-        for ms in (lo, hi):
-            try:
-                t = pd.Timestamp(min(max(ms, -(2**62)), 2**62), unit="ms", tz="UTC").tz_convert(part.zone)
-            except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
-                return list(self._listed)  # the whole time axis: every folder
-            bounds.append(t.strftime(part.value_format))
-        return [f for f, v in self._listed.items() if v is None or bounds[0] <= v <= bounds[1]]
+            bounds = []
+            for ms in (lo, hi):
+                try:
+                    t = pd.Timestamp(min(max(ms, -(2**62)), 2**62), unit="ms", tz="UTC").tz_convert(part.zone)
+                except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
+                    bounds = []  # the whole time axis: every folder
+                    break
+                bounds.append(t.strftime(part.value_format))
+            if bounds:
+                files = [f for f in files if self._listed[f] is None or bounds[0] <= self._listed[f] <= bounds[1]]
+        if self._spans:
+            a, b = self.codec.bounds(lo, hi)  # raw values, as the spans
+            files = [f for f in files if (span := self._spans.get(f, (None, None))[1]) is None or (span[1] >= a and span[0] <= b)]
+        return files
 
     def _node_in(self, nodes: Sequence[NodeRef]) -> Q:
         """``node`` is one of ``nodes`` (a list membership test: cheaper in DuckDB than IN (...))."""

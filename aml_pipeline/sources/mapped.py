@@ -99,6 +99,12 @@ class MappedTsdb:
             raise TsdbError(f"{self.url}: this TSDB handle is closed")
         return self._backend
 
+    def _ask(self, name: str, *args: Any) -> Any:
+        """One call of the backend, never two at once (a connection, a COPY in progress, an HTTP
+        answer being read are not shared between threads)."""
+        with self._lock:
+            return getattr(self.backend, name)(*args)
+
     def close(self) -> None:
         with self._lock:
             backend, self._backend = self._backend, None
@@ -136,7 +142,7 @@ class MappedTsdb:
         if spec.node_table is not None:
             t = spec.node_table
             cols = {"id": t.id, **{k: getattr(t, k) for k in ("key", "unit", "low", "high") if getattr(t, k)}}
-            rows = self.backend.read_table(TableRead("node_table", t, cols))
+            rows = self._ask("read_table", TableRead("node_table", t, cols))
             for i, raw in enumerate(rows["id"]):
                 if raw is None:
                     continue
@@ -168,7 +174,7 @@ class MappedTsdb:
             entries = {k: v for k, v in entries.items() if k in columns}
         else:
             if not entries:
-                for raw in self.backend.distinct_keys():
+                for raw in self._ask("distinct_keys"):
                     if raw is None:
                         continue
                     node_id = _node_id(raw, f"{where}: points: node", f"column {spec.points.node}",
@@ -199,7 +205,7 @@ class MappedTsdb:
         if runs_spec.form == "table":
             read = TableRead("runs", runs_spec, table_columns(runs_spec), ("start", "end"), runs_spec.time_type,
                              runs_spec.time_zone)
-            runs = runs_from_rows(runs_spec, self.backend.read_table(read), where)
+            runs = runs_from_rows(runs_spec, self._ask("read_table", read), where)
         elif runs_spec.form == "batch_tag":
             tag = runs_spec.batch_tag
             ref = self._node_refs().get(tag.node)
@@ -232,7 +238,7 @@ class MappedTsdb:
     # ---- points ----------------------------------------------------------------------------
     def availability_watermark(self) -> int | None:
         refs = list(self._node_refs().values())
-        return self.backend.max_time(refs) if refs else None
+        return self._ask("max_time", refs) if refs else None
 
     def _window(self, run: Run, from_ms: int, to_ms: int) -> tuple[int, int]:
         end = NO_END if run.ended_at is None else run.ended_at
@@ -272,7 +278,7 @@ class MappedTsdb:
         if lo > hi:
             return empty_page(cursor)
         want = limit + 1 + skip
-        s = self.backend.fetch(ref, lo, hi, line, want)
+        s = self._ask("fetch", ref, lo, hi, line, want)
         got = len(s)
         ts, value, state = s.ts, s.value, s.state
         if got > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
@@ -323,7 +329,7 @@ class MappedTsdb:
         if not wanted or lo > hi:
             return False
         cap = prefetch_limit() if max_points is None else min(int(max_points), prefetch_limit())
-        series = self.backend.fetch_many(wanted, lo, hi, self._line(run), cap + 1)
+        series = self._ask("fetch_many", wanted, lo, hi, self._line(run), cap + 1)
         if series is None or sum(len(s) for s in series) > cap:
             return False
         with self._lock:
@@ -360,7 +366,7 @@ class MappedTsdb:
         for start in range(0, len(runs), VERSION_BATCH):
             batch = runs[start : start + VERSION_BATCH]
             windows = [Window(*self._window(r, -(2**63), NO_END), self._line(r)) for r in batch]
-            aggs = self.backend.aggregates(windows, refs) if refs else [None] * len(batch)
+            aggs = self._ask("aggregates", windows, refs) if refs else [None] * len(batch)
             for run, agg in zip(batch, aggs):
                 h = hashlib.sha256(record_digest(run))
                 h.update(json.dumps(agg, sort_keys=True, separators=(",", ":"), default=str).encode())
@@ -368,7 +374,7 @@ class MappedTsdb:
         return out
 
     def describe(self) -> dict[str, Any]:
-        return self.backend.describe()
+        return self._ask("describe")
 
 
 def _quality(q: Any) -> Any:

@@ -617,16 +617,20 @@ class PostgresSource:
             row = self._c.execute(text, params).fetchone()
         return None if row is None else row[0]
 
-    def _cell_hash(self, column: str, prefix: str = "p.") -> str:
-        """An int4 hash of one column's value (NULL stays NULL), by its type."""
-        col, cls = f"{prefix}{quote_ident(column)}", type_class(self._types.get(column, ""))
-        if cls in ("float", "numeric"):
-            return f"hashfloat8(CAST({col} AS float8))"
-        if cls == "int":
-            return f"hashint8(CAST({col} AS int8))"
-        if cls in ("tz", "naive"):
-            return f"hashfloat8(date_part('epoch', {col}))"
-        return f"hashtext(CAST({col} AS text))"
+    def _checksum(self, values: Sequence[str], qualities: Sequence[str]) -> str:
+        """Per row, an int4 that changes with any of the ``values`` (hashed) or ``qualities``
+        columns: value hashes and quality codes combined by XOR (an integer code as it is, a
+        word hashed). Summed over a run's rows in the version query."""
+        parts = [f"coalesce(hashfloat8(CAST(p.{quote_ident(c)} AS float8)), 0)" for c in values]
+        for c in qualities:
+            col, cls = f"p.{quote_ident(c)}", type_class(self._types.get(c, ""))
+            if cls == "int" and self._types.get(c) in ("smallint", "integer"):
+                parts.append(f"coalesce(CAST({col} AS int4), -1)")
+            elif cls in ("int", "float", "numeric"):
+                parts.append(f"coalesce(hashfloat8(CAST({col} AS float8)), -1)")
+            else:
+                parts.append(f"coalesce(hashtext(CAST({col} AS text)), -1)")
+        return " # ".join(parts)
 
     def aggregates(self, windows: Sequence[Window], nodes: Sequence[NodeRef]) -> list[Any]:
         """Per window (one LATERAL aggregate each, all windows in one query): the point count, the
@@ -641,17 +645,17 @@ class PostgresSource:
                   + val([w.line for w in windows]) + "::text[]) AS w(i, lo, hi, line)")
         t = f"p.{self._t}"
         if self.layout == "wide":
-            columns = [n.column for n in nodes] + [n.quality.column for n in nodes if n.quality is not None]
+            values = [n.column for n in nodes]
+            qualities = [n.quality.column for n in nodes if n.quality is not None]
         else:
             q = p.quality_spec()
-            columns = [p.value] + ([q.column] if q is not None else [])
+            values, qualities = [p.value], ([q.column] if q is not None else [])
         if p.modified:
             check = f"max(p.{quote_ident(p.modified)})"
         else:
             # Time enters through the count and the first and last time only: hashing it too
             # (date_part per row) would cost more than the value and quality together.
-            hashes = [f"coalesce({self._cell_hash(c)}, 0)" for c in columns]
-            check = f"sum({' # '.join(hashes)})"
+            check = f"sum({self._checksum(values, qualities)})"
         head = (f"SELECT count({t}) AS n, {self._time_scalar(f'min({t})')} AS a, {self._time_scalar(f'max({t})')} AS b, "
                 f"{check} AS c FROM ")
         if self.layout == "query":
