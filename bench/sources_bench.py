@@ -48,11 +48,12 @@ OPC = np.array([192, 64, 0], dtype=np.int32)  # the plant's states 0, 1, 2 as OP
 QUALITY = {"column": "quality", "good": [192], "states": {64: 1}, "other": 2}
 
 
-def _read_runs(db: Any, runs: list, node_ids: list[str], *, prefetch: bool = True) -> tuple[int, str]:
-    """Every point of every run as the build reads it: (points, digest of ts, value, state)."""
+def _read_runs(db: Any, runs: list, node_ids: list[str], *, prefetch: bool = True,
+               digest: Any = None) -> int:
+    """Every point of every run as the build reads it; the number of points. ``digest`` (not
+    while timing) is fed every series' ts, value and state."""
     from aml_pipeline.tsdb import fetch_node_series
 
-    h = hashlib.sha256()
     n = 0
     for run in runs:
         if prefetch and callable(getattr(db, "prefetch", None)):
@@ -60,9 +61,16 @@ def _read_runs(db: Any, runs: list, node_ids: list[str], *, prefetch: bool = Tru
         for node in node_ids:
             s = fetch_node_series(db, node, run.run_id, run.started_at, run.ended_at)
             n += len(s)
-            for a in (s.ts, s.value, s.state):
-                h.update(np.ascontiguousarray(a).data)
-    return n, h.hexdigest()
+            if digest is not None:
+                for a in (s.ts, s.value, s.state):
+                    digest.update(np.ascontiguousarray(a).data)
+    return n
+
+
+def _digest(db: Any, runs: list, node_ids: list[str]) -> str:
+    h = hashlib.sha256()
+    _read_runs(db, runs, node_ids, digest=h)
+    return h.hexdigest()
 
 
 def _table_bytes(table: Any) -> bytes:
@@ -171,8 +179,8 @@ def run(tsdb_url: str, spec_dict: dict[str, Any], work: Path, *, repeat: int) ->
         assert [r.run_id for r in lake.list_runs()] == [r.run_id for r in runs]
         cmp = side_by_side({"lake": lambda: _read_runs(lake, runs, node_ids),
                             "embedded": lambda: _read_runs(embedded, runs, node_ids)}, repeat=repeat)
-    n_lake, d_lake = cmp.values["lake"]
-    n_emb, d_emb = cmp.values["embedded"]
+        d_lake, d_emb = _digest(lake, runs, node_ids), _digest(embedded, runs, node_ids)
+    n_lake, n_emb = cmp.values["lake"], cmp.values["embedded"]
     out["lake"].update({
         "timings": cmp.to_json(),
         "points_per_s": {"lake": n_lake / cmp.timing("lake")["median"],
@@ -233,9 +241,9 @@ def _measure_pg(base_url: str, server: str, runs, nodes, node_ids, points, work:
         with open_source(desc) as db, contextlib.closing(reference):
             assert [r.run_id for r in db.list_runs()] == [r.run_id for r in runs]
             cmp = side_by_side({
-                "fetch": lambda: _read_runs(db, runs, node_ids)[0],
+                "fetch": lambda: _read_runs(db, runs, node_ids),
                 "copy_binary": copy,
-                "pages": lambda: _read_runs(db, runs, node_ids, prefetch=False)[0],
+                "pages": lambda: _read_runs(db, runs, node_ids, prefetch=False),
                 "versions": lambda: versions(db),
             }, repeat=repeat)
         fetched, copied = cmp.values["fetch"], cmp.values["copy_binary"]

@@ -65,6 +65,10 @@ def ranks(ts: np.ndarray, first_offset: int = 0) -> np.ndarray:
     n = ts.shape[0]
     if n == 0:
         return np.empty(0, np.int64)
+    if n == 1 or bool(np.all(ts[1:] != ts[:-1])):  # the usual case: no two points share a time
+        seq = np.zeros(n, np.int64)
+        seq[0] = first_offset
+        return seq
     idx = np.arange(n, dtype=np.int64)
     new = np.empty(n, dtype=bool)
     new[0] = True

@@ -420,9 +420,10 @@ class PostgresSource:
         q = (Q(f"SELECT {select}, {self._value_sql(p.value)}, ") + self._state_sql(p.quality_spec())
              + f" FROM {table} WHERE " + join([self._node_in(nodes), *conds], " AND ") + " LIMIT " + val(int(limit)))
         fields = [("k", key_dt), ("t", tdt), ("v", ">f8"), ("s", ">i4")]
-        with self._reading(f"reading {len(nodes)} nodes"), self._snapshot(bool(order_keys)):
+
+        def read() -> tuple[np.ndarray, ...]:
             cols = self._copy(q, fields)
-            node = by_number[np.searchsorted(numbers[by_number], cols["k"].astype(np.int64))]
+            node = by_number[np.searchsorted(numbers[by_number], cols["k"])]
             t = cols["t"].astype(np.float64 if self.codec.is_float else np.int64)
             v, s = cols["v"].astype(np.float64), cols["s"].astype(np.int32)
             order = source_order(node, [t] if order_keys else [t, v, s])
@@ -431,7 +432,16 @@ class PostgresSource:
             if order_keys and same.size:
                 tied = np.zeros(node.shape[0], dtype=bool)
                 tied[same] = tied[same + 1] = True
-                node, t, v, s = self._order_ties(nodes, numbers, by_number, conds, order_keys, node, t, v, s, tied)
+                v, s = self._order_ties(nodes, numbers, by_number, conds, order_keys, node, t, v, s, tied)
+            return node, t, v, s
+
+        with self._reading(f"reading {len(nodes)} nodes"):
+            try:
+                node, t, v, s = read()
+            except _TiesChanged:
+                # Points were written between the two reads: both again, in one snapshot.
+                with self._snapshot():
+                    node, t, v, s = read()
         ts = self._to_ms(t)
         bounds = np.searchsorted(node, np.arange(len(nodes) + 1))
         return [Series(ts[x:y], v[x:y], s[x:y]) for x, y in zip(bounds[:-1], bounds[1:])]
@@ -462,17 +472,16 @@ class PostgresSource:
         # The tied rows are contiguous runs of one (node, time) in (node, time) order, as are the
         # rows read again once sorted: the same places, now in the order columns' order.
         if not (np.array_equal(n2[o], node[tied]) and np.array_equal(t2[o], t[tied])):
-            raise TsdbError(f"{self.label}: the points sharing a time changed between two reads of one snapshot")
+            if self._c.info.transaction_status == pq.TransactionStatus.INTRANS:
+                raise TsdbError(f"{self.label}: the points sharing a time differ between two reads of one snapshot")
+            raise _TiesChanged()
         v, s = v.copy(), s.copy()
         v[tied], s[tied] = v2[o], s2[o]
-        return node, t, v, s
+        return v, s
 
     @contextmanager
-    def _snapshot(self, needed: bool) -> Iterator[None]:
-        """One repeatable-read, read-only transaction around several reads (when ``needed``)."""
-        if not needed:
-            yield
-            return
+    def _snapshot(self) -> Iterator[None]:
+        """One repeatable-read, read-only transaction around several reads."""
         conn = self._c
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -737,6 +746,11 @@ class PostgresSource:
         with self._reading("reading the role"):
             out["role"] = self._c.execute("SELECT current_user").fetchone()[0]
         return out
+
+
+class _TiesChanged(Exception):
+    """Points sharing a time changed between the two reads of a prefetch (read them again in one
+    snapshot)."""
 
 
 def _scalar_raw(codec: TimeCodec, col: str) -> str:

@@ -182,3 +182,41 @@ def test_sub_millisecond_times_share_their_millisecond(pg_schema, postgres_url, 
         np.testing.assert_array_equal(ts, T0 + np.array(micros)[by_time] // 1000)
         np.testing.assert_array_equal(value, by_time.astype(float))
         np.testing.assert_array_equal(seq, [0, 1, 2, 0, 1, 0])
+
+
+def test_a_point_written_between_the_two_reads_of_a_prefetch(rows, pg_schema, postgres_url, tmp_path):
+    """The prefetch reads the points, then the order columns of the points sharing a time. A point
+    written in between (at a shared time) is noticed, and both reads are made again in one
+    snapshot: the pages are those of the table as it is after the write."""
+    con, schema = pg_schema()
+    pg_table(con, schema, rows)
+    desc = {"backend": "postgresql", "connection": postgres_url,
+            "points": {"table": f"{schema}.s", "node": "tag", "time": "ts", "value": "value", "quality": QUALITY,
+                       "order": ["id"]},
+            "runs": RUNS}
+    tie_ts = int(rows["ts"][rows["tag"] == "TIE"][0])
+    with open_source(str(write_description(tmp_path / "s.yaml", desc))) as db:
+        backend = db.backend
+        real_copy = backend._copy
+        calls = []
+
+        def copy(q, fields):
+            out = real_copy(q, fields)
+            calls.append(len(fields))
+            if len(calls) == 1:  # after the first read: another sample at a shared time
+                con.execute(f"INSERT INTO {schema}.s (tag, ts, value, quality) VALUES ('TIE', %s, 99.5, 192)",
+                            [dt.datetime.fromtimestamp(tie_ts / 1000, dt.timezone.utc)])
+            return out
+
+        backend._copy = copy
+        run = db.list_runs(finished_only=False)[0]
+        assert db.prefetch(run.run_id, ["TIE", "ONE"], run.started_at, run.ended_at)
+        assert len(calls) == 4  # points, ties (changed), then both again in one snapshot
+        prefetched = fetch_node_series(db, "TIE", run.run_id, run.started_at, run.ended_at)
+        backend._copy = real_copy
+        paged = fetch_node_series(db, "TIE", run.run_id, run.started_at, run.ended_at, page_limit=50)
+    np.testing.assert_array_equal(prefetched.ts, paged.ts)
+    np.testing.assert_array_equal(prefetched.value, paged.value)
+    np.testing.assert_array_equal(prefetched.seq, paged.seq)
+    at = prefetched.ts == tie_ts
+    assert prefetched.value[at][-1] == 99.5  # the newest insert is the last of its time
