@@ -595,8 +595,9 @@ def render(d: dict[str, Any]) -> str:
         pg = so["pg"]
         if pg.get("available"):
             t = pg["timings"]
-            L.append(f"  PostgreSQL table: fetch {_t(t['fetch'])}, binary COPY {_t(t['copy_binary'])}, node by node "
-                     f"{_t(t['pages'])}, per-run versions {_t(t['versions'])}")
+            other = next(k for k in t if k.startswith("fetch_"))
+            L.append(f"  PostgreSQL table: fetch ({pg['transfer']}) {_t(t['fetch'])}, {other.split('_', 1)[1]} {_t(t[other])}, "
+                     f"binary COPY {_t(t['copy_binary'])}, node by node {_t(t['pages'])}, per-run versions {_t(t['versions'])}")
         else:
             L.append(f"  PostgreSQL: {pg['reason']}")
     L.append("")

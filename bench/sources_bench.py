@@ -16,8 +16,10 @@ Then, side by side (``bench.timing.side_by_side``), every finished run of the sp
 * ``mapped_pg_fetch_over_copy``: every point of the run through the mapped table, as the build
   reads it (the adapter's ``prefetch`` of the run, then ``fetch_node_series`` per node), over a
   plain ``COPY (SELECT ts, value, quality FROM samples WHERE tag = ANY(...) AND ts BETWEEN ...)
-  TO STDOUT (FORMAT BINARY)`` of the same rows, received by libpq and dropped. ``pages``
-  (``fetch_node_series`` per node without the prefetch) is reported beside it.
+  TO STDOUT (FORMAT BINARY)`` of the same rows, received by libpq and dropped. Beside it: the
+  same fetch with the adapter's other transfer (``PostgresSource.transfer``: rows packed on the
+  server and read through a cursor, or a binary COPY; the default is the faster one here) and
+  ``pages`` (``fetch_node_series`` per node without the prefetch).
 * ``mapped_version_over_fetch``: ``run_versions([run])`` (one aggregate query) over the same
   fetch.
 * ``parquet_over_embedded_points_per_s``: points per second of the same read path through the
@@ -202,6 +204,7 @@ def _measure_pg(base_url: str, server: str, runs, nodes, node_ids, points, work:
     import psycopg
 
     from aml_pipeline.sources import open_source
+    from aml_pipeline.sources.postgres import PostgresSource
     from bench.pg_copy import _drain_copy_out
 
     schema = f"aml_src_bench_{os.getpid()}"
@@ -238,10 +241,23 @@ def _measure_pg(base_url: str, server: str, runs, nodes, node_ids, points, work:
                 db.run_versions([run.run_id])
             return len(runs)
 
+        default = PostgresSource.transfer
+
+        def fetch(transfer: str):
+            def read() -> int:
+                PostgresSource.transfer = transfer
+                try:
+                    return _read_runs(db, runs, node_ids)
+                finally:
+                    PostgresSource.transfer = default
+            return read
+
+        other = "copy" if default == "cursor" else "cursor"
         with open_source(desc) as db, contextlib.closing(reference):
             assert [r.run_id for r in db.list_runs()] == [r.run_id for r in runs]
             cmp = side_by_side({
-                "fetch": lambda: _read_runs(db, runs, node_ids),
+                "fetch": fetch(default),
+                f"fetch_{other}": fetch(other),
                 "copy_binary": copy,
                 "pages": lambda: _read_runs(db, runs, node_ids, prefetch=False),
                 "versions": lambda: versions(db),
@@ -254,9 +270,11 @@ def _measure_pg(base_url: str, server: str, runs, nodes, node_ids, points, work:
             "timings": cmp.to_json(),
             "points": fetched,
             "copy_rows": copied,
-            "same_rows": fetched == copied == cmp.values["pages"] == int(points["ts"].shape[0]),
+            "same_rows": fetched == copied == cmp.values["pages"] == cmp.values[f"fetch_{other}"] == int(points["ts"].shape[0]),
             "fetch_points_per_s": fetched / cmp.timing("fetch")["median"],
+            "transfer": default,
             "ratio": cmp.ratio("fetch", "copy_binary"),
+            f"{other}_transfer_over_{default}": cmp.ratio(f"fetch_{other}", "fetch"),
             "pages_over_copy": cmp.ratio("pages", "copy_binary"),
             "version_over_fetch": cmp.ratio("versions", "fetch"),
         }

@@ -53,11 +53,24 @@ from aml_pipeline.tsdb.postgres import parse_postgres_url
 
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds: the zero of binary timestamps
 _HEADER = 19  # PGCOPY signature (11), flags (4), header extension length (4)
-_TIME_SQL_TYPE = {"tz": "timestamptz", "naive": "timestamp", "int": "int8", "float": "float8"}
+# A fixed-width column's PostgreSQL type: its binary form as numpy reads it, and the function
+# that sends it.
+_DTYPE = {"int4": ">i4", "int8": ">i8", "float8": ">f8", "bool": "?", "timestamptz": ">i8", "timestamp": ">i8"}
+_SEND = {"int4": "int4send", "int8": "int8send", "float8": "float8send", "bool": "boolsend",
+         "timestamptz": "timestamptz_send", "timestamp": "timestamp_send"}
+# The cursor transfer packs a column into one bytea value (PostgreSQL's limit is 1 GB): a read
+# that could pack more goes through COPY.
+_AGG_BYTES_MAX = 256 * 2**20
 
 
 class PostgresSource:
-    """The PostgreSQL backend of :class:`~aml_pipeline.sources.mapped.MappedTsdb`."""
+    """The PostgreSQL backend of :class:`~aml_pipeline.sources.mapped.MappedTsdb`.
+
+    ``transfer`` is how rows of points travel: ``copy`` (``COPY ... TO STDOUT (FORMAT BINARY)``)
+    or ``cursor`` (one row of columns packed on the server); the benchmark measures both.
+    """
+
+    transfer = "cursor"
 
     def __init__(self, loaded: LoadedDescription) -> None:
         self.loaded = loaded
@@ -353,7 +366,8 @@ class PostgresSource:
              + self._state_sql(quality, pre) + frm + f" ORDER BY {self._order(pre, 2)} LIMIT "
              + val(int(limit)))
         with self._reading(f"reading node {node.node_id!r}"):
-            cols = self._copy(q, [("t", ">f8" if self.codec.is_float else ">i8"), ("v", ">f8"), ("s", ">i4")])
+            # In ORDER BY order: COPY sends rows as the query returns them.
+            cols = self._copy(q, [("t", self._time_field()), ("v", "float8"), ("s", "int4")])
         return Series(self._to_ms(cols["t"]), cols["v"].astype(np.float64), cols["s"].astype(np.int32))
 
     def _to_ms(self, raw: np.ndarray) -> np.ndarray:
@@ -374,18 +388,17 @@ class PostgresSource:
         table = self._quoted_table(p.table)
         if self.layout == "narrow":
             return self._fetch_many_narrow(nodes, conds, order_keys, limit)
-        tdt = ">f8" if self.codec.is_float else ">i8"
         select = [Q(self._time_select(self._t))] + [Q(sql_) for sql_, _ in order_keys]
-        fields = [("t", tdt)] + [(f"o{k}", dt_) for k, (_, dt_) in enumerate(order_keys)]
+        fields = [("t", self._time_field())] + [(f"o{k}", typ) for k, (_, typ) in enumerate(order_keys)]
         conds.append(Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
         for k, n in enumerate(nodes):
             select += [Q(self._value_sql(n.column)), Q(f"{quote_ident(n.column)} IS NOT NULL"), self._state_sql(n.quality)]
-            fields += [(f"v{k}", ">f8"), (f"p{k}", "?"), (f"s{k}", ">i4")]
+            fields += [(f"v{k}", "float8"), (f"p{k}", "bool"), (f"s{k}", "int4")]
         q = Q("SELECT ") + join(select, ", ") + f" FROM {table} WHERE " + join(conds, " AND ") + " LIMIT " + val(int(limit))
         with self._reading(f"reading {len(nodes)} nodes"):
-            cols = self._copy(q, fields)
+            cols = self._rows(q, fields, limit)
         t = cols["t"].astype(np.float64 if self.codec.is_float else np.int64)
-        ties = [cols[f"o{k}"].astype(np.float64 if dt_ == ">f8" else np.int64) for k, (_, dt_) in enumerate(order_keys)]
+        ties = [cols[f"o{k}"].astype(np.float64 if typ == "float8" else np.int64) for k, (_, typ) in enumerate(order_keys)]
         ts = self._to_ms(cols["t"])
         out = []
         for k in range(len(nodes)):
@@ -412,17 +425,16 @@ class PostgresSource:
         named = self._node_key_sql(nodes)
         if named is None:
             return None
-        key_sql, key_dt, numbers = named
+        key_sql, key_type, numbers = named
         by_number = np.argsort(numbers)
-        tdt = ">f8" if self.codec.is_float else ">i8"
         table = self._quoted_table(p.table)
         select = f"{key_sql}, {self._time_select(self._t)}"
         q = (Q(f"SELECT {select}, {self._value_sql(p.value)}, ") + self._state_sql(p.quality_spec())
              + f" FROM {table} WHERE " + join([self._node_in(nodes), *conds], " AND ") + " LIMIT " + val(int(limit)))
-        fields = [("k", key_dt), ("t", tdt), ("v", ">f8"), ("s", ">i4")]
+        fields = [("k", key_type), ("t", self._time_field()), ("v", "float8"), ("s", "int4")]
 
         def read() -> tuple[np.ndarray, ...]:
-            cols = self._copy(q, fields)
+            cols = self._rows(q, fields, limit)
             node = by_number[np.searchsorted(numbers[by_number], cols["k"])]
             t = cols["t"].astype(np.float64 if self.codec.is_float else np.int64)
             v, s = cols["v"].astype(np.float64), cols["s"].astype(np.int32)
@@ -450,24 +462,24 @@ class PostgresSource:
         """Replace the rows of each (node, time) shared by several points with the same rows read
         again with their order columns, sorted by (order columns, value, state)."""
         p = self.spec.points
-        tdt = ">f8" if self.codec.is_float else ">i8"
         raw_times = np.unique(t[tied])
         bind = [self.codec.bind(int(x) + _PG_EPOCH_US) if self.codec.is_timestamp else x.item() for x in raw_times]
         keys = [nodes[i] for i in np.unique(node[tied])]
-        key_sql, key_dt, _ = self._node_key_sql(nodes)
+        key_sql, key_type, _ = self._node_key_sql(nodes)
         q = (Q(f"SELECT {key_sql}, {self._time_select(self._t)}, {', '.join(k for k, _ in order_keys)}, "
                f"{self._value_sql(p.value)}, ") + self._state_sql(p.quality_spec())
              + f" FROM {self._quoted_table(p.table)} WHERE " + join([self._node_in(keys), *conds], " AND ")
              + f" AND {self._t} = ANY(" + val(bind) + f"::{self._time_type()}[])")
-        fields = [("k", key_dt), ("t", tdt)] + [(f"o{i}", d) for i, (_, d) in enumerate(order_keys)] + [("v", ">f8"), ("s", ">i4")]
-        again = self._copy(q, fields)
+        fields = ([("k", key_type), ("t", self._time_field())] + [(f"o{i}", typ) for i, (_, typ) in enumerate(order_keys)]
+                  + [("v", "float8"), ("s", "int4")])
+        again = self._rows(q, fields)
         n2 = by_number[np.searchsorted(numbers[by_number], again["k"].astype(np.int64))]
         t2 = again["t"].astype(np.float64 if self.codec.is_float else np.int64)
         wanted = set(zip(node[tied].tolist(), t[tied].tolist()))
         keep = np.fromiter(((a, b) in wanted for a, b in zip(n2.tolist(), t2.tolist())), dtype=bool, count=n2.shape[0])
         n2, t2 = n2[keep], t2[keep]
         v2, s2 = again["v"][keep].astype(np.float64), again["s"][keep].astype(np.int32)
-        o2 = [again[f"o{i}"][keep].astype(np.float64 if d == ">f8" else np.int64) for i, (_, d) in enumerate(order_keys)]
+        o2 = [again[f"o{i}"][keep].astype(np.float64 if typ == "float8" else np.int64) for i, (_, typ) in enumerate(order_keys)]
         o = np.lexsort((s2, v2, *reversed(o2), t2, n2))
         # The tied rows are contiguous runs of one (node, time) in (node, time) order, as are the
         # rows read again once sorted: the same places, now in the order columns' order.
@@ -498,11 +510,11 @@ class PostgresSource:
             cls = type_class(self._types[c])
             col = quote_ident(c)
             if cls in ("int", "numeric") and "numeric" not in self._types[c]:
-                keys.append((f"coalesce(CAST({col} AS int8), 9223372036854775807)", ">i8"))
+                keys.append((f"coalesce(CAST({col} AS int8), 9223372036854775807)", "int8"))
             elif cls == "float":
-                keys.append((f"coalesce(CAST({col} AS float8), 'NaN'::float8)", ">f8"))
+                keys.append((f"coalesce(CAST({col} AS float8), 'NaN'::float8)", "float8"))
             elif cls in ("tz", "naive"):
-                keys.append((f"coalesce({col}, 'infinity')", ">i8"))
+                keys.append((f"coalesce({col}, 'infinity')", "timestamptz" if cls == "tz" else "timestamp"))
             else:
                 return None
         return keys
@@ -515,7 +527,7 @@ class PostgresSource:
         cls = type_class(self._types[self.spec.points.node])
         if cls == "int":
             numbers = np.array([int(n.key) for n in nodes], dtype=np.int64)
-            key_sql, key_dt = f"CAST({col} AS int8)", ">i8"
+            key_sql, key_type = f"CAST({col} AS int8)", "int8"
         elif cls == "other":
             names = [str(n.key) for n in nodes]
             missing = [k for k in names if k not in self._hashes]
@@ -524,12 +536,41 @@ class PostgresSource:
                 with self._reading("hashing node names"):
                     self._hashes.update(self._c.execute(text, params).fetchall())
             numbers = np.array([self._hashes[k] for k in names], dtype=np.int64)
-            key_sql, key_dt = f"hashtext({col})", ">i4"
+            key_sql, key_type = f"hashtext({col})", "int4"
         else:
             return None
         if np.unique(numbers).shape[0] != len(nodes):
             return None
-        return key_sql, key_dt, numbers
+        return key_sql, key_type, numbers
+
+    def _time_field(self) -> str:
+        """The PostgreSQL type of the time column as :meth:`_time_select` reads it."""
+        return self._time_type()
+
+    def _rows(self, q: Q, fields: list[tuple[str, str]], most: int | None = None) -> dict[str, np.ndarray]:
+        """The rows of ``q`` (every column fixed-width and never NULL: ``fields`` names each and
+        its PostgreSQL type; at most ``most`` rows), in no particular order, as numpy columns,
+        through :attr:`transfer`."""
+        if self.transfer == "cursor" and (most is None or 8 * most < _AGG_BYTES_MAX):
+            return self._aggregated(q, fields)
+        return self._copy(q, fields)
+
+    def _aggregated(self, q: Q, fields: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+        """One row: each column packed by ``string_agg(<type>send(column), '')`` on the server,
+        bound parameters and all, decoded by numpy (the aggregates of one pass keep the rows
+        aligned)."""
+        names = [f"c{i}" for i in range(len(fields))]
+        packed = ", ".join(f"string_agg({_SEND[typ]}({n}), '')" for n, (_, typ) in zip(names, fields))
+        text, params = (Q(f"SELECT count(*)::int8, {packed} FROM (") + q + f") AS aml_rows({', '.join(names)})").render("pyformat")
+        with self._c.cursor(binary=True) as cur:
+            row = cur.execute(text, params).fetchone()
+        n = int(row[0])
+        out = {}
+        for (name, typ), data in zip(fields, row[1:]):
+            out[name] = np.frombuffer(data, _DTYPE[typ]) if n else np.empty(0, _DTYPE[typ])
+            if out[name].shape[0] != n:
+                raise TsdbError(f"{self.label}: {n} rows decoded to {out[name].shape[0]} values of column {name}")
+        return out
 
     def _copy(self, q: Q, fields: list[tuple[str, str]]) -> dict[str, np.ndarray]:
         """Run ``COPY (q) TO STDOUT (FORMAT BINARY)`` and decode its fixed-width rows."""
@@ -566,14 +607,14 @@ class PostgresSource:
             raise psycopg.OperationalError(pg.error_message.decode(errors="replace") or "connection lost")
         if error is not None:
             raise error
-        row = np.dtype([("n", ">i2")] + [item for name, d in fields for item in ((f"l_{name}", ">i4"), (name, d))])
+        row = np.dtype([("n", ">i2")] + [item for name, typ in fields for item in ((f"l_{name}", ">i4"), (name, _DTYPE[typ]))])
         payload = memoryview(body)[_HEADER: len(body) - 2] if body else memoryview(b"")
         if len(payload) % row.itemsize:
             raise TsdbError(f"{self.label}: unexpected row layout from COPY (a NULL where none can be)")
         rows = np.frombuffer(payload, dtype=row)
         out = {name: rows[name] for name, _ in fields}
-        for name, d in fields:
-            if rows.shape[0] and not bool(np.all(rows[f"l_{name}"] == np.dtype(d).itemsize)):
+        for name, typ in fields:
+            if rows.shape[0] and not bool(np.all(rows[f"l_{name}"] == np.dtype(_DTYPE[typ]).itemsize)):
                 raise TsdbError(f"{self.label}: unexpected NULL in column {name} from COPY")
         return out
 

@@ -104,7 +104,16 @@ def rows() -> dict[str, np.ndarray]:
     return tie_points()
 
 
-def test_postgres_ties_in_insertion_order(rows, pg_schema, postgres_url, tmp_path):
+@pytest.fixture(params=["cursor", "copy"])
+def transfer(request, monkeypatch) -> str:
+    """Both ways rows of points travel from PostgreSQL (the benchmark picks the default)."""
+    from aml_pipeline.sources.postgres import PostgresSource
+
+    monkeypatch.setattr(PostgresSource, "transfer", request.param)
+    return request.param
+
+
+def test_postgres_ties_in_insertion_order(rows, pg_schema, postgres_url, tmp_path, transfer):
     con, schema = pg_schema()
     pg_table(con, schema, rows)
     desc = {"backend": "postgresql", "connection": postgres_url,
@@ -115,7 +124,7 @@ def test_postgres_ties_in_insertion_order(rows, pg_schema, postgres_url, tmp_pat
         check_pages(db, rows)
 
 
-def test_postgres_without_an_order_column_ties_follow_value_then_state(rows, pg_schema, postgres_url, tmp_path):
+def test_postgres_without_an_order_column_ties_follow_value_then_state(rows, pg_schema, postgres_url, tmp_path, transfer):
     con, schema = pg_schema()
     pg_table(con, schema, rows)
     desc = {"backend": "postgresql", "connection": postgres_url,
@@ -184,7 +193,7 @@ def test_sub_millisecond_times_share_their_millisecond(pg_schema, postgres_url, 
         np.testing.assert_array_equal(seq, [0, 1, 2, 0, 1, 0])
 
 
-def test_a_point_written_between_the_two_reads_of_a_prefetch(rows, pg_schema, postgres_url, tmp_path):
+def test_a_point_written_between_the_two_reads_of_a_prefetch(rows, pg_schema, postgres_url, tmp_path, transfer):
     """The prefetch reads the points, then the order columns of the points sharing a time. A point
     written in between (at a shared time) is noticed, and both reads are made again in one
     snapshot: the pages are those of the table as it is after the write."""
@@ -197,23 +206,23 @@ def test_a_point_written_between_the_two_reads_of_a_prefetch(rows, pg_schema, po
     tie_ts = int(rows["ts"][rows["tag"] == "TIE"][0])
     with open_source(str(write_description(tmp_path / "s.yaml", desc))) as db:
         backend = db.backend
-        real_copy = backend._copy
+        real_rows = backend._rows
         calls = []
 
-        def copy(q, fields):
-            out = real_copy(q, fields)
+        def rows_(q, fields, most=None):
+            out = real_rows(q, fields, most)
             calls.append(len(fields))
             if len(calls) == 1:  # after the first read: another sample at a shared time
                 con.execute(f"INSERT INTO {schema}.s (tag, ts, value, quality) VALUES ('TIE', %s, 99.5, 192)",
                             [dt.datetime.fromtimestamp(tie_ts / 1000, dt.timezone.utc)])
             return out
 
-        backend._copy = copy
+        backend._rows = rows_
         run = db.list_runs(finished_only=False)[0]
         assert db.prefetch(run.run_id, ["TIE", "ONE"], run.started_at, run.ended_at)
         assert len(calls) == 4  # points, ties (changed), then both again in one snapshot
         prefetched = fetch_node_series(db, "TIE", run.run_id, run.started_at, run.ended_at)
-        backend._copy = real_copy
+        backend._rows = real_rows
         paged = fetch_node_series(db, "TIE", run.run_id, run.started_at, run.ended_at, page_limit=50)
     np.testing.assert_array_equal(prefetched.ts, paged.ts)
     np.testing.assert_array_equal(prefetched.value, paged.value)
