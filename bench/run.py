@@ -597,7 +597,8 @@ def render(d: dict[str, Any]) -> str:
             t = pg["timings"]
             other = next(k for k in t if k.startswith("fetch_"))
             L.append(f"  PostgreSQL table: fetch ({pg['transfer']}) {_t(t['fetch'])}, {other.split('_', 1)[1]} {_t(t[other])}, "
-                     f"binary COPY {_t(t['copy_binary'])}, node by node {_t(t['pages'])}, per-run versions {_t(t['versions'])}")
+                     f"binary COPY {_t(t['copy_binary'])}, node by node {_t(t['pages'])}")
+            L.append(f"  versions of every run, one call {_t(t['versions'])}, a call per run {_t(t['versions_one_by_one'])}")
         else:
             L.append(f"  PostgreSQL: {pg['reason']}")
     L.append("")

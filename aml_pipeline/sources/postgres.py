@@ -9,17 +9,24 @@ Connection
     call connects again); a missing table, column or privilege is one ``SOURCE_*`` line naming it.
 
 Reads
-    A page is ``COPY (SELECT time, value, state FROM ... WHERE node = ... AND time BETWEEN ...
-    ORDER BY time, <order>, value, quality LIMIT n) TO STDOUT (FORMAT BINARY)``: every column
-    fixed-width (value NULL -> NaN, the state computed in SQL from the quality mapping), decoded
-    by numpy in one pass. COPY takes no server-side parameters, so psycopg binds the values on
-    the client (quoted literals); identifiers are quoted with ``psycopg.sql.Identifier``.
+    A page of one node is ``COPY (SELECT time, value, state FROM ... WHERE node = ... AND time
+    BETWEEN ... ORDER BY time, <order>, value, state LIMIT n) TO STDOUT (FORMAT BINARY)``: every
+    column fixed-width (value NULL -> NaN, the state computed in SQL from the quality mapping),
+    decoded by numpy in one pass; COPY keeps the ORDER BY. A run's prefetch (every node at once)
+    reads its rows unordered, in one index range scan, each with a number naming its node
+    (``hashtext`` of the tag, or an integer key); numpy groups and orders them, and the points
+    that share a time are read again with their ``order`` columns. Its rows travel packed on the
+    server (``string_agg(<type>send(column), '')``, one row per read, values bound server-side):
+    ``PostgresSource.transfer``, the faster of the two in ``bench/sources_bench.py``, which
+    reports both; ``copy`` selects COPY.
+    COPY takes no server-side parameters, so psycopg binds its values on the client (quoted
+    literals); identifiers are quoted with ``psycopg.sql.Identifier`` or the same quoting.
 
 Versions
-    One query per batch of runs: the runs' windows as arrays, joined with the points of every
-    mapped node; per window ``count``, ``min``/``max`` of time and the sum of a hash of each
-    point's value and quality (or ``max(<modified>)`` where the mapping names a modification
-    column).
+    One query per batch of runs, a ``UNION ALL`` of one aggregate per run window over the points
+    of every mapped node in it (an index range scan each, bounds bound): ``count``, ``min``/``max``
+    of time and the sum of a hash of each point's value combined with its quality code (or
+    ``max(<modified>)`` where the mapping names a modification column).
 """
 
 from __future__ import annotations
@@ -683,16 +690,11 @@ class PostgresSource:
         return " # ".join(parts)
 
     def aggregates(self, windows: Sequence[Window], nodes: Sequence[NodeRef]) -> list[Any]:
-        """Per window (one LATERAL aggregate each, all windows in one query): the point count, the
-        first and last time, and the sum over points of a hash of (value, quality): a point added,
-        deleted or corrected changes it. Or ``max(<modified>)`` where mapped."""
+        """Per window, in one query (a ``UNION ALL`` of one aggregate per window, each an index
+        range scan with its bounds bound, which PostgreSQL may run in parallel workers): the
+        point count, the first and last time, and the sum over points of a hash of (value,
+        quality): a point added, deleted or corrected changes it. Or ``max(<modified>)``."""
         p = self.spec.points
-        tt = self._time_type()
-        bounds = [self.codec.bounds(w.lo, w.hi) for w in windows]
-        arrays = (Q("unnest(") + val(list(range(len(windows)))) + "::int4[], "
-                  + val([self.codec.bind(a) for a, _ in bounds]) + f"::{tt}[], "
-                  + val([self.codec.bind(b) for _, b in bounds]) + f"::{tt}[], "
-                  + val([w.line for w in windows]) + "::text[]) AS w(i, lo, hi, line)")
         t = f"p.{self._t}"
         if self.layout == "wide":
             values = [n.column for n in nodes]
@@ -706,31 +708,31 @@ class PostgresSource:
             # Time enters through the count and the first and last time only: hashing it too
             # (date_part per row) would cost more than the value and quality together.
             check = f"sum({self._checksum(values, qualities)})"
-        head = (f"SELECT count({t}) AS n, {self._time_scalar(f'min({t})')} AS a, {self._time_scalar(f'max({t})')} AS b, "
-                f"{check} AS c FROM ")
-        if self.layout == "query":
-            lo_all = min(w.lo for w in windows)
-            hi_all = max(w.hi for w in windows)
-            line = Q("w.line") if p.line else Q("NULL")
-            parts = [Q("(SELECT * FROM ") + self._from_query(n.key, Q("w.lo"), Q("w.hi"), line, span=(lo_all, hi_all),
-                                                              alias=f"n{k}") + ")"
-                     for k, n in enumerate(nodes)]
-            per_window = Q(head) + "(" + join(parts, " UNION ALL ") + ") AS p"
-        else:
-            conds = [Q(f"{t} BETWEEN w.lo AND w.hi")]
+        branches = []
+        for i, w in enumerate(windows):
+            a, b = self.codec.bounds(w.lo, w.hi)
+            head = Q(f"SELECT {i} AS i, count({t}) AS n, {self._time_scalar(f'min({t})')} AS a, "
+                     f"{self._time_scalar(f'max({t})')} AS b, {check} AS c FROM ")
+            line = val(w.line) if p.line else Q("NULL")
+            if self.layout == "query":
+                parts = [Q("(SELECT * FROM ") + self._from_query(n.key, self._bound(a), self._bound(b), line,
+                                                                  span=(w.lo, w.hi), alias=f"n{k}") + ")"
+                         for k, n in enumerate(nodes)]
+                branches.append(head + "(" + join(parts, " UNION ALL ") + ") AS p")
+                continue
+            conds = [Q(f"{t} BETWEEN ") + self._bound(a) + " AND " + self._bound(b)]
             if self.layout == "narrow":
                 conds.insert(0, Q(f"p.{quote_ident(p.node)} = ANY(") + val([n.key for n in nodes]) + f"::{self._types[p.node]}[])")
             else:
                 conds.append(Q("(") + join([Q(f"p.{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
             if p.line:
-                conds.append(Q(f"p.{quote_ident(p.line)} = w.line"))
+                conds.append(Q(f"p.{quote_ident(p.line)} = ") + line)
             conds += self._filters("p.")
-            per_window = Q(head) + f"{self._quoted_table(p.table)} AS p WHERE " + join(conds, " AND ")
-        q = Q("SELECT a.n, a.a, a.b, a.c FROM ") + arrays + " CROSS JOIN LATERAL (" + per_window + ") AS a ORDER BY w.i"
-        text, params = q.render("pyformat")
+            branches.append(head + f"{self._quoted_table(p.table)} AS p WHERE " + join(conds, " AND "))
+        text, params = (join([Q("(") + b_ + ")" for b_ in branches], " UNION ALL ") + " ORDER BY 1").render("pyformat")
         with self._reading(f"reading the versions of {len(windows)} runs"):
             rows = self._c.execute(text, params).fetchall()
-        return [[r[0], r[1], r[2], None if r[3] is None else str(r[3])] for r in rows]
+        return [[r[1], r[2], r[3], None if r[4] is None else str(r[4])] for r in rows]
 
     # ---- runs and node tables ----------------------------------------------------------------
     def read_table(self, read: TableRead) -> dict[str, list[Any]]:
