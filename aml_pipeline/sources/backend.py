@@ -139,3 +139,38 @@ def _ascending(first: Sequence[np.ndarray], second: Sequence[np.ndarray]) -> boo
         d = b.astype(np.float64) - a.astype(np.float64) if a.dtype.kind == "u" else b - a
         ge = (d > 0) | ((d == 0) & ge)
     return bool(np.all(ge))
+
+
+# Up to this many nodes, rows are split by one comparison per node (each keeps its order);
+# beyond, by a stable sort on the node.
+_SPLIT_BY_MASK = 32
+
+
+def split_by_node(node: np.ndarray, n_nodes: int, keys: Sequence[np.ndarray],
+                  payload: Sequence[np.ndarray]) -> list[list[np.ndarray]]:
+    """For each node ``0 .. n_nodes - 1``, its rows' ``keys`` and ``payload`` columns, ordered as
+    :func:`source_order` orders them (by ``keys``, ties in arrival order): the rows usually
+    arrive in time order within each node, which is then only checked."""
+    columns = [*keys, *payload]
+    if n_nodes > _SPLIT_BY_MASK:
+        order = source_order(node, list(keys))
+        node = node[order]
+        bounds = np.searchsorted(node, np.arange(n_nodes + 1))
+        return [[c[order[a:b]] for c in columns] for a, b in zip(bounds[:-1], bounds[1:])]
+    out = []
+    for i in range(n_nodes):
+        rows = np.flatnonzero(node == i)
+        part = [k[rows] for k in keys]
+        if rows.shape[0] > 1 and not _keys_ascending(part):
+            rows = rows[np.lexsort((np.arange(rows.shape[0]), *reversed(part)))]
+        out.append([c[rows] for c in columns])
+    return out
+
+
+def _keys_ascending(keys: Sequence[np.ndarray]) -> bool:
+    t = keys[0]
+    dt = np.diff(t)
+    if not bool(np.all(dt >= 0)):
+        return False
+    tied = np.flatnonzero(dt == 0)
+    return tied.size == 0 or _ascending([k[tied] for k in keys[1:]], [k[tied + 1] for k in keys[1:]])

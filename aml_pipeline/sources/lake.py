@@ -26,7 +26,7 @@ import duckdb
 import numpy as np
 
 from aml_pipeline.errors import SourceError, TsdbError, TsdbUnavailableError
-from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window, source_order
+from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window, source_order, split_by_node
 from aml_pipeline.sources.description import LoadedDescription, Quality
 from aml_pipeline.sources.sqlbuild import Q, check_columns, join, quote_ident, state_expr, val, where_equal
 from aml_pipeline.sources.timecodec import TimeCodec, resolve_codec, type_class
@@ -347,10 +347,8 @@ class LakeSource:
             cols = self._run(q, f"reading {len(nodes)} nodes")
             node = np.asarray(cols["k"], np.int64) - 1
             t, v, s = np.asarray(cols["t"]), np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32)
-            order = source_order(node, [t, *(np.asarray(cols[f"o{i}"]) for i in range(len(ties)))])
-            node, ts, v, s = node[order], self.codec.to_ms(t[order]), v[order], s[order]
-            bounds = np.searchsorted(node, np.arange(len(nodes) + 1))
-            return [Series(ts[a:b], v[a:b], s[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+            parts = split_by_node(node, len(nodes), [t, *(np.asarray(cols[f"o{i}"]) for i in range(len(ties)))], [v, s])
+            return [Series(self.codec.to_ms(p[0]), p[-2], p[-1]) for p in parts]
         conds.append(Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
         per_node = [Q(f"{self._value(n.column)} AS v{k}, {quote_ident(n.column)} IS NOT NULL AS p{k}, ")
                     + self._state(n.quality) + f" AS s{k}" for k, n in enumerate(nodes)]
