@@ -55,7 +55,7 @@ def _read_runs(db: Any, runs: list, node_ids: list[str], *, prefetch: bool = Tru
                digest: Any = None) -> int:
     """Every point of every run as the build reads it; the number of points. ``digest`` (not
     while timing) is fed every series' ts, value and state."""
-    from aml_pipeline.tsdb import fetch_node_series
+    from aml_pipeline_tests.tsdb.series import fetch_node_series
 
     n = 0
     for run in runs:

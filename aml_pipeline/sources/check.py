@@ -17,7 +17,7 @@ from aml_pipeline.sources import SCHEME
 from aml_pipeline.sources.backend import NO_END
 from aml_pipeline.sources.description import load_description
 from aml_pipeline.sources.mapped import MappedTsdb
-from aml_pipeline.tsdb.port import fetch_node_series
+from aml_pipeline.tsdb.port import iter_node_pages
 
 # Points counted per node of the sample run at most (a check, not a full read).
 SAMPLE_POINTS = 1_000_000
@@ -61,9 +61,11 @@ def check_source(path: str | Path, *, sample_run: str | None = None) -> dict[str
             end = NO_END if pick.ended_at is None else pick.ended_at
             points = {}
             for n in nodes:
-                s = fetch_node_series(db, n.node_id, pick.run_id, pick.started_at, end, max_points=None)
-                points[n.node_id] = len(s)
-                if len(s) > SAMPLE_POINTS:
+                count = 0
+                for page, _ in iter_node_pages(db, n.node_id, pick.run_id, pick.started_at, end):
+                    count += len(page)
+                points[n.node_id] = count
+                if count > SAMPLE_POINTS:
                     break
             found["sample_run"] = {"run_id": pick.run_id, "started_at": _iso(pick.started_at),
                                    "ended_at": _iso(pick.ended_at), "points": points}

@@ -1,8 +1,10 @@
-"""A source that goes away mid-build fails the build cleanly: ``TSDB_UNAVAILABLE`` (the error the
-reads' retry keys on), nothing published; the same handle works again once the server is back."""
+"""A source that goes away mid-build: ``TSDB_UNAVAILABLE`` (the error the reads' retry keys on);
+past the retries the build fails cleanly with nothing published, and a server back in time lets
+the same handle go on where it stood."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import psycopg
@@ -54,42 +56,56 @@ def published_snapshots(root: Path) -> list[Path]:
     return [p for p in spec_dir.iterdir() if p.is_dir()] if spec_dir.exists() else []
 
 
-def test_postgres_restart_mid_build(plant, reference, tmp_path):
+def test_postgres_restart_mid_build(plant, reference, tmp_path, monkeypatch):
+    """The server stops at the build's third read. Without retries the build fails with
+    TSDB_UNAVAILABLE and publishes nothing; with them (the reads' retry, aml_pipeline.tsdb.retry)
+    and the server back a second later, the same handle connects again, the fetch resumes from
+    its cursor, and the snapshot is the embedded build's."""
     server = pg_server.start_server(owner_pid=None)
     try:
         with psycopg.connect(server.url, autocommit=True) as con:
             con.execute("CREATE SCHEMA hist")
             desc = layouts.pg_narrow_layout(con, "hist", server.url, plant)
+            con.execute("CHECKPOINT")  # the test server runs without fsync: survive its immediate stop
         loaded = load_description(layouts.write_description(tmp_path / "plant.yaml", desc))
-        backend = StopAt(open_backend(loaded), at=3, stop=lambda: server.stop(remove=False))
-        db = MappedTsdb(str(loaded.path), loaded, backend=backend)
         spec = plant_spec(plant)
-        with pytest.raises(TsdbUnavailableError) as e:
+
+        monkeypatch.setenv("AML_TSDB_RETRY_S", "0")
+        backend = StopAt(open_backend(loaded), at=3, stop=lambda: server.stop(remove=False))
+        with MappedTsdb(str(loaded.path), loaded, backend=backend) as db, pytest.raises(TsdbUnavailableError) as e:
             build_dataset(spec, db, store_root=tmp_path / "store", datasets_root=tmp_path / "datasets")
         assert e.value.code == "TSDB_UNAVAILABLE"
-        assert backend.stopped_at == 3 and backend.failed is e.value  # at the third read, after two good ones
+        assert backend.stopped_at == 3 and isinstance(backend.failed, TsdbUnavailableError)  # after two good reads
+        assert "connection" in backend.failed.message
         assert published_snapshots(tmp_path / "datasets") == []
+        server.start()
 
-        server.start()  # the server is back: the same handle connects again
-        published = build_dataset(spec, db, store_root=tmp_path / "store", datasets_root=tmp_path / "datasets")
-        db.close()
+        monkeypatch.setenv("AML_TSDB_RETRY_S", "60")
+        back = threading.Timer(1.0, server.start)
+        backend = StopAt(open_backend(loaded), at=3, stop=lambda: (server.stop(remove=False), back.start()))
+        with MappedTsdb(str(loaded.path), loaded, backend=backend) as db:
+            published = build_dataset(spec, db, store_root=tmp_path / "store2", datasets_root=tmp_path / "datasets2")
+        back.join()
+        assert backend.stopped_at == 3 and isinstance(backend.failed, TsdbUnavailableError)
         assert published.current
         assert_same_v2_snapshot(reference.published.snapshot_dir, published.snapshot_dir, "the embedded and the resumed build")
     finally:
         server.stop()
 
 
-def test_influxdb_gone_mid_build(plant, tmp_path):
+def test_influxdb_gone_mid_build(plant, tmp_path, monkeypatch):
     server = influx_server.start_server(owner_pid=None)
     try:
         desc = layouts.influx_layout(server.url, "plant", plant)
         layouts._runs_file(plant, tmp_path / "batches.csv")
         loaded = load_description(layouts.write_description(tmp_path / "influx.yaml", desc))
+        monkeypatch.setenv("AML_TSDB_RETRY_S", "0")
         backend = StopAt(open_backend(loaded), at=5, stop=server.stop)
         db = MappedTsdb(str(loaded.path), loaded, backend=backend)
         with pytest.raises(TsdbUnavailableError) as e:
             build_dataset(plant_spec(plant), db, store_root=tmp_path / "store", datasets_root=tmp_path / "datasets")
-        assert backend.stopped_at == 5 and backend.failed is e.value
+        assert e.value.code == "TSDB_UNAVAILABLE"
+        assert backend.stopped_at == 5 and isinstance(backend.failed, TsdbUnavailableError)
         assert published_snapshots(tmp_path / "datasets") == []
         db.close()
     finally:

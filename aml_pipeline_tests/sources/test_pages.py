@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from aml_pipeline.sources import open_source
-from aml_pipeline.tsdb.port import fetch_node_series, iter_node_pages
+from aml_pipeline.tsdb.port import iter_node_pages
+from aml_pipeline_tests.tsdb.series import fetch_node_series
 from aml_pipeline_tests.sources.layouts import write_description
 
 T0 = 1_738_368_000_000  # 2025-02-01 UTC
