@@ -51,10 +51,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from aml_pipeline.runner.build import materialize_dataset
+    from aml_pipeline.sources import absolute_source_url
     from aml_pipeline.spec import load_spec
 
     spec = load_spec(args.spec)
-    url = args.tsdb or config.tsdb_url()
+    # A source description named relative to here must still be found by Dagster's workers.
+    url = absolute_source_url(args.tsdb or config.tsdb_url())
     home = Path(args.home).resolve() if args.home else config.aml_home()
     with progress_bars():
         summary = materialize_dataset(
@@ -68,6 +70,14 @@ def cmd_build(args: argparse.Namespace) -> int:
             workers=args.workers,
         )
     _print_summary(summary, as_json=args.json)
+    return 0
+
+
+def cmd_source_check(args: argparse.Namespace) -> int:
+    from aml_pipeline.sources.check import check_source, render
+
+    found = check_source(args.file, sample_run=args.run)
+    print(json.dumps(found, indent=1) if args.json else render(found))
     return 0
 
 
@@ -379,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="build and publish a dataset snapshot through its Dagster assets")
     b.add_argument("spec", help="dataset spec (YAML)")
-    b.add_argument("--tsdb", help="TSDB URL (default: $AML_TSDB_URL or the embedded file in AML_HOME)")
+    b.add_argument("--tsdb", help="TSDB URL or source description (plant.yaml) (default: $AML_TSDB_URL or the embedded file in AML_HOME)")
     b.add_argument("--out", help="datasets root to publish into (default: $AML_HOME/datasets)")
     b.add_argument("--home", help="AML_HOME for intermediate artifacts (default: $AML_HOME or ./.aml)")
     b.add_argument("--json", action="store_true", help="print only the JSON summary")
@@ -388,6 +398,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", type=int, default=1, help="processes for the run stages (through Dagster's multiprocess executor)")
     b.add_argument("--log-level", default="CRITICAL", help="Dagster console log level (the run log is kept in full)")
     b.set_defaults(func=cmd_build)
+
+    src = sub.add_parser("source", help="a plant's own tables, files or InfluxDB mapped by a source description (docs/sources.md)")
+    src_sub = src.add_subparsers(dest="source_command", required=True)
+    sc = src_sub.add_parser(
+        "check", help="connect through a source description and print what it finds (exit 2 on a bad mapping)")
+    sc.add_argument("file", help="source description (YAML)")
+    sc.add_argument("--run", help="the run whose points to count (default: the latest finished one)")
+    sc.add_argument("--json", action="store_true", help="print JSON")
+    sc.set_defaults(func=cmd_source_check)
 
     v = sub.add_parser("verify", help="check every hashed byte of a snapshot (exit 0 only if intact)")
     v.add_argument("snapshot_dir")

@@ -67,6 +67,15 @@ class TsdbReaderBusyError(TsdbBusyError, TsdbUnavailableError):
     (``TSDB_BUSY``) to whoever opened it, transient to a build, which retries it."""
 
 
+class SourceError(TsdbError):
+    """A source description (``docs/sources.md``) that cannot be used as it is: a bad or missing
+    key, a table, column or file the description names that is not there, a permission the
+    read-only role lacks, or data that breaks the description's rules (a run id twice, an end
+    before its start). The message names the file and the key, table, column, node or run."""
+
+    code = "SOURCE_INVALID"
+
+
 class UnknownRunError(TsdbError, KeyError):
     code = "UNKNOWN_RUN"
 

@@ -61,3 +61,34 @@ def dir_bytes(path: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+def workload_points(tsdb_url: str, spec):
+    """The finished runs in ``spec``'s scope, the node catalog, and every point of the spec's
+    nodes in them as :class:`~aml_pipeline.tsdb.port.PointColumns`, read through the port and put
+    back in ingestion (seq) order, so a copy of them resolves duplicate timestamps as the source
+    does."""
+    import numpy as np
+
+    from aml_pipeline.pipeline.plan import run_scope
+    from aml_pipeline.pipeline.stages.raw import run_bounds
+    from aml_pipeline.tsdb import PointColumns, open_tsdb
+    from aml_pipeline_tests.tsdb.series import fetch_node_series
+
+    parts = []
+    with open_tsdb(tsdb_url) as src:
+        runs = src.list_runs(run_scope(spec), finished_only=True)
+        nodes = src.list_nodes()
+        for run in runs:
+            lo, hi = run_bounds(spec, run)
+            for node in spec.node_ids:
+                parts.append(fetch_node_series(src, node, run.run_id, lo, hi))
+    order = np.argsort(np.concatenate([p.seq for p in parts]), kind="stable")
+    points = PointColumns(
+        np.concatenate([np.full(len(p), p.run_id, dtype=object) for p in parts])[order],
+        np.concatenate([np.full(len(p), p.node_id, dtype=object) for p in parts])[order],
+        np.concatenate([p.ts for p in parts])[order].astype(np.int64),
+        np.concatenate([p.value for p in parts])[order].astype(np.float64),
+        np.concatenate([p.state for p in parts])[order].astype(np.int32),
+    )
+    return runs, nodes, points

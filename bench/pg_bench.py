@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import numpy as np
 
 from bench.pg_copy import copy_points
 from bench.timing import side_by_side
@@ -100,35 +99,16 @@ def _measure(PostgresTsdb: Any, base_url: str, tsdb_url: str, spec_dict: dict[st
              server: str) -> dict[str, Any]:
     import psycopg
 
-    from aml_pipeline.pipeline.plan import run_scope
     from aml_pipeline.pipeline.stages.raw import run_bounds
     from aml_pipeline.spec import parse_spec
-    from aml_pipeline.tsdb import PointColumns, open_tsdb
     from aml_pipeline_tests.tsdb.series import fetch_node_series
+
+    from bench.common import workload_points
 
     spec = parse_spec(spec_dict)
     schema = f"aml_bench_{os.getpid()}"
     url = _with_schema(base_url, schema)
-    # The points the build reads, through the port, put back in ingestion (seq) order so the
-    # copy resolves duplicate timestamps as the source does.
-    parts = []
-    with open_tsdb(tsdb_url) as src:
-        runs = src.list_runs(run_scope(spec), finished_only=True)
-        nodes = src.list_nodes()
-        for run in runs:
-            lo, hi = run_bounds(spec, run)
-            for node in spec.node_ids:
-                parts.append(fetch_node_series(src, node, run.run_id, lo, hi))
-    seq = np.concatenate([p.seq for p in parts])
-    order = np.argsort(seq, kind="stable")
-    points = PointColumns(
-        np.concatenate([np.full(len(p), p.run_id, dtype=object) for p in parts])[order],
-        np.concatenate([np.full(len(p), p.node_id, dtype=object) for p in parts])[order],
-        np.concatenate([p.ts for p in parts])[order].astype(np.int64),
-        np.concatenate([p.value for p in parts])[order].astype(np.float64),
-        np.concatenate([p.state for p in parts])[order].astype(np.int32),
-    )
-    del parts, seq, order
+    runs, nodes, points = workload_points(tsdb_url, spec)
     db = PostgresTsdb(url)
     try:
         t0 = time.perf_counter()

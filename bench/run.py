@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import build_bench, dagster_bench, hampel_bench, memory, pg_bench, windows_bench  # noqa: E402
+from bench import build_bench, dagster_bench, hampel_bench, memory, pg_bench, sources_bench, windows_bench  # noqa: E402
 from bench.common import remove_tree  # noqa: E402
 from bench.workload import make_workload, make_workload_in_subprocess  # noqa: E402
 
@@ -74,9 +74,12 @@ GOALS = (
     Goal("open_verify_rss_mb", "<=", 150.0, "MB", "peak RSS, open + verify the snapshot", "snapshot"),
     Goal("verify_over_sha256sum", "<=", 1.2, "x", "snapshot verification / sha256sum", "snapshot"),
     Goal("iter_batches_gb_per_s", ">=", 1.0, "GB/s", "train windows in shuffled batches of 256", "snapshot"),
+    Goal("mapped_pg_fetch_over_copy", "<=", 1.5, "x", "mapped PostgreSQL table: run fetch / binary COPY", "sources"),
+    Goal("parquet_over_embedded_points_per_s", ">=", 0.8, "x", "Parquet lake points/s / embedded file's", "sources"),
+    Goal("mapped_version_over_fetch", "<=", 0.25, "x", "mapped table: per-run version query / run fetch", "sources"),
 )
 PARTS = ("build", "hampel", "windows", "snapshot", "plots", "dagster", "incremental", "parallel",
-         "orchestration", "run_figures", "rss", "pg")
+         "orchestration", "run_figures", "rss", "pg", "sources")
 
 # A Dagster build of the 2,000 small runs takes about 10 min on the 2-core machine today, so that
 # figure gets one repetition in the full run (raise orchestration_repeat where time allows).
@@ -366,10 +369,28 @@ def _pg(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: a
         res.missing("pg_fetch_over_copy", p["reason"])
 
 
+def _sources(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
+    w = ctx["w"]
+    _log(f"mapped sources: PostgreSQL table vs binary COPY, Parquet lake vs embedded file, {cfg['repeat']} repetitions")
+    out = sources_bench.run(w.tsdb_url, w.spec, work / "sources", repeat=cfg["repeat"])
+    res["sources"] = out
+    lake = out["lake"]
+    res.figure("parquet_over_embedded_points_per_s", lake["ratio"])
+    res.check("Parquet lake through its mapping returns the embedded file's points", lake["same_points"])
+    pg = out["pg"]
+    if pg.get("available"):
+        res.figure("mapped_pg_fetch_over_copy", pg["ratio"])
+        res.figure("mapped_version_over_fetch", pg["version_over_fetch"])
+        res.check("mapped PostgreSQL fetch returns every row COPY returns", pg["same_rows"])
+    else:
+        res.missing("mapped_pg_fetch_over_copy", pg["reason"])
+        res.missing("mapped_version_over_fetch", pg["reason"])
+
+
 PART_FUNCS = {
     "build": _build, "hampel": _hampel, "windows": _windows, "snapshot": _snapshot, "plots": _plots,
     "dagster": _dagster, "incremental": _incremental, "parallel": _parallel, "orchestration": _orchestration,
-    "run_figures": _run_figures, "rss": _rss, "pg": _pg,
+    "run_figures": _run_figures, "rss": _rss, "pg": _pg, "sources": _sources,
 }
 
 
@@ -564,6 +585,22 @@ def render(d: dict[str, Any]) -> str:
                      f"binary {_t(t['copy_binary'])}; {p['points']:,} points")
         else:
             L.append(f"PostgreSQL: {p['reason']}")
+    if "sources" in d:
+        so = d["sources"]
+        lk = so["lake"]
+        L.append("")
+        L.append(f"mapped sources, {so['points']:,} points of {so['runs']} runs: Parquet lake ({lk['files']} files) "
+                 f"{_t(lk['timings']['lake'])} {_fmt(lk['points_per_s']['lake'])} points/s; embedded file "
+                 f"{_t(lk['timings']['embedded'])} {_fmt(lk['points_per_s']['embedded'])} points/s")
+        pg = so["pg"]
+        if pg.get("available"):
+            t = pg["timings"]
+            other = next(k for k in t if k.startswith("fetch_"))
+            L.append(f"  PostgreSQL table: fetch ({pg['transfer']}) {_t(t['fetch'])}, {other.split('_', 1)[1]} {_t(t[other])}, "
+                     f"binary COPY {_t(t['copy_binary'])}, node by node {_t(t['pages'])}")
+            L.append(f"  versions of every run, one call {_t(t['versions'])}, a call per run {_t(t['versions_one_by_one'])}")
+        else:
+            L.append(f"  PostgreSQL: {pg['reason']}")
     L.append("")
     note = "   (quick mode: the goals are for the full run)" if d["mode"] == "quick" else ""
     L.append(f"{'goal':<36}{'median':>10}  {'[min-max] xN':<22}{'target':<18}met{note}")

@@ -29,7 +29,8 @@ __all__ = [
 
 
 def open_tsdb(url: str, *, read_only: bool = True, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> TsdbPort:
-    """Open the adapter for ``url``: ``duckdb:///path/file.duckdb`` or ``postgresql://...``.
+    """Open the adapter for ``url``: ``duckdb:///path/file.duckdb``, ``postgresql://...``, or a
+    source description (``plant.yaml`` or ``source:///path/plant.yaml``, docs/sources.md).
 
     ``read_only`` matters for the embedded file: many read-only processes may share it, a
     writer (ingest) needs it alone. ``lock_timeout_s``: how long to wait for the other side
@@ -45,7 +46,14 @@ def open_tsdb(url: str, *, read_only: bool = True, lock_timeout_s: float = DEFAU
         from aml_pipeline.tsdb.postgres import PostgresTsdb
 
         return PostgresTsdb(url, read_only=read_only, lock_timeout_s=lock_timeout_s)
+    from aml_pipeline.sources import is_source_url, open_source
+
+    if is_source_url(url):
+        # A plant's own tables, files or InfluxDB, mapped by a description: always read-only
+        # (its ingest refuses), so ``read_only`` changes nothing.
+        return open_source(url)
     raise TsdbError(
-        f"unsupported TSDB URL {url!r}: use duckdb:///path/to/file.duckdb or postgresql://user@host/db",
+        f"unsupported TSDB URL {url!r}: use duckdb:///path/to/file.duckdb, postgresql://user@host/db "
+        "or a source description (plant.yaml, docs/sources.md)",
         code="TSDB_URL_INVALID",
     )

@@ -1,0 +1,423 @@
+"""The TSDB port over a plant's own data, as a source description maps it (read-only).
+
+:class:`MappedTsdb` is one more adapter behind :class:`~aml_pipeline.tsdb.port.TsdbPort`. It
+asks its backend (:mod:`~aml_pipeline.sources.postgres`, :mod:`~aml_pipeline.sources.lake`,
+:mod:`~aml_pipeline.sources.influx`) for rows in the source's own terms and turns them into
+runs, nodes and pages. It never writes: :meth:`MappedTsdb.ingest` refuses.
+
+Order and cursor
+    A node's points are ordered by time (as the source stores it, which orders the
+    milliseconds too), then by the mapping's ``order`` columns, then by the backend's own tie
+    rule (a lake: file name and row number, i.e. file order; a table without ``order``: value,
+    then quality). ``seq`` is the point's position among the points of its millisecond (0, 1,
+    ...), so ``(ts, seq)`` is strictly increasing and the last point of a millisecond, the one
+    cleaning keeps, is the last in that order. A page after the cursor ``(ts, k)`` reads from
+    ``ts`` on and skips the first ``k + 1`` points of that millisecond: points sharing a
+    timestamp across a page boundary are neither lost nor repeated.
+
+Runs
+    A run's points are the node's points in ``[started_at, ended_at]`` (to the end of time while
+    it runs), and, where the mapping names a line column, on the run's line.
+
+Versions
+    A run's version hashes its record with one aggregate of its points (count, time range and a
+    checksum, per the backend) read in one query per batch of runs: a late, deleted or
+    corrected point changes exactly the runs whose windows hold it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from aml_pipeline.config import memory_budget_mb
+from aml_pipeline.errors import SourceError, TsdbError, UnknownNodeError, UnknownRunError
+from aml_pipeline.ids import EXTERNAL_ID_RE
+from aml_pipeline.sources.backend import NO_END, Backend, NodeRef, Series, TableRead, Window
+from aml_pipeline.sources.description import LoadedDescription, NodeEntry
+from aml_pipeline.sources.runs import runs_from_rows, runs_from_tag, runs_from_windows, table_columns
+from aml_pipeline.tsdb.columns import clamp_i64, empty_page
+from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT, Cursor, Node, Page, Run, RunScope
+from aml_pipeline.tsdb.versions import record_digest
+
+# Runs per version query (one aggregate query per batch).
+VERSION_BATCH = 256
+# A prefetched slice holds at most 1/PREFETCH_MEMORY_SHARE of the memory budget.
+PREFETCH_MEMORY_SHARE = 8
+_PREFETCH_BYTES_PER_POINT = 28  # ts, value, seq (8 bytes each) and state (4)
+# Reading a batch-id tag's whole history, page by page.
+_TAG_PAGE = 200_000
+
+
+def prefetch_limit() -> int:
+    """The most points one :meth:`MappedTsdb.prefetch` keeps, from the memory budget."""
+    return memory_budget_mb() * 2**20 // PREFETCH_MEMORY_SHARE // _PREFETCH_BYTES_PER_POINT
+
+
+def ranks(ts: np.ndarray, first_offset: int = 0) -> np.ndarray:
+    """Each point's position among the points of its millisecond (``ts`` ascending); the first
+    group starts at ``first_offset`` (it continues a millisecond a previous page began)."""
+    n = ts.shape[0]
+    if n == 0:
+        return np.empty(0, np.int64)
+    if n == 1 or bool(np.all(ts[1:] != ts[:-1])):  # the usual case: no two points share a time
+        seq = np.zeros(n, np.int64)
+        seq[0] = first_offset
+        return seq
+    idx = np.arange(n, dtype=np.int64)
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.not_equal(ts[1:], ts[:-1], out=new[1:])
+    starts = np.maximum.accumulate(np.where(new, idx, 0))
+    seq = idx - starts
+    if first_offset:
+        seq[starts == 0] += first_offset
+    return seq
+
+
+class MappedTsdb:
+    """:class:`~aml_pipeline.tsdb.port.TsdbPort` over a source description (read-only)."""
+
+    read_only = True
+
+    def __init__(self, url: str, loaded: LoadedDescription, backend: Backend | None = None) -> None:
+        self.url = url
+        self.loaded = loaded
+        self.spec = loaded.spec
+        self._lock = threading.RLock()
+        self._backend: Backend | None = backend if backend is not None else open_backend(loaded)
+        self._refs: dict[str, NodeRef] | None = None
+        self._catalog: list[Node] | None = None
+        self._runs: dict[str, Run] = {}
+        self._prefetched: dict[tuple[str, str, int, int], tuple[np.ndarray, ...]] = {}
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise TsdbError(f"{self.url}: this TSDB handle is closed")
+        return self._backend
+
+    def _ask(self, name: str, *args: Any) -> Any:
+        """One call of the backend, never two at once (a connection, a COPY in progress, an HTTP
+        answer being read are not shared between threads)."""
+        with self._lock:
+            return getattr(self.backend, name)(*args)
+
+    def close(self) -> None:
+        with self._lock:
+            backend, self._backend = self._backend, None
+            self._prefetched.clear()
+        if backend is not None:
+            backend.close()
+
+    def __enter__(self) -> MappedTsdb:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MappedTsdb({self.url!r}, {self.spec.backend}, {'closed' if self._backend is None else 'open'})"
+
+    def ingest(self, **_: Any) -> int:
+        raise TsdbError(
+            f"{self.url} is a mapped source (read-only): its data stays where the plant keeps it; "
+            "ingest files into the embedded TSDB or a PostgreSQL TSDB instead",
+            code="TSDB_READ_ONLY",
+        )
+
+    # ---- nodes -----------------------------------------------------------------------------
+    def _node_refs(self) -> dict[str, NodeRef]:
+        with self._lock:
+            if self._refs is None:
+                self._refs, self._catalog = self._read_catalog()
+            return self._refs
+
+    def _read_catalog(self) -> tuple[dict[str, NodeRef], list[Node]]:
+        spec, where = self.spec, str(self.loaded.path)
+        layout = spec.points.effective_layout
+        entries: dict[str, dict[str, Any]] = {}
+        if spec.node_table is not None:
+            t = spec.node_table
+            cols = {"id": t.id, **{k: getattr(t, k) for k in ("key", "unit", "low", "high") if getattr(t, k)}}
+            rows = self._ask("read_table", TableRead("node_table", t, cols))
+            for i, raw in enumerate(rows["id"]):
+                if raw is None:
+                    continue
+                node_id = _node_id(raw, f"{where}: node_table: node", f"column {t.id}",
+                                   "select the nodes you use with node_table.where, or map a column of clean ids")
+                if node_id in entries:
+                    raise SourceError(f"{where}: node_table: node {node_id!r} appears twice (column {t.id})")
+                entries[node_id] = {
+                    "key": rows["key"][i] if "key" in rows else node_id,
+                    "unit": _text(rows["unit"][i]) if "unit" in rows and rows["unit"][i] is not None else "",
+                    "low": _float(rows["low"][i]) if "low" in rows else None,
+                    "high": _float(rows["high"][i]) if "high" in rows else None,
+                }
+        for node_id, entry in spec.nodes.items():
+            e = entry or NodeEntry()
+            base = entries.setdefault(node_id, {"key": node_id, "unit": "", "low": None, "high": None})
+            for name in ("unit", "low", "high", "key"):
+                if getattr(e, name) is not None:
+                    base[name] = getattr(e, name)
+        refs: dict[str, NodeRef] = {}
+        if layout == "wide":
+            columns = spec.points.wide_columns()
+            listed = [n for n in spec.nodes if n not in columns]
+            if listed:
+                raise SourceError(f"{where}: nodes: node {listed[0]!r} has no column in points.columns")
+            for node_id, col in columns.items():
+                refs[node_id] = NodeRef(node_id, column=col.column, quality=_quality(col.quality))
+                entries.setdefault(node_id, {"key": None, "unit": "", "low": None, "high": None})
+            entries = {k: v for k, v in entries.items() if k in columns}
+        else:
+            if not entries:
+                for raw in self._ask("distinct_keys"):
+                    if raw is None:
+                        continue
+                    node_id = _node_id(raw, f"{where}: points: node", f"column {spec.points.node}",
+                                       "list the nodes you use under nodes (with key: for the source's name) or map a node_table")
+                    entries[node_id] = {"key": raw, "unit": "", "low": None, "high": None}
+            for node_id, e in entries.items():
+                refs[node_id] = NodeRef(node_id, key=e["key"])
+        for node_id, e in entries.items():
+            lo, hi = e["low"], e["high"]
+            if lo is not None and hi is not None and lo > hi:
+                raise SourceError(f"{where}: node {node_id!r}: low {lo} is above high {hi}")
+        catalog = [Node(n, e["unit"] or "", e["low"], e["high"]) for n, e in sorted(entries.items())]
+        return dict(sorted(refs.items())), catalog
+
+    def list_nodes(self) -> list[Node]:
+        self._node_refs()
+        return list(self._catalog or [])
+
+    def _ref(self, node_id: str) -> NodeRef:
+        ref = self._node_refs().get(node_id)
+        if ref is None:
+            raise UnknownNodeError(f"unknown node {node_id!r}: not in {self.url}")
+        return ref
+
+    # ---- runs ------------------------------------------------------------------------------
+    def _read_runs(self) -> list[Run]:
+        runs_spec, where = self.spec.runs, f"{self.loaded.path}: runs"
+        if runs_spec.form == "table":
+            read = TableRead("runs", runs_spec, table_columns(runs_spec), ("start", "end"), runs_spec.time_type,
+                             runs_spec.time_zone)
+            runs = runs_from_rows(runs_spec, self._ask("read_table", read), where)
+        elif runs_spec.form == "batch_tag":
+            tag = runs_spec.batch_tag
+            ref = self._node_refs().get(tag.node)
+            if ref is None:
+                raise SourceError(f"{where}.batch_tag.node: node {tag.node!r} is not in the node catalog")
+            series = self._whole_series(ref)
+            runs = runs_from_tag(tag, series.ts, series.value)
+        else:
+            runs = runs_from_windows(runs_spec.windows, self.availability_watermark(), where)
+        runs.sort(key=lambda r: (r.started_at, r.run_id))
+        with self._lock:
+            self._runs = {r.run_id: r for r in runs}
+        return runs
+
+    def list_runs(self, scope: RunScope | None = None, finished_only: bool = True) -> list[Run]:
+        runs = self._read_runs()
+        return [r for r in runs if (not finished_only or r.finished) and (scope is None or scope.admits(r))]
+
+    def get_run(self, run_id: str) -> Run:
+        with self._lock:
+            run = self._runs.get(run_id)
+        if run is None:
+            self._read_runs()
+            with self._lock:
+                run = self._runs.get(run_id)
+        if run is None:
+            raise UnknownRunError(f"unknown run {run_id!r}: not in {self.url}")
+        return run
+
+    # ---- points ----------------------------------------------------------------------------
+    def availability_watermark(self) -> int | None:
+        refs = list(self._node_refs().values())
+        return self._ask("max_time", refs) if refs else None
+
+    def _window(self, run: Run, from_ms: int, to_ms: int) -> tuple[int, int]:
+        end = NO_END if run.ended_at is None else run.ended_at
+        return max(clamp_i64(from_ms), run.started_at), min(clamp_i64(to_ms), end)
+
+    def _line(self, run: Run) -> str | None:
+        return run.line_id if self.spec.points.line else None
+
+    def query_page(
+        self,
+        node_id: str,
+        run_id: str,
+        from_ms: int,
+        to_ms: int,
+        cursor: Cursor | None = None,
+        limit: int = DEFAULT_PAGE_LIMIT,
+    ) -> Page:
+        limit = int(limit)
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        key = (node_id, run_id, from_ms, to_ms)
+        with self._lock:
+            if key in self._prefetched:
+                return self._prefetched_page(key, cursor, limit)
+        ref = self._ref(node_id)
+        run = self.get_run(run_id)
+        lo, hi = self._window(run, from_ms, to_ms)
+        return self._page(ref, lo, hi, self._line(run), cursor, limit)
+
+    def _page(self, ref: NodeRef, lo: int, hi: int, line: str | None, cursor: Cursor | None, limit: int) -> Page:
+        skip = 0
+        if cursor is not None:
+            if cursor.ts > hi:
+                return empty_page(cursor)
+            if cursor.ts >= lo:
+                lo, skip = int(cursor.ts), int(cursor.seq) + 1
+        if lo > hi:
+            return empty_page(cursor)
+        want = limit + 1 + skip
+        s = self._ask("fetch", ref, lo, hi, line, want)
+        got = len(s)
+        ts, value, state = s.ts, s.value, s.state
+        if got > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
+            raise TsdbError(f"{self.url}: points of node {ref.node_id!r} did not come in time order")
+        offset = 0
+        if skip:
+            at_cursor = int(np.searchsorted(ts, lo, side="right"))  # leading points at cursor.ts
+            drop = min(skip, at_cursor)
+            ts, value, state = ts[drop:], value[drop:], state[drop:]
+            if drop == skip:
+                offset = skip
+        seq = ranks(ts, offset if ts.shape[0] and ts[0] == lo else 0)
+        done = got < want and ts.shape[0] <= limit
+        if ts.shape[0] > limit:
+            ts, value, state, seq = ts[:limit], value[:limit], state[:limit], seq[:limit]
+        next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
+        return Page(ts, value, state, seq, next_cursor, done)
+
+    def _whole_series(self, ref: NodeRef) -> Series:
+        """Every point of a node (a batch-id tag), page by page."""
+        parts: list[Page] = []
+        cursor: Cursor | None = None
+        while True:
+            page = self._page(ref, -(2**63), NO_END, None, cursor, _TAG_PAGE)
+            parts.append(page)
+            if page.done:
+                break
+            cursor = page.next_cursor
+        return Series(
+            np.concatenate([p.ts for p in parts]),
+            np.concatenate([p.value for p in parts]),
+            np.concatenate([p.state for p in parts]),
+        )
+
+    def prefetch(
+        self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int, *, max_points: int | None = None
+    ) -> bool:
+        """Read the points of ``node_ids`` in ``run_id`` within ``[from_ms, to_ms]`` in one query
+        and serve the next :meth:`query_page` calls for exactly those series from memory (the
+        embedded adapter's optional hint, same contract: the same pages as without it). At most
+        ``max_points`` (and :func:`prefetch_limit`) points are kept; a larger slice is not."""
+        with self._lock:
+            self._prefetched.clear()
+        refs = self._node_refs()
+        wanted = [refs[n] for n in dict.fromkeys(node_ids) if n in refs]
+        run = self.get_run(run_id)
+        lo, hi = self._window(run, from_ms, to_ms)
+        if not wanted or lo > hi:
+            return False
+        cap = prefetch_limit() if max_points is None else min(int(max_points), prefetch_limit())
+        series = self._ask("fetch_many", wanted, lo, hi, self._line(run), cap + 1)
+        if series is None or sum(len(s) for s in series) > cap:
+            return False
+        with self._lock:
+            for ref, s in zip(wanted, series):
+                self._prefetched[(ref.node_id, run_id, from_ms, to_ms)] = (s.ts, s.value, s.state, ranks(s.ts))
+        return True
+
+    def _prefetched_page(self, key: tuple[str, str, int, int], cursor: Cursor | None, limit: int) -> Page:
+        ts, value, state, seq = self._prefetched[key]
+        pos = 0
+        if cursor is not None:  # first point with (ts, seq) > cursor
+            lo, hi = int(np.searchsorted(ts, cursor.ts, "left")), int(np.searchsorted(ts, cursor.ts, "right"))
+            pos = lo + int(np.searchsorted(seq[lo:hi], cursor.seq, "right"))
+        end = min(pos + limit, ts.shape[0])
+        done = ts.shape[0] - pos <= limit
+        if done:
+            del self._prefetched[key]
+        ts, value, state, seq = ts[pos:end], value[pos:end], state[pos:end], seq[pos:end]
+        next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
+        return Page(ts, value, state, seq, next_cursor, done)
+
+    # ---- versions --------------------------------------------------------------------------
+    def run_versions(self, run_ids: Sequence[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(str(r) for r in run_ids))
+        if not ids:
+            return {}
+        with self._lock:
+            known = dict(self._runs)
+        if any(i not in known for i in ids):
+            known = {r.run_id: r for r in self._read_runs()}
+        runs = [known[i] for i in ids if i in known]
+        refs = list(self._node_refs().values())
+        out: dict[str, str] = {}
+        for start in range(0, len(runs), VERSION_BATCH):
+            batch = runs[start : start + VERSION_BATCH]
+            windows = [Window(*self._window(r, -(2**63), NO_END), self._line(r)) for r in batch]
+            aggs = self._ask("aggregates", windows, refs) if refs else [None] * len(batch)
+            for run, agg in zip(batch, aggs):
+                h = hashlib.sha256(record_digest(run))
+                h.update(json.dumps(agg, sort_keys=True, separators=(",", ":"), default=str).encode())
+                out[run.run_id] = h.hexdigest()[:32]
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return self._ask("describe")
+
+
+def _quality(q: Any) -> Any:
+    from aml_pipeline.sources.description import Quality
+
+    return Quality(column=q) if isinstance(q, str) else q
+
+
+def _node_id(raw: Any, what: str, where: str, hint: str) -> str:
+    """A node id read from the source, checked as ids are everywhere."""
+    node_id = _text(raw)
+    if not EXTERNAL_ID_RE.fullmatch(node_id) or ".." in node_id:
+        raise SourceError(f"{what} {node_id!r} ({where}) is not a valid node id (letters, digits and _ . : @ + -); {hint}")
+    return node_id
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _float(v: Any) -> float | None:
+    if v is None:
+        return None
+    f = float(v)
+    return None if np.isnan(f) else f
+
+
+def open_backend(loaded: LoadedDescription) -> Backend:
+    kind = loaded.spec.backend
+    if kind == "postgresql":
+        from aml_pipeline.sources.postgres import PostgresSource
+
+        return PostgresSource(loaded)
+    if kind == "files":
+        from aml_pipeline.sources.lake import LakeSource
+
+        return LakeSource(loaded)
+    from aml_pipeline.sources.influx import InfluxSource
+
+    return InfluxSource(loaded)

@@ -1,0 +1,121 @@
+"""``aml-pipeline source check FILE.yaml``: what it finds, or one line naming what is missing (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aml_pipeline.cli import main
+from aml_pipeline_tests.pg_server import free_port
+from aml_pipeline_tests.sources import layouts
+
+
+def check(capsys, path, *extra) -> tuple[int, str, str]:
+    code = main(["source", "check", str(path), *extra])
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip()
+
+
+def test_check_prints_what_it_found(plant, pg_schema, postgres_url, tmp_path, capsys):
+    con, schema = pg_schema()
+    path = layouts.write_description(tmp_path / "p.yaml", layouts.pg_narrow_layout(con, schema, postgres_url, plant))
+    code, out, err = check(capsys, path)
+    assert code == 0, err
+    assert f"points: {schema}.samples (narrow layout)" in out
+    assert "time: column ts, timestamp with time zone" in out
+    assert "order of points at one time: time, id, value, quality" in out
+    assert "nodes: 6: AI910 [%] 0..100" in out
+    assert "runs (table): 5, 4 finished" in out
+    last = plant.runs[3]
+    n = int(((plant.points.run_id == last.run_id) & (plant.points.node_id == "TI101")).sum())
+    assert f"sample run {last.run_id}" in out and f"TI101 {n:,}" in out
+
+    code, out, _ = check(capsys, path, "--json", "--run", plant.runs[0].run_id)
+    found = json.loads(out)
+    assert found["time"]["kind"] == "timestamptz" and found["role"] == "postgres"
+    assert found["sample_run"]["run_id"] == plant.runs[0].run_id
+    assert found["versions"] == 5 and len(found["nodes"]) == 6
+
+
+def one_error(capsys, path) -> str:
+    code, out, err = check(capsys, path)
+    assert code == 2 and out == ""
+    assert "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_postgres_mapping_errors(plant, pg_schema, postgres_url, tmp_path, capsys):
+    con, schema = pg_schema()
+    desc = layouts.pg_narrow_layout(con, schema, postgres_url, plant)
+
+    def with_points(**over):
+        return layouts.write_description(tmp_path / "p.yaml", {**desc, "points": {**desc["points"], **over}})
+
+    err = one_error(capsys, with_points(table=f"{schema}.sample"))
+    assert err.startswith("SOURCE_NOT_FOUND:") and f"points.table: table '{schema}.sample' does not exist" in err
+    err = one_error(capsys, with_points(value="val"))
+    assert err.startswith("SOURCE_NOT_FOUND:") and "points.value: column 'val' is not in table" in err
+    err = one_error(capsys, with_points(node="Tag"))
+    assert "column 'Tag'" in err and "there is 'tag': names are case-sensitive" in err
+    con.execute(f"ALTER TABLE {schema}.samples ADD COLUMN t_ms bigint")
+    err = one_error(capsys, with_points(time="t_ms"))
+    assert err.startswith("SOURCE_INVALID:") and "points.time_type: column 't_ms' is a number (bigint)" in err
+    con.execute(f"ALTER TABLE {schema}.samples ADD COLUMN t_local timestamp")
+    err = one_error(capsys, with_points(time="t_local"))
+    assert "points.time_type" in err and "say which zone" in err
+    err = one_error(capsys, layouts.write_description(
+        tmp_path / "p.yaml", {**desc, "runs": {**desc["runs"], "end": "ended"}}))
+    assert "runs.end: column 'ended' is not in table" in err
+    err = one_error(capsys, layouts.write_description(
+        tmp_path / "p.yaml", {**desc, "node_table": {**desc["node_table"], "table": f"{schema}.tag"}}))
+    assert "node_table.table: table" in err and "does not exist" in err
+    err = one_error(capsys, layouts.write_description(tmp_path / "p.yaml", {**desc, "points": {
+        "query": "SELECT ts, value FROM {table} WHERE tag = :node AND ts BETWEEN :from AND :to", "time": "ts",
+        "value": "value", "periods": {"table": f"{schema}.s_{{period}}", "every": "month"}}}))
+    assert "points.periods: no table matches" in err
+
+
+def test_an_unreachable_server_is_unavailable(plant, tmp_path, capsys):
+    desc = {"backend": "postgresql", "connection": f"postgresql://nobody@127.0.0.1:{free_port()}/plant?connect_timeout=2",
+            "points": {"table": "s", "node": "tag", "time": "ts", "value": "v"},
+            "runs": {"windows": {"every": "1d", "start": "2025-01-01", "line": "L", "product": "P", "recipe": "R"}}}
+    err = one_error(capsys, layouts.write_description(tmp_path / "p.yaml", desc))
+    assert err.startswith("TSDB_UNAVAILABLE:") and "cannot connect" in err
+
+
+def test_lake_and_influx_errors(plant, influx_url, influx_db, tmp_path, capsys):
+    desc = layouts.parquet_lake_layout(tmp_path / "lake", plant)
+    err = one_error(capsys, layouts.write_description(
+        tmp_path / "lake" / "a.yaml", {**desc, "points": {**desc["points"], "files": "pts/**/*.parquet"}}))
+    assert err.startswith("SOURCE_NOT_FOUND:") and "points.files: no file matches" in err
+    err = one_error(capsys, layouts.write_description(
+        tmp_path / "lake" / "b.yaml", {**desc, "points": {**desc["points"], "time": "ts"}}))
+    assert "points.time: column 'ts' is not in the files" in err
+    err = one_error(capsys, layouts.write_description(
+        tmp_path / "lake" / "c.yaml", {**desc, "runs": {**desc["runs"], "files": "mes/none.csv"}}))
+    assert "runs.files: no file matches" in err
+
+    idesc = layouts.influx_layout(influx_url, influx_db, plant)
+    layouts._runs_file(plant, tmp_path / "batches.csv")
+    err = one_error(capsys, layouts.write_description(
+        tmp_path / "i.yaml", {**idesc, "points": {**idesc["points"], "measurement": "proces"}}))
+    assert "points.measurement: measurement 'proces' is not in database" in err
+    err = one_error(capsys, layouts.write_description(
+        tmp_path / "i.yaml", {**idesc, "points": {**idesc["points"], "value": "val"}}))
+    assert "points.value: field 'val' is not in measurement 'process'" in err
+    err = one_error(capsys, layouts.write_description(tmp_path / "i.yaml", {**idesc, "database": "nope"}))
+    assert err.startswith("SOURCE_NOT_FOUND:") and "database not found" in err
+
+
+def test_a_bad_key_exits_2(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text("backend: oracle\n")
+    err = one_error(capsys, path)
+    assert err.startswith("SOURCE_INVALID:") and "backend" in err
+
+
+@pytest.mark.parametrize("name", ["plant.yaml"])
+def test_check_of_a_missing_file(tmp_path, capsys, name):
+    err = one_error(capsys, tmp_path / name)
+    assert "cannot read the source description" in err
