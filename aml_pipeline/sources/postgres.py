@@ -658,7 +658,7 @@ class PostgresSource:
         if self.layout == "narrow":
             node = quote_ident(p.node)
             extra = (Q(" AND ") + join(filters, " AND ")) if filters else Q()
-            q = (Q(f"SELECT max(m) FROM unnest(") + val([n.key for n in nodes])
+            q = (Q("SELECT max(m) FROM unnest(") + val([n.key for n in nodes])
                  + f"::{self._types[p.node]}[]) AS k(key) CROSS JOIN LATERAL (SELECT {self._time_scalar(self._t)} AS m "
                  f"FROM {table} WHERE {node} = k.key" + extra + f" ORDER BY {self._t} DESC LIMIT 1) AS x")
         else:

@@ -18,7 +18,7 @@ from aml_pipeline.sources import open_source
 from aml_pipeline.tsdb.port import PointColumns
 from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
 from aml_pipeline_tests.sources import layouts
-from aml_pipeline_tests.sources.conftest import build, embedded_reference, plant_spec
+from aml_pipeline_tests.sources.conftest import build, plant_spec
 
 
 def versions(url: str) -> dict[str, str]:
