@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSche
 from pydantic.alias_generators import to_camel
 
 from aml_pipeline.core.units import UnitTransform, check_unit_contract
-from aml_pipeline.errors import InvalidIdError, SpecError, UnitContractError
+from aml_pipeline.errors import AmlError, InvalidIdError, SpecError, UnitContractError
 from aml_pipeline.ids import check_external_id, check_spec_id
 
 Role = Literal["feature", "control", "target"]
@@ -231,18 +231,23 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
     return spec
 
 
-def load_spec(path: str | Path) -> DatasetSpec:
-    """Read a YAML (or JSON) spec file."""
-    path = Path(path)
+def read_yaml(path: Path, *, what: str, error: type[AmlError]) -> Any:
+    """The YAML (or JSON) document in ``path``; a file that cannot be read or parsed is one
+    ``error`` naming the file and ``what`` it was to be."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise SpecError(f"{path}: cannot read spec ({e.strerror})") from None
+        raise error(f"{path}: cannot read {what} ({e.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-    return parse_spec(data, source=str(path))
+        raise error(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+
+
+def load_spec(path: str | Path) -> DatasetSpec:
+    """Read a YAML (or JSON) spec file."""
+    path = Path(path)
+    return parse_spec(read_yaml(path, what="spec", error=SpecError), source=str(path))
 
 
 SPEC_SUFFIXES = (".yaml", ".yml")

@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 from urllib.parse import urlsplit
 
 from bench.build_bench import e2e_build
@@ -558,7 +559,7 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
     start_step_server()
     pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("forkserver"))
     forced = contextlib.ExitStack()
-    forced.enter_context(_environment(AML_PARALLEL_MIN_CELLS="0"))
+    forced.enter_context(mock.patch.dict(os.environ, {"AML_PARALLEL_MIN_CELLS": "0"}))
     try:
         # Both processes start, import the project and open the TSDB before the clock.
         for future in [pool.submit(library_run_stages, spec_json, tsdb_url, None, []) for _ in range(2)]:
@@ -781,17 +782,3 @@ def attribute_profile(root: Any, top: int = 15) -> dict[str, Any]:
         ],
     }
 
-
-@contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """The environment variables ``values`` set for the duration."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value

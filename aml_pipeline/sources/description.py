@@ -16,12 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from aml_pipeline.errors import InvalidIdError, SourceError
 from aml_pipeline.ids import check_external_id
 from aml_pipeline.sources.timecodec import TIME_TYPES
+from aml_pipeline.spec import read_yaml
 
 Backend = Literal["postgresql", "files", "influxdb"]
 Scalar = Union[bool, int, float, str]
@@ -475,12 +482,4 @@ def _loc(loc: tuple[Any, ...]) -> str:
 def load_description(path: str | Path) -> LoadedDescription:
     """Read and validate a source description file."""
     path = Path(path).expanduser().absolute()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise SourceError(f"{path}: cannot read the source description ({e.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SourceError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-    return parse_description(data, path)
+    return parse_description(read_yaml(path, what="the source description", error=SourceError), path)
