@@ -143,12 +143,19 @@ class BriefHandle:
 
     def prefetch(self, *args, **kwargs) -> bool:
         """The embedded adapter's optional hint (False where the adapter has none). Served pages
-        stay with the handle, so the handle is kept until they are read."""
+        stay with the handle: a hold that ends before they are read drops them, and the rest of
+        the slice is read page by page from the reopened handle."""
+        # A hold that is already over ends here, before the slice is read: were each prefetch to
+        # restart the hold, a build of short runs would keep the file from a waiting ingest until
+        # its last run.
+        if self._since is not None and time.monotonic() - self._since >= self.hold_s:
+            self.release()
         handle = self.session.acquire()
         fn = getattr(handle, "prefetch", None)
         if not callable(fn):
             return False
-        self._since = time.monotonic()
+        if self._since is None or not self.session.holding:
+            self._since = time.monotonic()
         return fn(*args, **kwargs)
 
     def release(self) -> None:

@@ -335,3 +335,24 @@ def test_a_brief_handle_lets_an_ingest_in_while_a_long_fetch_runs(url, tmp_path)
     assert done_at_ingest < len(fetched) == 6  # the fetch was still going when the ingest ran
     assert session.opens > 6  # reopened between pages, not once per pass
     assert fetched[-1] == len(NODES) * POINTS_PER_NODE + len(late)  # a later pass sees the new points
+
+
+def test_a_brief_handle_ends_its_hold_even_when_every_chunk_starts_with_a_prefetch(url):
+    """A build of short runs calls ``prefetch`` at the start of each: the hold is measured from the
+    open, not from the last prefetch, so the handle is let go within about ``hold_s`` plus one
+    chunk, however many short chunks follow (a waiting ingest is not kept out until the last)."""
+    from aml_pipeline.tsdb.session import BriefHandle
+
+    session = TsdbSession(url, lock_timeout_s=60)
+    brief = BriefHandle(session, hold_s=0.2)
+    start = time.monotonic()
+    chunks = 0
+    while time.monotonic() - start < 1.0:
+        assert brief.prefetch("R0", NODES, -FAR, FAR, max_points=10**6)
+        time.sleep(0.05)  # each chunk far shorter than the hold
+        assert sum(len(fetch_node_series(brief, n, "R0", -FAR, FAR)) for n in NODES) == len(NODES) * POINTS_PER_NODE
+        chunks += 1
+    session.close()
+    assert chunks >= 8
+    # One hold per about 0.2 s of the second: not one hold for all of it.
+    assert session.opens >= 3, session.opens
