@@ -73,6 +73,26 @@ class RunScope:
             return False
         return True
 
+    def sql_conditions(self, *, finished_only: bool) -> list[tuple[str, str | int | None]]:
+        """What :meth:`admits` asks, over the adapters' ``runs`` table (columns ``line_id``,
+        ``product_id``, ``recipe_id``, ``started_at``, ``ended_at``): ``(condition, value)`` pairs,
+        each condition with one ``?`` for its value, or none where the value is None. Times are
+        clamped to int64."""
+        from aml_pipeline.tsdb.columns import clamp_i64  # columns imports this module
+
+        conds: list[tuple[str, str | int | None]] = [
+            (f"{column} = ?", value)
+            for column, value in (("line_id", self.line_id), ("product_id", self.product_id), ("recipe_id", self.recipe_id))
+            if value is not None
+        ]
+        if self.to_ms is not None:
+            conds.append(("started_at <= ?", clamp_i64(self.to_ms)))
+        if self.from_ms is not None:
+            conds.append(("(ended_at IS NULL OR ended_at >= ?)", clamp_i64(self.from_ms)))
+        if finished_only:
+            conds.append(("ended_at IS NOT NULL", None))
+        return conds
+
     def __str__(self) -> str:
         """The scope in words, for messages: ``(line L1, product P100, recipe R7, any time)``."""
         import datetime as _dt

@@ -617,25 +617,9 @@ class PostgresTsdb:
 
     # ---- catalog -------------------------------------------------------------------------------
     def list_runs(self, scope: RunScope | None = None, finished_only: bool = True) -> list[Run]:
-        where: list[str] = []
-        params: list[Any] = []
-        if scope is not None:
-            for column, value in (
-                ("line_id", scope.line_id),
-                ("product_id", scope.product_id),
-                ("recipe_id", scope.recipe_id),
-            ):
-                if value is not None:
-                    where.append(f"{column} = %s")
-                    params.append(value)
-            if scope.to_ms is not None:
-                where.append("started_at <= %s")
-                params.append(Int8(clamp_i64(scope.to_ms)))
-            if scope.from_ms is not None:
-                where.append("(ended_at IS NULL OR ended_at >= %s)")
-                params.append(Int8(clamp_i64(scope.from_ms)))
-        if finished_only:
-            where.append("ended_at IS NOT NULL")
+        conds = (scope or RunScope()).sql_conditions(finished_only=finished_only)
+        where = [c.replace("?", "%s") for c, _ in conds]
+        params = [Int8(v) if isinstance(v, int) else v for _, v in conds if v is not None]
         query = self._q["runs"]
         if where:
             query += " WHERE " + " AND ".join(where)
