@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aml_pipeline.fsutil import process_alive
-from aml_pipeline_tests.pg_server import free_port
+from aml_pipeline_tests.pg_server import free_port, reap_orphans
 
 STATE_FILE = "aml-influx-server.json"
 TMP_PREFIX = "aml-influx-"
@@ -158,17 +158,8 @@ def stop_server(base: Path | str, *, remove: bool = True) -> None:
 
 def reap_stale_servers(root: Path | None = None) -> list[Path]:
     """Stop and delete servers whose test run died before stopping them."""
-    reaped = []
-    for state_path in (root or Path(tempfile.gettempdir())).glob(f"{TMP_PREFIX}*/{STATE_FILE}"):
-        try:
-            owner = json.loads(state_path.read_text()).get("owner_pid")
-        except (OSError, ValueError):
-            continue
-        if isinstance(owner, int) and not process_alive(owner):
-            with contextlib.suppress(InfluxServerError, OSError):
-                stop_server(state_path.parent)
-                reaped.append(state_path.parent)
-    return reaped
+    return reap_orphans(root or Path(tempfile.gettempdir()), TMP_PREFIX, STATE_FILE, stop_server,
+                        (InfluxServerError, OSError))
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -342,19 +342,27 @@ def stop_server(base: Path | str, *, remove: bool = True) -> None:
         shutil.rmtree(base_path, ignore_errors=True)
 
 
-def reap_stale_servers(root: Path | None = None) -> list[Path]:
-    """Stop and delete servers that a test run started and did not outlive (killed pytest)."""
+def reap_orphans(root: Path, prefix: str, state_file: str, stop: Callable[[Path], None],
+                 errors: tuple[type[BaseException], ...]) -> list[Path]:
+    """Stop and delete the throwaway servers under ``root`` (folders ``prefix*`` holding
+    ``state_file`` with an ``owner_pid``) whose owner is gone: a test run killed before it could
+    stop them. ``stop`` stops one server folder; ``errors`` it raises are ignored here."""
     reaped = []
-    for state_path in (root or _temp_root()).glob(f"{TMP_PREFIX}*/{STATE_FILE}"):
+    for state_path in root.glob(f"{prefix}*/{state_file}"):
         try:
             owner = json.loads(state_path.read_text()).get("owner_pid")
         except (OSError, ValueError):
             continue
         if isinstance(owner, int) and not process_alive(owner):
-            with contextlib.suppress(PgServerError, OSError):
-                stop_server(state_path.parent)
+            with contextlib.suppress(*errors):
+                stop(state_path.parent)
                 reaped.append(state_path.parent)
     return reaped
+
+
+def reap_stale_servers(root: Path | None = None) -> list[Path]:
+    """Stop and delete servers that a test run started and did not outlive (killed pytest)."""
+    return reap_orphans(root or _temp_root(), TMP_PREFIX, STATE_FILE, stop_server, (PgServerError, OSError))
 
 
 @contextlib.contextmanager
