@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -195,6 +195,32 @@ class TsdbPort(Protocol):
         written. Nothing is written if anything fails."""
 
     def close(self) -> None: ...
+
+
+class PortCalls:
+    """The port's reading methods, each passed to ``self._call(name, *args, **kwargs)``: the base
+    of the wrappers that do something around every call (hold a handle briefly, retry)."""
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def list_runs(self, *args: Any, **kwargs: Any) -> list[Run]:
+        return self._call("list_runs", *args, **kwargs)
+
+    def get_run(self, *args: Any, **kwargs: Any) -> Run:
+        return self._call("get_run", *args, **kwargs)
+
+    def list_nodes(self, *args: Any, **kwargs: Any) -> list[Node]:
+        return self._call("list_nodes", *args, **kwargs)
+
+    def availability_watermark(self) -> int | None:
+        return self._call("availability_watermark")
+
+    def query_page(self, *args: Any, **kwargs: Any) -> Page:
+        return self._call("query_page", *args, **kwargs)
+
+    def run_versions(self, *args: Any, **kwargs: Any) -> dict[str, str]:
+        return self._call("run_versions", *args, **kwargs)
 
 
 def iter_node_pages(

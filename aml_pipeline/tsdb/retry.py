@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aml_pipeline.errors import AmlError, TsdbUnavailableError
-from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, TsdbPort
+from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, PortCalls, TsdbPort
 
 RETRY_ENV = "AML_TSDB_RETRY_S"
 DEFAULT_RETRY_S = 60.0
@@ -81,7 +81,7 @@ def _what(name: str, args: tuple, kwargs: dict) -> str:
     }.get(name, name)
 
 
-class RetryingTsdb:
+class RetryingTsdb(PortCalls):
     """The port ``port`` with every call retried on :class:`TsdbUnavailableError` (module doc).
 
     ``reset`` is called before each retry (a :class:`BriefHandle`'s ``release``, so the next
@@ -139,24 +139,6 @@ class RetryingTsdb:
                     self.reset()
                 time.sleep(wait)
                 pause = min(pause * 2, self.policy.max_pause_s)
-
-    def list_runs(self, *args, **kwargs):
-        return self._call("list_runs", *args, **kwargs)
-
-    def get_run(self, *args, **kwargs):
-        return self._call("get_run", *args, **kwargs)
-
-    def list_nodes(self, *args, **kwargs):
-        return self._call("list_nodes", *args, **kwargs)
-
-    def availability_watermark(self):
-        return self._call("availability_watermark")
-
-    def query_page(self, *args, **kwargs):
-        return self._call("query_page", *args, **kwargs)
-
-    def run_versions(self, *args, **kwargs):
-        return self._call("run_versions", *args, **kwargs)
 
     def prefetch(self, *args, **kwargs) -> bool:
         """The wrapped port's optional hint (False where it has none)."""

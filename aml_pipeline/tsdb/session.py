@@ -29,7 +29,7 @@ import threading
 import time
 
 from aml_pipeline.errors import TsdbError
-from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, TsdbPort
+from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, PortCalls, TsdbPort
 
 
 class TsdbSession:
@@ -98,7 +98,7 @@ class TsdbSession:
         return f"TsdbSession({redact_url(self.url)!r}, opens={self.opens}, holding={self.holding})"
 
 
-class BriefHandle:
+class BriefHandle(PortCalls):
     """The TSDB port over a session, holding a handle at most about ``hold_s`` at a time.
 
     Every call goes to the session's handle, opened on demand; once the handle has been held for
@@ -122,24 +122,6 @@ class BriefHandle:
             if time.monotonic() - self._since >= self.hold_s:
                 self.session.release()
                 self._since = None
-
-    def list_runs(self, *args, **kwargs):
-        return self._call("list_runs", *args, **kwargs)
-
-    def get_run(self, *args, **kwargs):
-        return self._call("get_run", *args, **kwargs)
-
-    def list_nodes(self, *args, **kwargs):
-        return self._call("list_nodes", *args, **kwargs)
-
-    def availability_watermark(self):
-        return self._call("availability_watermark")
-
-    def query_page(self, *args, **kwargs):
-        return self._call("query_page", *args, **kwargs)
-
-    def run_versions(self, *args, **kwargs):
-        return self._call("run_versions", *args, **kwargs)
 
     def prefetch(self, *args, **kwargs) -> bool:
         """The embedded adapter's optional hint (False where the adapter has none). Served pages
