@@ -377,6 +377,8 @@ def _sources(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path,
     lake = out["lake"]
     res.figure("parquet_over_embedded_points_per_s", lake["ratio"])
     res.check("Parquet lake through its mapping returns the embedded file's points", lake["same_points"])
+    res.check("Parquet lake in time order through its mapping returns the embedded file's points",
+              out["lake_in_time_order"]["same_points"])
     pg = out["pg"]
     if pg.get("available"):
         res.figure("mapped_pg_fetch_over_copy", pg["ratio"])
@@ -591,7 +593,11 @@ def render(d: dict[str, Any]) -> str:
         L.append("")
         L.append(f"mapped sources, {so['points']:,} points of {so['runs']} runs: Parquet lake ({lk['files']} files) "
                  f"{_t(lk['timings']['lake'])} {_fmt(lk['points_per_s']['lake'])} points/s; embedded file "
-                 f"{_t(lk['timings']['embedded'])} {_fmt(lk['points_per_s']['embedded'])} points/s")
+                 f"{_t(lk['timings']['embedded'])} {_fmt(lk['points_per_s']['embedded'])} points/s (rows sorted by tag)")
+        lt = so["lake_in_time_order"]
+        L.append(f"  the lake with rows in time order: {_t(lt['timings']['lake'])} {_fmt(lt['points_per_s']['lake'])} points/s; "
+                 f"embedded {_t(lt['timings']['embedded'])}; ratio {lt['ratio']['value']:.2f} "
+                 f"[{lt['ratio']['min']:.2f}-{lt['ratio']['max']:.2f}]")
         pg = so["pg"]
         if pg.get("available"):
             t = pg["timings"]

@@ -144,6 +144,25 @@ def _ascending(first: Sequence[np.ndarray], second: Sequence[np.ndarray]) -> boo
 # Up to this many nodes, rows are split by one comparison per node (each keeps its order);
 # beyond, by a stable sort on the node.
 _SPLIT_BY_MASK = 32
+# Rows that come in runs of one node this long on average (files sorted by node, then time)
+# are split by slicing the runs instead.
+_MIN_BLOCK_ROWS = 64
+
+
+def _node_blocks(node: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Start and stop of each maximal run of equal ``node`` values, if they are long on
+    average; else None."""
+    n = node.shape[0]
+    change = np.flatnonzero(node[1:] != node[:-1]) + 1
+    if (change.shape[0] + 1) * _MIN_BLOCK_ROWS > n:
+        return None
+    return np.concatenate(([0], change)), np.append(change, n)
+
+
+def _joined(column: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    if starts.shape[0] == 1:
+        return column[starts[0] : stops[0]]
+    return np.concatenate([column[a:b] for a, b in zip(starts.tolist(), stops.tolist())])
 
 
 def split_by_node(node: np.ndarray, n_nodes: int, keys: Sequence[np.ndarray],
@@ -152,18 +171,28 @@ def split_by_node(node: np.ndarray, n_nodes: int, keys: Sequence[np.ndarray],
     :func:`source_order` orders them (by ``keys``, ties in arrival order): the rows usually
     arrive in time order within each node, which is then only checked."""
     columns = [*keys, *payload]
-    if n_nodes > _SPLIT_BY_MASK:
+    blocks = _node_blocks(node) if node.shape[0] > 1 else None
+    if blocks is None and n_nodes > _SPLIT_BY_MASK:
         order = source_order(node, list(keys))
         node = node[order]
         bounds = np.searchsorted(node, np.arange(n_nodes + 1))
         return [[c[order[a:b]] for c in columns] for a, b in zip(bounds[:-1], bounds[1:])]
+    if blocks is not None:
+        starts, stops = blocks
+        block_node = node[starts]
     out = []
     for i in range(n_nodes):
-        rows = np.flatnonzero(node == i)
-        part = [k[rows] for k in keys]
-        if rows.shape[0] > 1 and not _keys_ascending(part):
-            rows = rows[np.lexsort((np.arange(rows.shape[0]), *reversed(part)))]
-        out.append([c[rows] for c in columns])
+        if blocks is not None:
+            mine = np.flatnonzero(block_node == i)
+            part = [_joined(c, starts[mine], stops[mine]) if mine.shape[0] else c[:0] for c in columns]
+        else:
+            rows = np.flatnonzero(node == i)
+            part = [c[rows] for c in columns]
+        ordered = part[: len(keys)]
+        if part[0].shape[0] > 1 and not _keys_ascending(ordered):
+            order = np.lexsort((np.arange(part[0].shape[0]), *reversed(ordered)))
+            part = [c[order] for c in part]
+        out.append(part)
     return out
 
 

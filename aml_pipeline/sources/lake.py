@@ -20,7 +20,7 @@ import glob as _glob
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 import numpy as np
@@ -32,6 +32,14 @@ from aml_pipeline.sources.sqlbuild import Q, check_columns, join, quote_ident, s
 from aml_pipeline.sources.timecodec import TimeCodec, resolve_codec, type_class
 
 _TIE = ("aml_file", "aml_row")  # the file order columns the relation adds
+
+
+class _FileFacts(NamedTuple):
+    """What a Parquet file's footer says, as of one version of the file."""
+
+    stamp: tuple[int, int]  # size, mtime (ns)
+    span: tuple[Any, Any] | None  # raw time range; None: no statistics
+    rows: int | None
 
 
 def _format_of(pattern: str, declared: str | None, key: str, where: str) -> str:
@@ -98,7 +106,7 @@ class LakeSource:
         self._lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = _connect()
         self._listed: dict[str, str | None] | None = None  # file -> its partition folder value
-        self._spans: dict[str, tuple[tuple[int, int], tuple[Any, Any] | None]] = {}  # file -> (stamp, raw time range)
+        self._facts: dict[str, _FileFacts] = {}  # Parquet file -> what its footer says
         self.layout = p.effective_layout
         try:
             if p.query is not None:
@@ -225,11 +233,11 @@ class LakeSource:
                         values[f] = piece[len(part.column) + 1:]
         self._listed = values
         if self._files.format == "parquet":
-            self._read_spans(listed)
+            self._read_footers(listed)
         return listed
 
-    def _read_spans(self, files: list[str]) -> None:
-        """The raw time range of each file from its Parquet statistics (DuckDB's
+    def _read_footers(self, files: list[str]) -> None:
+        """The raw time range and the row count of each file from its Parquet footer (DuckDB's
         ``parquet_metadata``), for files not seen or changed since (path, size, mtime)."""
         stamps = {}
         for f in files:
@@ -238,23 +246,29 @@ class LakeSource:
             except OSError:
                 continue
             stamps[f] = (st.st_size, st.st_mtime_ns)
-        todo = [f for f, stamp in stamps.items() if self._spans.get(f, (None,))[0] != stamp]
+        todo = [f for f, stamp in stamps.items() if (seen := self._facts.get(f)) is None or seen.stamp != stamp]
         if not todo:
             return
         duck_type = self._types[self.spec.points.time]
         q = (Q(f"SELECT file_name AS f, min({self._raw_time(f'CAST(stats_min_value AS {duck_type})')}) AS a, "
                f"max({self._raw_time(f'CAST(stats_max_value AS {duck_type})')}) AS b, "
-               "count(*) FILTER (WHERE stats_min_value IS NULL OR stats_max_value IS NULL) AS unknown "
+               "count(*) FILTER (WHERE stats_min_value IS NULL OR stats_max_value IS NULL) AS unknown, "
+               "sum(row_group_num_rows) AS n "
                "FROM parquet_metadata(") + val(todo) + ") WHERE path_in_schema = " + val(self.spec.points.time)
              + " GROUP BY file_name")
         try:
             cols = self._run(q, "points.files: reading the files' time ranges")
         except SourceError:
             return  # no statistics to use: every file is read
-        for f, a, b, unknown in zip(cols["f"].tolist(), cols["a"].tolist(), cols["b"].tolist(), cols["unknown"].tolist()):
+        for f, a, b, unknown, n in zip(*(cols[k].tolist() for k in ("f", "a", "b", "unknown", "n"))):
             if f in stamps:
                 span = None if unknown or a is None or b is None else (a, b)
-                self._spans[f] = (stamps[f], span)
+                self._facts[f] = _FileFacts(stamps[f], span, None if n is None else int(n))
+
+    def _rows_at_most(self, files: Sequence[str]) -> int | None:
+        """How many rows ``files`` hold at most, from their footers; None if one is unknown."""
+        rows = [seen.rows if (seen := self._facts.get(f)) is not None else None for f in files]
+        return None if any(n is None for n in rows) else sum(rows)
 
     def _files_for(self, lo: int, hi: int) -> list[str]:
         """The files that can hold points in [lo, hi] (ms): with ``partition``, those in the
@@ -277,9 +291,10 @@ class LakeSource:
                 bounds.append(t.strftime(part.value_format))
             if bounds:
                 files = [f for f in files if self._listed[f] is None or bounds[0] <= self._listed[f] <= bounds[1]]
-        if self._spans:
+        if self._facts:
             a, b = self.codec.bounds(lo, hi)  # raw values, as the spans
-            files = [f for f in files if (span := self._spans.get(f, (None, None))[1]) is None or (span[1] >= a and span[0] <= b)]
+            files = [f for f in files if (seen := self._facts.get(f)) is None or seen.span is None
+                     or (seen.span[1] >= a and seen.span[0] <= b)]
         return files
 
     def _node_in(self, nodes: Sequence[NodeRef]) -> Q:
@@ -343,7 +358,12 @@ class LakeSource:
             inner = (Q("SELECT list_position(") + val([n.key for n in nodes]) + f", {quote_ident(p.node)}) AS k, "
                      + f"{', '.join(select)}, {self._value(p.value)} AS v, " + self._state(p.quality_spec())
                      + " AS s FROM " + self._files.relation(files) + " WHERE " + join(conds, " AND "))
-            q = Q("SELECT * FROM (") + inner + ") WHERE k IS NOT NULL LIMIT " + val(int(limit))
+            q = Q("SELECT * FROM (") + inner + ") WHERE k IS NOT NULL"
+            rows = self._rows_at_most(files)
+            if rows is None or rows > limit:
+                # A LIMIT slows DuckDB's scan down: it is added only where the footers cannot
+                # tell that the files hold at most `limit` rows.
+                q = q + " LIMIT " + val(int(limit))
             cols = self._run(q, f"reading {len(nodes)} nodes")
             node = np.asarray(cols["k"], np.int64) - 1
             t, v, s = np.asarray(cols["t"]), np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32)

@@ -220,9 +220,11 @@ def _runs_file(plant: SimulatedPlant, path: Path) -> None:
         pq.write_table(table, path)
 
 
-def parquet_lake_layout(root: Path, plant: SimulatedPlant) -> dict[str, Any]:
+def parquet_lake_layout(root: Path, plant: SimulatedPlant, *, sorted_by_tag: bool = False) -> dict[str, Any]:
     """A Parquet lake partitioned by day (``points/date=YYYY-MM-DD/part-N.parquet``, several
-    files a day, rows in file order), ``timestamp with time zone`` times, OPC quality codes."""
+    files a day, rows in ingestion order, or with ``sorted_by_tag`` each file's rows sorted by
+    tag, then time, ties kept in ingestion order), ``timestamp with time zone`` times, OPC
+    quality codes."""
     p = plant.points
     days = np.array([_utc(t).strftime("%Y-%m-%d") for t in p.ts])
     for day in sorted(set(days.tolist())):
@@ -230,6 +232,8 @@ def parquet_lake_layout(root: Path, plant: SimulatedPlant) -> dict[str, Any]:
         folder = root / "points" / f"date={day}"
         folder.mkdir(parents=True, exist_ok=True)
         for k, part in enumerate(np.array_split(sel, 3)):  # several files a day, in order
+            if sorted_by_tag:
+                part = part[np.lexsort((np.arange(part.size), p.ts[part], p.node_id[part].astype(str)))]
             pq.write_table(pa.table({
                 "tag": pa.array(p.node_id[part].astype(str)),
                 "time": pa.array(p.ts[part], type=pa.timestamp("ms", tz="UTC")),

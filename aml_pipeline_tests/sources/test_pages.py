@@ -155,6 +155,32 @@ def test_parquet_ties_in_file_order_across_files(rows, tmp_path):
         check_pages(db, rows, limits=LAKE_LIMITS)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_lake_prefetch_larger_than_its_bound_is_declined_and_pages_are_read(rows, tmp_path, fmt):
+    """The bound holds whether the files' footers tell their row counts (Parquet: the scan has no
+    LIMIT while they are below it) or not (CSV: the scan stops one row past it)."""
+    if fmt == "parquet":
+        write_parquet_files(rows, tmp_path / "lake")
+    else:
+        import pyarrow.csv as pacsv
+
+        (tmp_path / "lake").mkdir()
+        pacsv.write_csv(pa.table({"tag": rows["tag"].astype(str), "ts": rows["ts"], "value": rows["value"],
+                                  "quality": rows["quality"]}), tmp_path / "lake" / "export.csv")
+    desc = {"backend": "files",
+            "points": {"files": f"lake/*.{fmt}", "node": "tag", "time": "ts", "time_type": "epoch_ms",
+                       "value": "value", "quality": QUALITY},
+            "runs": RUNS}
+    n = rows["ts"].size
+    with open_source(str(write_description(tmp_path / "s.yaml", desc))) as db:
+        run = db.list_runs(finished_only=False)[0]
+        assert not db.prefetch(run.run_id, ["TIE", "ONE"], run.started_at, run.ended_at, max_points=n - 1)
+        assert db.prefetch(run.run_id, ["TIE", "ONE"], run.started_at, run.ended_at, max_points=n)
+        assert not db.prefetch(run.run_id, ["TIE"], run.started_at, run.ended_at, max_points=int((rows["tag"] == "TIE").sum()) - 1)
+        s = fetch_node_series(db, "TIE", run.run_id, run.started_at, run.ended_at, page_limit=13)
+        np.testing.assert_array_equal(s.ts, expected(rows, "TIE")[0])
+
+
 def test_csv_ties_in_file_order(rows, tmp_path):
     import pyarrow.csv as pacsv
 

@@ -86,8 +86,9 @@ def test_postgres_monthly_tables_and_tag_table_through_a_query(plant, reference,
     assert_same_build(plant, reference, desc, tmp_path / "monthly.yaml", tmp_path)
 
 
-def test_parquet_lake_with_day_folders(plant, reference, tmp_path):
-    desc = layouts.parquet_lake_layout(tmp_path / "lake", plant)
+@pytest.mark.parametrize("sorted_by_tag", [False, True], ids=["rows_in_time_order", "rows_sorted_by_tag"])
+def test_parquet_lake_with_day_folders(plant, reference, tmp_path, sorted_by_tag):
+    desc = layouts.parquet_lake_layout(tmp_path / "lake", plant, sorted_by_tag=sorted_by_tag)
     assert sorted(p.name for p in (tmp_path / "lake" / "points").iterdir()) == ["date=2025-01-31", "date=2025-02-01"]
     assert_same_build(plant, reference, desc, tmp_path / "lake" / "source.yaml", tmp_path)
 
