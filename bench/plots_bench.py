@@ -91,6 +91,41 @@ def _naive_png(traces, units: list[str], title: str) -> bytes:
     return out.getvalue()
 
 
+def _encoded_bytes(image, **save) -> int:
+    out = io.BytesIO()
+    image.save(out, **save)
+    return len(out.getvalue())
+
+
+def png_floor(traces, units: list[str], title: str) -> dict[str, float]:
+    """KB of the run's plot as the build stores it (PNG), and of its data area alone (the bands:
+    every pixel outside them white), as PNG with the plot's settings and as lossless WebP at
+    its smallest (``method=6``, slow): what any image of the bands at this size costs, before
+    base64 and before the event log stores it."""
+    import zlib
+
+    from PIL import Image
+
+    from aml_pipeline.pipeline import run_figure
+    from aml_pipeline.pipeline.plots import _label, run_figure_png
+
+    png = run_figure_png(traces, units, title)
+    fig = run_figure.run_figure(tuple(_label(n, u) for n, u in zip(traces.node_ids, units)))
+    image = Image.open(io.BytesIO(png))
+    pixels = np.asarray(image)
+    top, left = run_figure.TOP_PX, fig.left
+    data = np.zeros_like(pixels)  # palette index 0 is the white background
+    rows, cols = slice(top, top + fig.n * fig.band), slice(left, left + run_figure.PLOT_PX)
+    data[rows, cols] = pixels[rows, cols]
+    bands = Image.fromarray(data, "P")
+    bands.putpalette(image.getpalette())
+    return {
+        "png_kb": len(png) / 1e3,
+        "bands_png_kb": _encoded_bytes(bands, format="PNG", compress_level=6, compress_type=zlib.Z_RLE) / 1e3,
+        "bands_webp_lossless_kb": _encoded_bytes(bands.convert("RGB"), format="WEBP", lossless=True, quality=100, method=6) / 1e3,
+    }
+
+
 def _build_event_log_bytes(workload, plots: bool, directory: Path) -> int:
     """Bytes of a fresh persistent SQLite instance after the real build of ``workload`` with the
     run plots on or off (``AML_RUN_PLOTS``)."""
@@ -195,6 +230,7 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
             naive_ms.append((time.perf_counter() - t0) * 1e3 / len(mine))
             kb_with.append(_build_event_log_bytes(log_workload, True, work / f"build-with-{i}") / 1e3 / log_runs)
             kb_without.append(_build_event_log_bytes(log_workload, False, work / f"build-without-{i}") / 1e3 / log_runs)
+        floors = [png_floor(tr, units, f"run {run_id}") for run_id, tr in rest[: runs * repeat]]
         plot_kb = [a - b for a, b in zip(kb_with, kb_without)]
         markdown_kb = [len(m.encode()) / 1e3 for m in markdowns]
         ms = _spread(ours_ms)
@@ -211,6 +247,11 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
             "event_log_kb_per_run_with_plot": _spread(kb_with),
             "event_log_kb_per_run_without_plot": _spread(kb_without),
             "markdown_kb_per_run": _spread(markdown_kb),
+            # base64 (4/3), then one copy in the run's shard and one in the index shard
+            "png_kb_per_run": _spread([f["png_kb"] for f in floors]),
+            "bands_png_kb_per_run": _spread([f["bands_png_kb"] for f in floors]),
+            "bands_webp_lossless_kb_per_run": _spread([f["bands_webp_lossless_kb"] for f in floors]),
+            "event_log_kb_floor_bands_webp": _spread([2 * 4 / 3 * f["bands_webp_lossless_kb"] for f in floors]),
             "budget": {"plot_ms_per_run": BUDGET_MS, "event_log_kb_per_run": BUDGET_KB},
             "met": {"plot_ms_per_run": ms["median"] <= BUDGET_MS, "event_log_kb_per_run": kb["median"] <= BUDGET_KB},
             "workload": {"runs_per_repeat": runs, "nodes": len(spec.node_ids), "run_minutes": minutes,
@@ -242,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         f"plain matplotlib {res['plot_ms_naive_matplotlib']['median']:.0f} ms; "
         f"figure setup {res['plot_setup_ms']['median']:.0f} ms once per process)\n"
         f"event_log_kb_per_run {kb['median']:.1f} KB (min {kb['min']:.1f}, max {kb['max']:.1f}; budget {BUDGET_KB:g}; "
-        f"markdown {res['markdown_kb_per_run']['median']:.1f} KB)"
+        f"markdown {res['markdown_kb_per_run']['median']:.1f} KB)\n"
+        f"the plot's PNG {res['png_kb_per_run']['median']:.1f} KB; its bands alone {res['bands_png_kb_per_run']['median']:.1f} KB "
+        f"as PNG, {res['bands_webp_lossless_kb_per_run']['median']:.1f} KB as lossless WebP at its smallest: "
+        f"{res['event_log_kb_floor_bands_webp']['median']:.1f} KB of SQLite event log (base64, stored twice)"
     )
     return 0
 

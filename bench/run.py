@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
-import importlib
-import importlib.util
 import json
 import os
 import platform
@@ -239,14 +237,24 @@ def _windows(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path,
 
 
 def _snapshot(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
-    _optional_part(res, "snapshot", "bench.snapshot_bench", "issue 14: aml_pipeline.snapshot",
-                   ("open_verify_rss_mb", "verify_over_sha256sum", "iter_batches_gb_per_s"),
-                   lambda mod: mod.run(Path(ctx["e2e"]["snapshot_dir"]), repeat=cfg["repeat"]))
+    from bench import snapshot_bench
+
+    keys = ("open_verify_rss_mb", "verify_over_sha256sum", "iter_batches_gb_per_s")
+    _log(f"snapshot: {', '.join(keys)}")
+    out = snapshot_bench.run(Path(ctx["e2e"]["snapshot_dir"]), repeat=cfg["repeat"])
+    res["snapshot"] = out
+    for k in keys:
+        res.figure(k, out[k])
 
 
 def _plots(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
-    _optional_part(res, "plots", "bench.plots_bench", "issue 12: per-run plots drawn with matplotlib",
-                   ("plot_ms_per_run", "event_log_kb_per_run"), lambda mod: mod.run(repeat=cfg["repeat"]))
+    from bench import plots_bench
+
+    _log(f"plots: plot_ms_per_run, event_log_kb_per_run, {cfg['repeat']} repetitions")
+    out = plots_bench.run(repeat=cfg["repeat"])
+    res["plots"] = out
+    for key, spread in (("plot_ms_per_run", out["plot_ms"]), ("event_log_kb_per_run", out["event_log_kb"])):
+        res.figure(key, {"value": spread["median"], "min": spread["min"], "max": spread["max"], "repeat": len(spread["all"])})
 
 
 def _dagster(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
@@ -379,6 +387,8 @@ def _sources(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path,
     res.check("Parquet lake through its mapping returns the embedded file's points", lake["same_points"])
     res.check("Parquet lake in time order through its mapping returns the embedded file's points",
               out["lake_in_time_order"]["same_points"])
+    res.check("DuckDB's plain scan of the lake reads as many points as the mapping",
+              lake["scan_same_count"] and out["lake_in_time_order"]["scan_same_count"])
     pg = out["pg"]
     if pg.get("available"):
         res.figure("mapped_pg_fetch_over_copy", pg["ratio"])
@@ -394,22 +404,6 @@ PART_FUNCS = {
     "dagster": _dagster, "incremental": _incremental, "parallel": _parallel, "orchestration": _orchestration,
     "run_figures": _run_figures, "rss": _rss, "pg": _pg, "sources": _sources,
 }
-
-
-def _optional_part(res: Results, part: str, module: str, feature: str, keys: tuple[str, ...], call) -> None:
-    """A part whose module another issue adds: its figures, or why there are none yet."""
-    if importlib.util.find_spec(module) is None:
-        for k in keys:
-            res.missing(k, f"{module.replace('.', '/')}.py is not in this tree yet ({feature})")
-        return
-    _log(f"{part}: {', '.join(keys)}")
-    out = call(importlib.import_module(module))
-    res[part] = out
-    for k in keys:
-        if out.get(k) is None:
-            res.missing(k, f"{module.replace('.', '/')}.py did not report it")
-        else:
-            res.figure(k, out[k])
 
 
 def _part(res: Results, name: str, fn) -> None:
@@ -587,6 +581,13 @@ def render(d: dict[str, Any]) -> str:
                      f"binary {_t(t['copy_binary'])}; {p['points']:,} points")
         else:
             L.append(f"PostgreSQL: {p['reason']}")
+    if "plots" in d:
+        pl = d["plots"]
+        L.append("")
+        L.append(f"run plot: PNG {pl['png_kb_per_run']['median']:.1f} KB a run, markdown {pl['markdown_kb_per_run']['median']:.1f} KB; "
+                 f"its bands alone {pl['bands_png_kb_per_run']['median']:.1f} KB as PNG, "
+                 f"{pl['bands_webp_lossless_kb_per_run']['median']:.1f} KB as lossless WebP at its smallest, which as SQLite "
+                 f"event log would be {pl['event_log_kb_floor_bands_webp']['median']:.1f} KB")
     if "sources" in d:
         so = d["sources"]
         lk = so["lake"]
@@ -594,6 +595,8 @@ def render(d: dict[str, Any]) -> str:
         L.append(f"mapped sources, {so['points']:,} points of {so['runs']} runs: Parquet lake ({lk['files']} files) "
                  f"{_t(lk['timings']['lake'])} {_fmt(lk['points_per_s']['lake'])} points/s; embedded file "
                  f"{_t(lk['timings']['embedded'])} {_fmt(lk['points_per_s']['embedded'])} points/s (rows sorted by tag)")
+        L.append(f"  DuckDB's plain scan of the same rows (no order, no split by node): {_t(lk['timings']['scan'])} "
+                 f"{_fmt(lk['points_per_s']['scan'])} points/s, {lk['scan_over_embedded']['value']:.2f} of the embedded file's")
         lt = so["lake_in_time_order"]
         L.append(f"  the lake with rows in time order: {_t(lt['timings']['lake'])} {_fmt(lt['points_per_s']['lake'])} points/s; "
                  f"embedded {_t(lt['timings']['embedded'])}; ratio {lt['ratio']['value']:.2f} "

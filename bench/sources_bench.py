@@ -28,7 +28,10 @@ Then, side by side (``bench.timing.side_by_side``), every finished run of the sp
   reported beside it.
 * ``parquet_over_embedded_points_per_s``: points per second of the same read path through the
   lake mapping over the embedded DuckDB file's, same points (both figures reported), for the
-  lake sorted by tag; ``lake_in_time_order`` holds the same for the other layout.
+  lake sorted by tag; ``lake_in_time_order`` holds the same for the other layout. Beside them,
+  ``scan``: DuckDB reading each run's rows from the files and nothing more (its hours' files, time
+  range and nodes, as Arrow; no order, no split by node, no states), what any reader of the lake
+  through DuckDB pays at least, and ``scan_over_embedded``.
 
 Cross-checks: the mapped fetch returns every row COPY returns, and the lake returns exactly the
 embedded file's points (a digest of ts, value, state of every series).
@@ -187,6 +190,39 @@ def run(tsdb_url: str, spec_dict: dict[str, Any], work: Path, *, repeat: int) ->
     return out
 
 
+def _plain_scan(root: Path, runs: list, node_ids: list[str]):
+    """DuckDB reading each run's rows from the lake and nothing more: the files of the run's
+    hours, its time range and nodes, as Arrow (DuckDB's fastest result), one query a run; no
+    order, no split by node, no states. What any reader of these files through DuckDB pays at
+    least."""
+    import datetime as dt
+
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    query = ("SELECT tag, time, value, quality FROM read_parquet($files) "
+             "WHERE time BETWEEN $t0 AND $t1 AND list_contains($tags, tag)")
+
+    def files_of(t0: dt.datetime, t1: dt.datetime) -> list[str]:  # the hourly files of the run's hours
+        hour = t0.replace(minute=0, second=0, microsecond=0)
+        out = []
+        while hour <= t1:
+            f = root / "points" / f"date={hour:%Y-%m-%d}" / f"part-{hour:%H}.parquet"
+            if f.exists():
+                out.append(str(f))
+            hour += dt.timedelta(hours=1)
+        return out
+
+    def read() -> int:
+        n = 0
+        for run in runs:
+            t0, t1 = _utc(run.started_at), _utc(run.ended_at)
+            n += con.sql(query, params={"files": files_of(t0, t1), "t0": t0, "t1": t1,
+                                        "tags": node_ids}).to_arrow_table().num_rows
+        return n
+    return read
+
+
 def _measure_lake(root: Path, tsdb_url: str, runs: list, nodes: list, node_ids: list[str], points: dict[str, np.ndarray],
                   repeat: int, *, sorted_by_tag: bool) -> dict[str, Any]:
     from aml_pipeline.sources import open_source
@@ -204,18 +240,23 @@ def _measure_lake(root: Path, tsdb_url: str, runs: list, nodes: list, node_ids: 
                  "line": "line", "product": "product", "recipe": "recipe"},
         "nodes": {n.node_id: {"unit": n.unit} for n in nodes},
     })
+    scan = _plain_scan(root, runs, node_ids)
     with open_source(lake_url) as lake, open_tsdb(tsdb_url) as embedded:
         assert [r.run_id for r in lake.list_runs()] == [r.run_id for r in runs]
         cmp = side_by_side({"lake": lambda: _read_runs(lake, runs, node_ids),
-                            "embedded": lambda: _read_runs(embedded, runs, node_ids)}, repeat=repeat)
+                            "embedded": lambda: _read_runs(embedded, runs, node_ids),
+                            "scan": scan}, repeat=repeat)
         d_lake, d_emb = _digest(lake, runs, node_ids), _digest(embedded, runs, node_ids)
-    n_lake, n_emb = cmp.values["lake"], cmp.values["embedded"]
+    n_lake, n_emb, n_scan = cmp.values["lake"], cmp.values["embedded"], cmp.values["scan"]
     out.update({
         "timings": cmp.to_json(),
         "points_per_s": {"lake": n_lake / cmp.timing("lake")["median"],
-                         "embedded": n_emb / cmp.timing("embedded")["median"]},
+                         "embedded": n_emb / cmp.timing("embedded")["median"],
+                         "scan": n_scan / cmp.timing("scan")["median"]},
         "ratio": cmp.rate_ratio("lake", "embedded", n_lake, n_emb),
+        "scan_over_embedded": cmp.rate_ratio("scan", "embedded", n_scan, n_emb),
         "same_points": n_lake == n_emb == int(points["ts"].shape[0]) and d_lake == d_emb,
+        "scan_same_count": n_scan == n_lake,
     })
     return out
 
