@@ -20,7 +20,8 @@ share of the event log), so one figure is kept per list of node labels and reuse
 * nothing is antialiased, so every pixel is a palette colour: the PNG is a 4-bit palette image,
   and the long runs of equal pixels compress well;
 * matplotlib lays out and renders text glyph by glyph, which costs more than the data: a text
-  drawn once (a scale value, a tick label) is kept as pixels and copied where it is needed next.
+  drawn once (a scale value, a tick label) is kept as pixels and copied where it is needed next;
+  the title line, new for every run (the run's name, its start), is laid out from kept glyphs.
 """
 
 from __future__ import annotations
@@ -66,13 +67,14 @@ DPI = 100
 PLOT_PX = DEFAULT_WIDTH  # the data area's width: one trace column per pixel
 LABEL_PT, SCALE_PT, TICK_PT, TITLE_PT = 10, 9, 9, 12
 TOP_PX, BOTTOM_PX, RIGHT_PX, MARGIN_PX = 62, 46, 24, 10
+TITLE_TOP_PX = 8  # the title line's capitals start this far down
 BANDS_PX = 640  # the bands' total height, each band within MIN_BAND_PX .. MAX_BAND_PX
 MIN_BAND_PX, MAX_BAND_PX = 26, 120
 EDGE_PX = 2  # rows at a band's top and bottom kept clear of data (values beyond the scale stop there)
 MAX_TICKS = 12
 MAX_TEXT_TILES = 2000  # texts kept as pixels, per figure
 TILE_PAD_PX = 1
-TEXT_GAP_PX = 2 * TILE_PAD_PX + 1
+GLYPH_PAD_PX = 2
 
 
 def band_px(n_nodes: int) -> int:
@@ -315,26 +317,31 @@ class RunFigure:
             (self.outliers,) = ax.plot([], [], color=c["outlier"], marker="s", markersize=3, markeredgewidth=0,
                                        linestyle="none", animated=True)
             self.texts = {
-                "title": ax.text(0, 0, "", fontsize=TITLE_PT, weight="bold", ha="left", va="top", animated=True),
-                "time": ax.text(0, 0, "", fontsize=TITLE_PT, ha="left", va="top", animated=True),
                 "tick": ax.text(0, 0, "", fontsize=TICK_PT, ha="center", va="top", animated=True),
                 "scale_lo": ax.text(0, 0, "", fontsize=SCALE_PT, color=c["axis"], ha="right", va="center_baseline",
                                     animated=True),
                 "scale_hi": ax.text(0, 0, "", fontsize=SCALE_PT, color=c["axis"], ha="left", va="center_baseline",
                                     animated=True),
                 "xlabel": ax.text(0, 0, "", fontsize=LABEL_PT, ha="center", va="bottom", animated=True),
+                # the title line, a character at a time (see _glyphs)
+                "title": ax.text(0, 0, "", fontsize=TITLE_PT, weight="bold", ha="left", va="baseline", animated=True),
+                "time": ax.text(0, 0, "", fontsize=TITLE_PT, ha="left", va="baseline", animated=True),
             }
             self.canvas.draw()
         self.renderer = self.canvas.get_renderer()
         self.background = self.canvas.copy_from_bbox(fig.bbox)
         self.tiles: dict[tuple[str, str], tuple[object, tuple[int, int, int, int], int, int, float]] = {}
+        self.glyph_tiles: dict[tuple[str, str], tuple[np.ndarray, int, int, float]] = {}
+        self.pixels = np.asarray(self.renderer.buffer_rgba())  # the canvas, rows from the top
+        _, height, descent = measure.get_text_width_height_descent("Hl0", FontProperties(size=TITLE_PT, weight="bold"), False)
+        self.title_baseline = TITLE_TOP_PX + math.ceil(height - descent)
 
-    def _text(self, kind: str, text: str, x: float, y: float, *, keep: bool = True) -> float:
+    def _text(self, kind: str, text: str, x: float, y: float) -> float:
         """Draw ``text`` in the style of ``self.texts[kind]``, anchored at figure pixel (x, y)
         (y down from the top), and return its width. Copied from the pixels of an earlier
-        drawing of the same text where there is one, else drawn, and kept if ``keep``. Texts go
-        on the white margins, at least TEXT_GAP_PX from other ink, so the pixels kept around a
-        text (its box and TILE_PAD_PX) carry no other ink."""
+        drawing of the same text where there is one, else drawn and kept. Texts go on the white
+        margins, at least 2 * TILE_PAD_PX + 1 from other ink, so the pixels kept around a text
+        (its box and TILE_PAD_PX) carry no other ink."""
         x, y = round(x), round(y)
         tile = self.tiles.get((kind, text))
         if tile is not None:
@@ -346,13 +353,58 @@ class RunFigure:
         artist.set_position((x - self.left, y - TOP_PX))
         self.ax.draw_artist(artist)
         box = artist.get_window_extent(self.renderer)
-        if keep:
-            region = self.canvas.copy_from_bbox(box.padded(TILE_PAD_PX))
-            extents = tuple(int(v) for v in region.get_extents())  # x1, y1 (from the top), x2, y2
-            if len(self.tiles) >= MAX_TEXT_TILES:
-                self.tiles.clear()
-            self.tiles[kind, text] = (region, extents, extents[0] - x, extents[1] - y, box.width)
+        region = self.canvas.copy_from_bbox(box.padded(TILE_PAD_PX))
+        extents = tuple(int(v) for v in region.get_extents())  # x1, y1 (from the top), x2, y2
+        if len(self.tiles) >= MAX_TEXT_TILES:
+            self.tiles.clear()
+        self.tiles[kind, text] = (region, extents, extents[0] - x, extents[1] - y, box.width)
         return box.width
+
+    def _glyph(self, kind: str, char: str) -> tuple[np.ndarray, int, int, float]:
+        """``char`` in the style of ``self.texts[kind]``: its pixels, their offset from the pen
+        (on the baseline) and the pen's advance. Drawn once, alone, on the white right end of
+        the title line, copied from there and wiped, then kept."""
+        glyph = self.glyph_tiles.get((kind, char))
+        if glyph is not None:
+            return glyph
+        artist, prop = self.texts[kind], self.texts[kind].get_fontproperties()
+        x, y = self.w_px - RIGHT_PX - 4 * TITLE_PT, self.title_baseline
+        artist.set_text(char)
+        artist.set_position((x - self.left, y - TOP_PX))
+        self.ax.draw_artist(artist)
+        # the layout box, padded: hinted ink may stand a pixel outside it (white, the padding
+        # costs nothing when laid over by the minimum)
+        box = artist.get_window_extent(self.renderer).padded(GLYPH_PAD_PX)  # y up from the bottom
+        x0, x1 = math.floor(box.x0), math.ceil(box.x1)
+        r0, r1 = self.h_px - math.ceil(box.y1), self.h_px - math.floor(box.y0)
+        pixels = self.pixels[r0:r1, x0:x1].copy()
+        self.pixels[r0:r1, x0:x1] = 255
+        width = self.renderer.get_text_width_height_descent
+        advance = width(char * 2, prop, False)[0] - width(char, prop, False)[0]
+        if len(self.glyph_tiles) >= MAX_TEXT_TILES:
+            self.glyph_tiles.clear()
+        glyph = self.glyph_tiles[kind, char] = (pixels, x0 - x, r0 - y, advance)
+        return glyph
+
+    def _glyphs(self, kind: str, text: str, x: float, space: float) -> float:
+        """Draw ``text`` from kept glyphs (:meth:`_glyph`; all of them kept before, so none is
+        drawn on the line), left-aligned at ``x`` on the title line's baseline, a space
+        ``space`` wide, and return its width. Dark text on the white margin: each glyph's pixels
+        are laid over what is there by their minimum, so glyphs whose boxes overlap keep each
+        other's ink. A run's name and start time are new text for every run; laying them out and
+        rendering them whole is most of what the texts would cost."""
+        baseline = self.title_baseline
+        pen = x
+        for c in text:
+            if c == " ":
+                pen += space
+                continue
+            pixels, dx, dy, advance = self._glyph(kind, c)
+            left, top = round(pen) + dx, baseline + dy
+            target = self.pixels[top : top + pixels.shape[0], left : left + pixels.shape[1]]
+            np.minimum(target, pixels[: target.shape[0], : target.shape[1]], out=target)
+            pen += advance
+        return pen - x
 
     def png(self, traces: RunTraces, title: str) -> bytes:
         """The chart of ``traces`` (its nodes in this figure's label order) as PNG bytes."""
@@ -450,14 +502,14 @@ class RunFigure:
             y = TOP_PX + (i + 0.5) * self.band
             self._text("scale_lo", fmt(float(lo[i]), float(step[i])), self.dots_x - half, y)
             self._text("scale_hi", fmt(float(hi[i]), float(step[i])), self.dots_x + half, y)
-        # the title, word by word: only the run's name and start time are drawn, the words that
-        # repeat between runs are copied
+        # the title line: the run's name, then its start and length
         start = _utc(traces.t0_ms)
-        words = [("started", True), (f"{start:%Y-%m-%d}", True), (f"{start:%H:%M:%S}", False), ("UTC,", True),
-                 (f"{duration(traces.span_ms)} long", True)]
-        x = MARGIN_PX + self._text("title", title, MARGIN_PX, 8, keep=False) + 3 * self.space["bold"]
-        for word, keep in words:
-            x += self._text("time", word, x, 8, keep=keep) + max(self.space["normal"], TEXT_GAP_PX)
+        line = f"started {start:%Y-%m-%d %H:%M:%S} UTC, {duration(traces.span_ms)} long"
+        for kind, text in (("title", title), ("time", line)):
+            for c in set(text) - {" "}:
+                self._glyph(kind, c)
+        x = MARGIN_PX + self._glyphs("title", title, MARGIN_PX, self.space["bold"]) + 3 * self.space["bold"]
+        self._glyphs("time", line, x, self.space["normal"])
 
 
 _LOCK = threading.Lock()  # the figures are shared by threads

@@ -279,6 +279,47 @@ def test_a_16_node_run_is_a_small_4_bit_palette_png_with_what_the_legend_names(p
     assert f"run {run_id}" in markdown
 
 
+def _title_ink(rgb: np.ndarray) -> np.ndarray:
+    """The dark pixels of the title line (above the legend)."""
+    return (rgb[: rf.TOP_PX - 30] < 100).all(axis=2)
+
+
+def test_the_title_line_composed_from_glyphs_reads_as_matplotlib_draws_it(plant16):
+    """The run's name and start time are laid out glyph by glyph from kept pixels: the same ink
+    as matplotlib drawing the line whole (kerning may move a glyph by a pixel), glyphs whose
+    boxes overlap ("ff", "fj") keep each other's ink, and the spot where new glyphs are first
+    drawn is left white."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    traces, units, _ = plant16
+    labels = tuple(plots._label(n, u) for n, u in zip(traces.node_ids, units))
+    figure = rf.run_figure(labels)
+    title = "run Off-fjord_17"
+    ours = _title_ink(decode(figure.png(traces, title)))
+    start = rf._utc(traces.t0_ms)
+    line = f"started {start:%Y-%m-%d %H:%M:%S} UTC, {rf.duration(traces.span_ms)} long"
+    with rf._no_antialiasing():
+        fig = Figure(figsize=(figure.w_px / rf.DPI, figure.h_px / rf.DPI), dpi=rf.DPI, facecolor="white")
+        canvas = FigureCanvasAgg(fig)
+        width = canvas.get_renderer().get_text_width_height_descent
+        bold = fig.text(0, 0, title, fontsize=rf.TITLE_PT, weight="bold", transform=None, va="baseline")
+        x = rf.MARGIN_PX + width(title, bold.get_fontproperties(), False)[0] + 3 * figure.space["bold"]
+        fig.text(x, 0, line, fontsize=rf.TITLE_PT, transform=None, va="baseline")
+        for t, at in zip(fig.texts, (rf.MARGIN_PX, x)):
+            t.set_position((at, figure.h_px - figure.title_baseline))
+        canvas.draw()
+        whole = _title_ink(np.asarray(canvas.buffer_rgba())[:, :, :3])
+    assert ours.sum() == pytest.approx(whole.sum(), rel=0.02)
+    rows, cols = np.nonzero(ours)
+    rows_w, cols_w = np.nonzero(whole)
+    assert abs(rows.min() - rows_w.min()) <= 1 and abs(rows.max() - rows_w.max()) <= 1
+    assert abs(cols.min() - cols_w.min()) <= 1 and abs(cols.max() - cols_w.max()) <= 4
+    # column by column (glyphs may sit a pixel apart), the ink matches
+    assert np.abs(ours.sum(axis=0) - whole.sum(axis=0)).sum() <= 0.25 * whole.sum()
+    assert not ours[:, figure.w_px - rf.RIGHT_PX - 5 * rf.TITLE_PT :].any()
+
+
 # ---- per dataset ----------------------------------------------------------------------------
 
 
