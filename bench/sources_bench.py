@@ -33,8 +33,9 @@ Then, side by side (``bench.timing.side_by_side``), every finished run of the sp
   range and nodes, as Arrow; no order, no split by node, no states), what any reader of the lake
   through DuckDB pays at least, and ``scan_over_embedded``.
 
-Cross-checks: the mapped fetch returns every row COPY returns, and the lake returns exactly the
-embedded file's points (a digest of ts, value, state of every series).
+Cross-checks: the mapped fetch returns every row COPY returns, the lake (both layouts) returns
+exactly the embedded file's points (a digest of ts, value, state of every series), and the plain
+scan reads as many points as the mapping.
 """
 
 from __future__ import annotations
