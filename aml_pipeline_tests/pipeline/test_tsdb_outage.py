@@ -37,6 +37,8 @@ from aml_pipeline_tests.tsdb.test_session import wait_until_queued
 
 # Small pages: a node of a run takes several, so a fault falls between two pages of one node.
 PAGE = 200
+# How long the build holds the embedded file before it lets go after a page (retrying_tsdb's hold_s).
+HOLD_S = 0.5
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -80,7 +82,7 @@ from aml_pipeline.tsdb.retry import retrying_tsdb
 spec = parse_spec(json.loads(sys.argv[2]))
 # lock_timeout_s: how long a reader of the embedded file waits for a writer before that open
 # counts as a transient failure (short here, so the test need not hold a writer for 10 s).
-with retrying_tsdb(sys.argv[1], lock_timeout_s=0.3) as db:
+with retrying_tsdb(sys.argv[1], lock_timeout_s=0.3, hold_s=float(sys.argv[6])) as db:
     out = build_dataset(spec, db, store_root=Path(sys.argv[3]), datasets_root=Path(sys.argv[4]), page_limit=int(sys.argv[5]))
 print(out.sha256)
 """
@@ -89,7 +91,7 @@ print(out.sha256)
 def start_build(spec, url: str, tmp_path: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", BUILD, url, json.dumps(spec.to_json_dict()), str(tmp_path / "store"),
-         str(tmp_path / "datasets"), str(PAGE)],
+         str(tmp_path / "datasets"), str(PAGE), str(HOLD_S)],
         env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "build.err", "w"), text=True,
     )
 
@@ -146,17 +148,27 @@ def test_the_embedded_file_held_by_a_writer_mid_fetch_is_retried(plant_url, make
     reader wait: the opens that time out are retried until it lets go."""
     spec = make_spec()
     expected_sha, expected_raw = reference(spec, plant_url, tmp_path)
+    first_run = sorted(expected_raw)[0]
+    # The fifth page is the last of the run's second node: pages of its other nodes follow.
+    assert sum(list(expected_raw[first_run]["pages"].values())[:2]) == 5
     env = armed("fetch.page:5", tmp_path, {**os.environ, RETRY_ENV: "60"})
     build = start_build(spec, plant_url, tmp_path, env)
     pid = wait_stopped(build, env, output=lambda: (tmp_path / "build.err").read_text())
+    # The build's hold began before it stopped and runs on while it stands: once HOLD_S has passed,
+    # its next page is the last it reads on this handle. (Resumed sooner, the whole small build
+    # could run within the hold and never meet the writer.)
+    time.sleep(HOLD_S)
     writer = subprocess.Popen([sys.executable, "-c", WRITER, plant_url], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until_queued(plant_url, writer)  # the writer waits for the file the stopped build holds
+        assert process_state(pid) == "T"
         os.kill(pid, signal.SIGCONT)  # the build lets go of the file after its next page; the writer gets it
         assert writer.stdout.readline().strip() == "writing", writer.stderr.read()
         lines = wait_for_retries(build, tmp_path / "build.err", 2)
-        assert all(line.startswith("TSDB_BUSY: run ") and "in use by another process" in line for line in lines), lines
+        # Retried in the run the build stood in: the writer took the file mid-fetch.
+        assert all(line.startswith(f"TSDB_BUSY: run {first_run}, node ") and "in use by another process" in line
+                   for line in lines), lines
         writer.stdin.write("done\n")
         writer.stdin.flush()
         assert writer.wait(timeout=60) == 0
