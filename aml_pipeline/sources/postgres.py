@@ -469,24 +469,26 @@ class PostgresSource:
         """Replace the rows of each (node, time) shared by several points with the same rows read
         again with their order columns, sorted by (order columns, value, state)."""
         p = self.spec.points
-        raw_times = np.unique(t[tied])
-        bind = [self.codec.bind(int(x) + _PG_EPOCH_US) if self.codec.is_timestamp else x.item() for x in raw_times]
-        keys = [nodes[i] for i in np.unique(node[tied])]
+        pairs = np.flatnonzero(tied)
+        pairs = pairs[np.r_[True, (node[pairs][1:] != node[pairs][:-1]) | (t[pairs][1:] != t[pairs][:-1])]]
+        pair_keys = [nodes[i].key for i in node[pairs].tolist()]
+        pair_times = [self.codec.bind(int(x) + _PG_EPOCH_US) if self.codec.is_timestamp else x.item() for x in t[pairs]]
         key_sql, key_type, _ = self._node_key_sql(nodes)
+        node_col = quote_ident(p.node)
+        # Exactly the tied (node, time) pairs: one index probe each, where a node list crossed with
+        # a time list would probe every node at every tied time.
         q = (Q(f"SELECT {key_sql}, {self._time_select(self._t)}, {', '.join(k for k, _ in order_keys)}, "
                f"{self._value_sql(p.value)}, ") + self._state_sql(p.quality_spec())
-             + f" FROM {self._quoted_table(p.table)} WHERE " + join([self._node_in(keys), *conds], " AND ")
-             + f" AND {self._t} = ANY(" + val(bind) + f"::{self._time_type()}[])")
+             + f" FROM {self._quoted_table(p.table)} WHERE ({node_col}, {self._t}) IN (SELECT * FROM unnest("
+             + val(pair_keys) + f"::{self._types[p.node]}[], " + val(pair_times) + f"::{self._time_type()}[])) AND "
+             + join(conds, " AND "))
         fields = ([("k", key_type), ("t", self._time_field())] + [(f"o{i}", typ) for i, (_, typ) in enumerate(order_keys)]
                   + [("v", "float8"), ("s", "int4")])
         again = self._rows(q, fields)
         n2 = by_number[np.searchsorted(numbers[by_number], again["k"].astype(np.int64))]
         t2 = again["t"].astype(np.float64 if self.codec.is_float else np.int64)
-        wanted = set(zip(node[tied].tolist(), t[tied].tolist()))
-        keep = np.fromiter(((a, b) in wanted for a, b in zip(n2.tolist(), t2.tolist())), dtype=bool, count=n2.shape[0])
-        n2, t2 = n2[keep], t2[keep]
-        v2, s2 = again["v"][keep].astype(np.float64), again["s"][keep].astype(np.int32)
-        o2 = [again[f"o{i}"][keep].astype(np.float64 if typ == "float8" else np.int64) for i, (_, typ) in enumerate(order_keys)]
+        v2, s2 = again["v"].astype(np.float64), again["s"].astype(np.int32)
+        o2 = [again[f"o{i}"].astype(np.float64 if typ == "float8" else np.int64) for i, (_, typ) in enumerate(order_keys)]
         o = np.lexsort((s2, v2, *reversed(o2), t2, n2))
         # The tied rows are contiguous runs of one (node, time) in (node, time) order, as are the
         # rows read again once sorted: the same places, now in the order columns' order.

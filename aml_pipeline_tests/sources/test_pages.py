@@ -135,6 +135,42 @@ def test_postgres_without_an_order_column_ties_follow_value_then_state(rows, pg_
         check_pages(db, rows, tie_by_value=True)
 
 
+def test_postgres_ties_of_integer_tag_ids_at_the_same_times_follow_the_order_column(pg_schema, postgres_url, tmp_path, transfer):
+    """Several nodes keyed by integer ids tie at the same times, and another node has single
+    points at those times: the prefetched read orders the tied points by the order column,
+    node by node, and leaves the single points alone."""
+    rng = np.random.default_rng(3)
+    ts = T0 + np.repeat(np.arange(60) * 1000, 3)  # every time three points per node
+    rows = []
+    for tag_id in (11, 12):
+        rows.append(np.c_[np.full(ts.size, tag_id), ts, rng.normal(size=ts.size).round(3)])
+    single = T0 + np.arange(60) * 1000  # node 13: one point at each of those times
+    rows.append(np.c_[np.full(single.size, 13), single, rng.normal(size=single.size).round(3)])
+    table = np.concatenate(rows)
+    # The order column's ids are not the rows' place in the table, so the order the server
+    # returns the rows in (by their place) is not the order the mapping asks for.
+    table = np.c_[table, rng.permutation(table.shape[0])]
+    con, schema = pg_schema()
+    con.execute(f"CREATE TABLE {schema}.s (id bigint, tag_id int, ts timestamptz, value float8)")
+    with con.cursor() as cur, cur.copy(f"COPY {schema}.s (id, tag_id, ts, value) FROM STDIN") as copy:
+        for tag_id, t, v, row_id in table.tolist():
+            copy.write_row((int(row_id), int(tag_id), dt.datetime.fromtimestamp(t / 1000, dt.timezone.utc), v))
+    con.execute(f"CREATE INDEX ON {schema}.s (tag_id, ts)")
+    nodes = {"A": {"key": 11}, "B": {"key": 12}, "C": {"key": 13}}
+    desc = {"backend": "postgresql", "connection": postgres_url,
+            "points": {"table": f"{schema}.s", "node": "tag_id", "time": "ts", "value": "value", "order": ["id"]},
+            "nodes": nodes, "runs": RUNS}
+    with open_source(str(write_description(tmp_path / "s.yaml", desc))) as db:
+        run = db.list_runs(finished_only=False)[0]
+        assert db.prefetch(run.run_id, list(nodes), run.started_at, run.ended_at)
+        for node, entry in nodes.items():
+            mine = table[table[:, 0] == entry["key"]]
+            want = mine[np.lexsort((mine[:, 3], mine[:, 1]))]  # time, then id
+            s = fetch_node_series(db, node, run.run_id, run.started_at, run.ended_at, page_limit=50)
+            np.testing.assert_array_equal(s.ts, want[:, 1].astype(np.int64))
+            np.testing.assert_array_equal(s.value, want[:, 2])
+
+
 def write_parquet_files(rows: dict[str, np.ndarray], folder: Path, pieces: int = 4) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for k, part in enumerate(np.array_split(np.arange(rows["ts"].size), pieces)):  # a burst may span files
