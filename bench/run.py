@@ -387,8 +387,10 @@ def _sources(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path,
     res.check("Parquet lake through its mapping returns the embedded file's points", lake["same_points"])
     res.check("Parquet lake in time order through its mapping returns the embedded file's points",
               out["lake_in_time_order"]["same_points"])
+    res.check("Parquet lake of a file a day through its mapping returns the embedded file's points",
+              out["lake_a_file_a_day"]["same_points"])
     res.check("DuckDB's plain scan of the lake reads as many points as the mapping",
-              lake["scan_same_count"] and out["lake_in_time_order"]["scan_same_count"])
+              all(out[k]["scan_same_count"] for k in ("lake", "lake_in_time_order", "lake_a_file_a_day")))
     pg = out["pg"]
     if pg.get("available"):
         res.figure("mapped_pg_fetch_over_copy", pg["ratio"])
@@ -601,6 +603,11 @@ def render(d: dict[str, Any]) -> str:
         L.append(f"  the lake with rows in time order: {_t(lt['timings']['lake'])} {_fmt(lt['points_per_s']['lake'])} points/s; "
                  f"embedded {_t(lt['timings']['embedded'])}; ratio {lt['ratio']['value']:.2f} "
                  f"[{lt['ratio']['min']:.2f}-{lt['ratio']['max']:.2f}]")
+        ld = so["lake_a_file_a_day"]
+        L.append(f"  the lake with a file a day ({ld['files']} files): {_t(ld['timings']['lake'])} "
+                 f"{_fmt(ld['points_per_s']['lake'])} points/s; embedded {_t(ld['timings']['embedded'])}; ratio "
+                 f"{ld['ratio']['value']:.2f} [{ld['ratio']['min']:.2f}-{ld['ratio']['max']:.2f}]; DuckDB's plain scan "
+                 f"{_t(ld['timings']['scan'])}")
         pg = so["pg"]
         if pg.get("available"):
             t = pg["timings"]

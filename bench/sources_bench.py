@@ -28,7 +28,9 @@ Then, side by side (``bench.timing.side_by_side``), every finished run of the sp
   reported beside it.
 * ``parquet_over_embedded_points_per_s``: points per second of the same read path through the
   lake mapping over the embedded DuckDB file's, same points (both figures reported), for the
-  lake sorted by tag; ``lake_in_time_order`` holds the same for the other layout. Beside them,
+  lake sorted by tag; ``lake_in_time_order`` holds the same for the other layout, and
+  ``lake_a_file_a_day`` for a file a day (``date=YYYY-MM-DD/day.parquet``, sorted by tag: a dozen
+  runs a file, which the mapping decodes once for the runs read in time order). Beside them,
   ``scan``: DuckDB reading each run's rows from the files and nothing more (its hours' files, time
   range and nodes, as Arrow; no order, no split by node, no states), what any reader of the lake
   through DuckDB pays at least, and ``scan_over_embedded``.
@@ -127,7 +129,7 @@ def _utc(ms: int | None) -> Any:
     return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
 
 
-def _write_lake(root: Path, runs: list, p: dict[str, np.ndarray], *, sorted_by_tag: bool) -> int:
+def _write_lake(root: Path, runs: list, p: dict[str, np.ndarray], *, sorted_by_tag: bool, hours_a_file: int = 1) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -139,7 +141,7 @@ def _write_lake(root: Path, runs: list, p: dict[str, np.ndarray], *, sorted_by_t
         "line": [r.line_id for r in runs], "product": [r.product_id for r in runs], "recipe": [r.recipe_id for r in runs],
     }), root / "mes" / "batches.parquet")
 
-    hours = p["ts"] // 3_600_000
+    hours = p["ts"] // 3_600_000 // hours_a_file * hours_a_file
     files = 0
     for hour in np.unique(hours):
         sel = np.flatnonzero(hours == hour)
@@ -153,7 +155,7 @@ def _write_lake(root: Path, runs: list, p: dict[str, np.ndarray], *, sorted_by_t
             "time": pa.array(p["ts"][sel], type=pa.timestamp("ms", tz="UTC")),
             "value": p["value"][sel],
             "quality": OPC[p["state"][sel]],
-        }), folder / f"part-{when:%H}.parquet")
+        }), folder / (f"part-{when:%H}.parquet" if hours_a_file < 24 else "day.parquet"))
         files += 1
     return files
 
@@ -181,6 +183,8 @@ def run(tsdb_url: str, spec_dict: dict[str, Any], work: Path, *, repeat: int) ->
     out["lake"] = _measure_lake(work / "lake", tsdb_url, runs, nodes, node_ids, points, repeat, sorted_by_tag=True)
     out["lake_in_time_order"] = _measure_lake(work / "lake-in-time-order", tsdb_url, runs, nodes, node_ids, points,
                                               repeat, sorted_by_tag=False)
+    out["lake_a_file_a_day"] = _measure_lake(work / "lake-daily", tsdb_url, runs, nodes, node_ids, points, repeat,
+                                             sorted_by_tag=True, hours_a_file=24)
 
     # ---- PostgreSQL: the mapped narrow table against a plain binary COPY
     try:
@@ -191,7 +195,7 @@ def run(tsdb_url: str, spec_dict: dict[str, Any], work: Path, *, repeat: int) ->
     return out
 
 
-def _plain_scan(root: Path, runs: list, node_ids: list[str]):
+def _plain_scan(root: Path, runs: list, node_ids: list[str], hours_a_file: int = 1):
     """DuckDB reading each run's rows from the lake and nothing more: the files of the run's
     hours, its time range and nodes, as Arrow (DuckDB's fastest result), one query a run; no
     order, no split by node, no states. What any reader of these files through DuckDB pays at
@@ -204,12 +208,13 @@ def _plain_scan(root: Path, runs: list, node_ids: list[str]):
     query = ("SELECT tag, time, value, quality FROM read_parquet($files) "
              "WHERE time BETWEEN $t0 AND $t1 AND list_contains($tags, tag)")
 
-    def files_of(t0: dt.datetime, t1: dt.datetime) -> list[str]:  # the hourly files of the run's hours
+    def files_of(t0: dt.datetime, t1: dt.datetime) -> list[str]:  # the files of the run's hours
         hour = t0.replace(minute=0, second=0, microsecond=0)
         out = []
         while hour <= t1:
-            f = root / "points" / f"date={hour:%Y-%m-%d}" / f"part-{hour:%H}.parquet"
-            if f.exists():
+            name = f"part-{hour:%H}.parquet" if hours_a_file < 24 else "day.parquet"
+            f = root / "points" / f"date={hour:%Y-%m-%d}" / name
+            if f.exists() and str(f) not in out:
                 out.append(str(f))
             hour += dt.timedelta(hours=1)
         return out
@@ -225,13 +230,14 @@ def _plain_scan(root: Path, runs: list, node_ids: list[str]):
 
 
 def _measure_lake(root: Path, tsdb_url: str, runs: list, nodes: list, node_ids: list[str], points: dict[str, np.ndarray],
-                  repeat: int, *, sorted_by_tag: bool) -> dict[str, Any]:
+                  repeat: int, *, sorted_by_tag: bool, hours_a_file: int = 1) -> dict[str, Any]:
     from aml_pipeline.sources import open_source
     from aml_pipeline.tsdb import open_tsdb
 
     t0 = time.perf_counter()
-    files = _write_lake(root, runs, points, sorted_by_tag=sorted_by_tag)
+    files = _write_lake(root, runs, points, sorted_by_tag=sorted_by_tag, hours_a_file=hours_a_file)
     out: dict[str, Any] = {"files": files, "rows": "sorted by tag, then time" if sorted_by_tag else "in time order",
+                           "hours_a_file": hours_a_file,
                            "write_seconds": time.perf_counter() - t0}
     lake_url = _describe(root / "plant.yaml", {
         "backend": "files",
@@ -241,7 +247,7 @@ def _measure_lake(root: Path, tsdb_url: str, runs: list, nodes: list, node_ids: 
                  "line": "line", "product": "product", "recipe": "recipe"},
         "nodes": {n.node_id: {"unit": n.unit} for n in nodes},
     })
-    scan = _plain_scan(root, runs, node_ids)
+    scan = _plain_scan(root, runs, node_ids, hours_a_file)
     with open_source(lake_url) as lake, open_tsdb(tsdb_url) as embedded:
         assert [r.run_id for r in lake.list_runs()] == [r.run_id for r in runs]
         cmp = side_by_side({"lake": lambda: _read_runs(lake, runs, node_ids),

@@ -196,6 +196,20 @@ def split_by_node(node: np.ndarray, n_nodes: int, keys: Sequence[np.ndarray],
     return out
 
 
+def joined_in_order(pieces: Sequence[Sequence[np.ndarray]], n_keys: int) -> list[np.ndarray]:
+    """One node's rows from ``pieces`` (each a list of columns, the first ``n_keys`` the keys,
+    each piece already in order and arriving before the next), ordered as :func:`split_by_node`
+    orders them: by the keys, ties in arrival order."""
+    full = [p for p in pieces if p[0].shape[0]]
+    if len(full) <= 1:
+        return list(full[0] if full else pieces[0])
+    columns = [np.concatenate(c) for c in zip(*full)]
+    if not _keys_ascending(columns[:n_keys]):
+        order = np.lexsort((np.arange(columns[0].shape[0]), *reversed(columns[:n_keys])))
+        columns = [c[order] for c in columns]
+    return columns
+
+
 def _keys_ascending(keys: Sequence[np.ndarray]) -> bool:
     t = keys[0]
     dt = np.diff(t)

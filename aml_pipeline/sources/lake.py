@@ -26,12 +26,33 @@ import duckdb
 import numpy as np
 
 from aml_pipeline.errors import SourceError, TsdbError, TsdbUnavailableError
-from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window, source_order, split_by_node
+from aml_pipeline.sources.backend import (NodeRef, Series, TableRead, Window, joined_in_order, source_order,
+                                          split_by_node)
 from aml_pipeline.sources.description import LoadedDescription, Quality
 from aml_pipeline.sources.sqlbuild import Q, check_columns, join, quote_ident, state_expr, val, where_equal
 from aml_pipeline.sources.timecodec import TimeCodec, resolve_codec, type_class
 
 _TIE = ("aml_file", "aml_row")  # the file order columns the relation adds
+
+
+class _ReadAhead(NamedTuple):
+    """What one run's read of the lake decoded past the run's end, kept for the next run: of
+    each file in ``files`` (as of its version there), every row later than ``after`` (raw time)
+    that passes the filters of ``key``, split by node as :func:`split_by_node` splits them."""
+
+    key: tuple[Any, ...]  # node keys, line
+    after: Any
+    files: dict[str, tuple[int, int]]  # file -> its version (size, mtime ns)
+    by_node: list[list[np.ndarray]]
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    """A file's version as (size, mtime in ns); None if it is gone."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 class _FileFacts(NamedTuple):
@@ -107,6 +128,7 @@ class LakeSource:
         self._con: duckdb.DuckDBPyConnection | None = _connect()
         self._listed: dict[str, str | None] | None = None  # file -> its partition folder value
         self._facts: dict[str, _FileFacts] = {}  # Parquet file -> what its footer says
+        self._ahead: _ReadAhead | None = None
         self.layout = p.effective_layout
         try:
             if p.query is not None:
@@ -158,6 +180,7 @@ class LakeSource:
         return self._con
 
     def close(self) -> None:
+        self._ahead = None
         con, self._con = self._con, None
         if con is not None:
             con.close()
@@ -206,8 +229,11 @@ class LakeSource:
         return state_expr(quality, quote_ident(quality.column), textual)
 
     def _base_filters(self, lo: int, hi: int, line: str | None) -> list[Q]:
+        return self._filters(*self.codec.bounds(lo, hi), line)
+
+    def _filters(self, a: Any, b: Any, line: str | None) -> list[Q]:
+        """The rows with raw time in ``[a, b]`` of ``line``, and the mapping's ``where``."""
         p = self.spec.points
-        a, b = self.codec.bounds(lo, hi)
         conds = [Q(f"{self._t} BETWEEN ") + self._bound(a) + " AND " + self._bound(b)]
         if p.line and line is not None:
             conds.append(Q(f"{quote_ident(p.line)} = ") + val(line))
@@ -239,13 +265,7 @@ class LakeSource:
     def _read_footers(self, files: list[str]) -> None:
         """The raw time range and the row count of each file from its Parquet footer (DuckDB's
         ``parquet_metadata``), for files not seen or changed since (path, size, mtime)."""
-        stamps = {}
-        for f in files:
-            try:
-                st = Path(f).stat()
-            except OSError:
-                continue
-            stamps[f] = (st.st_size, st.st_mtime_ns)
+        stamps = {f: stamp for f in files if (stamp := _stamp(f)) is not None}
         todo = [f for f, stamp in stamps.items() if (seen := self._facts.get(f)) is None or seen.stamp != stamp]
         if not todo:
             return
@@ -350,25 +370,15 @@ class LakeSource:
         files = self._files_for(lo, hi)
         if not files:
             return [Series.empty() for _ in nodes]
-        conds = self._base_filters(lo, hi, line)
         select = [f"{self._raw_time(self._t)} AS t"] + [f"{k} AS o{i}" for i, k in enumerate(ties)]
         if self.layout == "narrow":
-            # Each row's node as its place in `nodes` (1-based; NULL: not one of them), filtered
-            # on that one lookup.
-            inner = (Q("SELECT list_position(") + val([n.key for n in nodes]) + f", {quote_ident(p.node)}) AS k, "
-                     + f"{', '.join(select)}, {self._value(p.value)} AS v, " + self._state(p.quality_spec())
-                     + " AS s FROM " + self._files.relation(files) + " WHERE " + join(conds, " AND "))
-            q = Q("SELECT * FROM (") + inner + ") WHERE k IS NOT NULL"
-            rows = self._rows_at_most(files)
-            if rows is None or rows > limit:
-                # A LIMIT slows DuckDB's scan down: it is added only where the footers cannot
-                # tell that the files hold at most `limit` rows.
-                q = q + " LIMIT " + val(int(limit))
-            cols = self._run(q, f"reading {len(nodes)} nodes")
-            node = np.asarray(cols["k"], np.int64) - 1
-            t, v, s = np.asarray(cols["t"]), np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32)
-            parts = split_by_node(node, len(nodes), [t, *(np.asarray(cols[f"o{i}"]) for i in range(len(ties)))], [v, s])
+            if self._files.format == "parquet":
+                parts = self._narrow_reading_ahead(nodes, files, lo, hi, line, select, len(ties), limit)
+            else:
+                parts = self._by_node(self._narrow_rows(nodes, files, self._base_filters(lo, hi, line), select, limit),
+                                      len(nodes), len(ties))
             return [Series(self.codec.to_ms(p[0]), p[-2], p[-1]) for p in parts]
+        conds = self._base_filters(lo, hi, line)
         conds.append(Q("(") + join([Q(f"{quote_ident(n.column)} IS NOT NULL") for n in nodes], " OR ") + ")")
         per_node = [Q(f"{self._value(n.column)} AS v{k}, {quote_ident(n.column)} IS NOT NULL AS p{k}, ")
                     + self._state(n.quality) + f" AS s{k}" for k, n in enumerate(nodes)]
@@ -384,6 +394,108 @@ class LakeSource:
             order = source_order(np.zeros(v.shape[0], np.int64), [t[has], *(o[has] for o in others)])
             out.append(Series(self.codec.to_ms(t[has][order]), v[order], s[order]))
         return out
+
+    def _narrow_rows(self, nodes: Sequence[NodeRef], files: Sequence[str], conds: list[Q], select: list[str],
+                     limit: int) -> dict[str, np.ndarray]:
+        """The rows of ``nodes`` in ``files`` that pass ``conds``, in file order, each row's node
+        as its place in ``nodes`` (``k``, 1-based)."""
+        p = self.spec.points
+        # Each row's node is one lookup, filtered on (NULL: not one of `nodes`).
+        inner = (Q("SELECT list_position(") + val([n.key for n in nodes]) + f", {quote_ident(p.node)}) AS k, "
+                 + f"{', '.join(select)}, {self._value(p.value)} AS v, " + self._state(p.quality_spec())
+                 + " AS s FROM " + self._files.relation(files) + " WHERE " + join(conds, " AND "))
+        q = Q("SELECT * FROM (") + inner + ") WHERE k IS NOT NULL"
+        rows = self._rows_at_most(files)
+        if rows is None or rows > limit:
+            # A LIMIT slows DuckDB's scan down: it is added only where the footers cannot
+            # tell that the files hold at most `limit` rows.
+            q = q + " LIMIT " + val(int(limit))
+        return self._run(q, f"reading {len(nodes)} nodes")
+
+    @staticmethod
+    def _by_node(cols: dict[str, np.ndarray], n_nodes: int, n_ties: int) -> list[list[np.ndarray]]:
+        """Rows of :meth:`_narrow_rows` as each node's [t, order columns..., v, s], in order."""
+        node = np.asarray(cols["k"], np.int64) - 1
+        t, v, s = np.asarray(cols["t"]), np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32)
+        return split_by_node(node, n_nodes, [t, *(np.asarray(cols[f"o{i}"]) for i in range(n_ties))], [v, s])
+
+    def _narrow_reading_ahead(self, nodes: Sequence[NodeRef], files: Sequence[str], lo: int, hi: int,
+                              line: str | None, select: list[str], n_ties: int, limit: int) -> list[list[np.ndarray]]:
+        """:meth:`_by_node` of the run ``[lo, hi]``'s rows, each file decoded once for runs read
+        in time order.
+
+        A lake's files seldom end where runs do: a daily file holds a dozen runs, and decoding a
+        Parquet file costs about the same whatever part of it a query keeps. So the files are
+        read to the end of their time ranges (their footers') and each node's rows past the run
+        are kept for the next run, which then reads only the files it does not hold. The points
+        are exactly those of reading the run's files alone, in the same order: what is held is
+        used only for the same nodes and line, for a run that starts after it, of files that are
+        still the same version (size, mtime) and come before the other files the run reads; and
+        a held file the run does not read must hold no time of the run. At most ``limit`` rows
+        are held (the footers' counts)."""
+        a, b = self.codec.bounds(lo, hi)
+        key = (tuple(n.key for n in nodes), line)
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+        if ahead is not None and not self._serves(ahead, key, files, a, b):
+            ahead = None
+        held = {} if ahead is None else ahead.files
+        rest = [f for f in files if f not in held]
+        stamps = {f: _stamp(f) for f in rest}
+        facts = [self._facts.get(f) for f in rest]
+        rows = self._rows_at_most(rest)
+        whole = bool(rest) and rows is not None and rows <= limit and all(
+            x is not None and x.span is not None and x.stamp == stamps[f] for f, x in zip(rest, facts))
+        end = max([b, *(x.span[1] for x in facts)]) if whole else b
+        fresh = (self._by_node(self._narrow_rows(nodes, rest, self._filters(a, end, line), select, limit),
+                               len(nodes), n_ties) if rest else None)
+        now, later = [], []
+        for j in range(len(nodes)):
+            pieces, past = [], []
+            if ahead is not None:
+                cols = ahead.by_node[j]
+                i0, i1 = int(np.searchsorted(cols[0], a, "left")), int(np.searchsorted(cols[0], b, "right"))
+                pieces.append([c[i0:i1] for c in cols])
+                past.append([c[i1:] for c in cols])
+            if fresh is not None:
+                cols = fresh[j]
+                if whole:
+                    i1 = int(np.searchsorted(cols[0], b, "right"))
+                    pieces.append([c[:i1] for c in cols])
+                    past.append([c[i1:] for c in cols])
+                else:
+                    pieces.append(cols)
+            now.append(joined_in_order(pieces, 1 + n_ties))
+            later.append(joined_in_order(past, 1 + n_ties) if past else [])
+        kept = {f: stamp for f, stamp in held.items() if self._may_hold_after(f, b)}
+        if whole:
+            kept.update((f, stamps[f]) for f in rest if self._may_hold_after(f, b))
+        if kept:
+            with self._lock:
+                self._ahead = _ReadAhead(key, b, kept, later)
+        return now
+
+    def _may_hold_after(self, f: str, b: Any) -> bool:
+        x = self._facts.get(f)
+        return x is None or x.span is None or x.span[1] > b
+
+    def _serves(self, ahead: _ReadAhead, key: tuple[Any, ...], files: Sequence[str], a: Any, b: Any) -> bool:
+        """Whether the rows ``ahead`` holds serve the run ``[a, b]`` that reads ``files`` (see
+        :meth:`_narrow_reading_ahead`)."""
+        if ahead.key != key or not a > ahead.after:
+            return False
+        place = {f: i for i, f in enumerate(files)}
+        last_held = -1
+        for f, stamp in ahead.files.items():
+            if f in place:
+                if _stamp(f) != stamp:
+                    return False
+                last_held = max(last_held, place[f])
+            else:
+                x = self._facts.get(f)
+                if x is None or x.stamp != stamp or x.span is None or not (x.span[1] < a or x.span[0] > b):
+                    return False
+        return all(place[f] > last_held for f in files if f not in ahead.files)
 
     def distinct_keys(self) -> list[Any]:
         p = self.spec.points
