@@ -25,16 +25,20 @@ with the core functions (:func:`plant_run_traces`).
   the build (the instance closed); the figure is the difference per run. What is stored is the
   build's own: each run's figures with or without its plot, in the run's shard and the index
   shard of the SQLite event log (each holds the plot once). SQLite stores large rows in 4 KB
-  overflow pages, so the figure depends on the rows' real sizes.
+  overflow pages, so the figure depends on the rows' real sizes. ``event_log_pg``: the same on a
+  PostgreSQL instance (``--pg``: the benchmark's server, ``bench.pg_bench.postgres_server``),
+  the sizes of its tables (indexes and TOAST included) in a fresh database for each build; it
+  stores each event once, compressed where its TOAST compression finds repeats.
 
 Budget (per run, 16 nodes): 20 ms and 30 KB.
 
-    .venv/bin/python -m bench.plots_bench [--repeat 5] [--runs 4] [--minutes 120] [--json PATH]
+    .venv/bin/python -m bench.plots_bench [--repeat 5] [--runs 4] [--minutes 120] [--pg] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import statistics
@@ -51,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import pg_bench  # noqa: E402
 from bench.common import dir_bytes, fresh_dir  # noqa: E402
 from bench.workload import HISTORY, HORIZON, N_CONTROLS, N_FEATURES, N_TARGETS, SPEC_ID, make_workload  # noqa: E402
 
@@ -126,27 +131,38 @@ def png_floor(traces, units: list[str], title: str) -> dict[str, float]:
     }
 
 
-def _build_event_log_bytes(workload, plots: bool, directory: Path) -> int:
-    """Bytes of a fresh persistent SQLite instance after the real build of ``workload`` with the
-    run plots on or off (``AML_RUN_PLOTS``)."""
+def _build_event_log_bytes(workload, plots: bool, directory: Path, pg_base_url: str | None = None) -> int:
+    """Bytes of a fresh persistent instance after the real build of ``workload`` with the run
+    plots on or off (``AML_RUN_PLOTS``): SQLite (the instance directory), or with
+    ``pg_base_url`` PostgreSQL storage in a fresh database (its tables with their indexes and
+    TOAST, the deployment's instance, ``deploy/dagster.yaml``)."""
     import os
     from unittest import mock
 
     from aml_pipeline.runner.build import materialize_dataset
     from aml_pipeline.spec import parse_spec
+    from bench.dagster_bench import fresh_pg_database, persistent_instance
 
     fresh_dir(directory)
     home = directory / "instance"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    pg_url = fresh_pg_database(pg_base_url, "aml_bench_plots") if pg_base_url else None
     with mock.patch.dict(os.environ, {"AML_RUN_PLOTS": "on" if plots else "off"}), \
-            dg.DagsterInstance.from_config(str(home)) as instance:
+            persistent_instance(home, pg_url) as instance:
         summary = materialize_dataset(parse_spec(workload.spec), tsdb_url=workload.tsdb_url,
                                       home=directory / "aml", instance=instance, console_log_level="CRITICAL")
     built = summary["materialized"]["run_windows"]
     if built != len(workload.runs):
         raise RuntimeError(f"event log: the build recorded {built} of {len(workload.runs)} runs")
-    return dir_bytes(home)
+    if pg_url is None:
+        return dir_bytes(home)
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    with psycopg.connect(urlunsplit(urlsplit(pg_base_url)._replace(path="/aml_bench_plots"))) as conn:
+        return int(conn.execute(
+            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind = 'r' AND n.nspname = 'public'").fetchone()[0])
 
 
 def plant_run_traces(plant, spec, run, *, chunk: int = 20_000):
@@ -180,8 +196,10 @@ def plant_run_traces(plant, spec, run, *, chunk: int = 20_000):
     return acc.result()
 
 
-def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path | None = None) -> dict[str, Any]:
-    """Measure; returns ``plot_ms_per_run`` and ``event_log_kb_per_run`` (medians) with details."""
+def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path | None = None,
+        pg_base_url: str | None = None) -> dict[str, Any]:
+    """Measure; returns ``plot_ms_per_run`` and ``event_log_kb_per_run`` (medians) with details;
+    with ``pg_base_url`` (a server's URL), the event log's figure on a PostgreSQL instance too."""
     import logging
     import warnings
 
@@ -216,6 +234,8 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
         log_workload = make_workload(work / "log-plant", runs=LOG_RUNS, minutes=minutes)
         log_runs = len(log_workload.runs)
         ours_ms, ours_cpu_ms, naive_ms, kb_with, kb_without = [], [], [], [], []
+        pg_kb_with: list[float] = []
+        pg_kb_without: list[float] = []
         markdowns: list[str] = []
         for i in range(repeat):
             mine = rest[i * runs : (i + 1) * runs]
@@ -230,12 +250,21 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
             naive_ms.append((time.perf_counter() - t0) * 1e3 / len(mine))
             kb_with.append(_build_event_log_bytes(log_workload, True, work / f"build-with-{i}") / 1e3 / log_runs)
             kb_without.append(_build_event_log_bytes(log_workload, False, work / f"build-without-{i}") / 1e3 / log_runs)
+            if pg_base_url:
+                pg_kb_with.append(_build_event_log_bytes(log_workload, True, work / f"pg-with-{i}", pg_base_url) / 1e3 / log_runs)
+                pg_kb_without.append(
+                    _build_event_log_bytes(log_workload, False, work / f"pg-without-{i}", pg_base_url) / 1e3 / log_runs)
         floors = [png_floor(tr, units, f"run {run_id}") for run_id, tr in rest[: runs * repeat]]
         plot_kb = [a - b for a, b in zip(kb_with, kb_without)]
         markdown_kb = [len(m.encode()) / 1e3 for m in markdowns]
         ms = _spread(ours_ms)
         kb = _spread(plot_kb)
+        pg_plot_kb = [a - b for a, b in zip(pg_kb_with, pg_kb_without)]
+        pg = ({"event_log_kb": {**_spread(pg_plot_kb), "all": pg_plot_kb},
+               "event_log_kb_per_run_with_plot": _spread(pg_kb_with),
+               "event_log_kb_per_run_without_plot": _spread(pg_kb_without)} if pg_plot_kb else None)
         return {
+            "event_log_pg": pg,
             "plot_ms_per_run": ms["median"],
             "event_log_kb_per_run": kb["median"],
             "plot_ms": {**ms, "all": ours_ms},
@@ -269,9 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--minutes", type=float, default=120.0)
+    ap.add_argument("--pg", action="store_true", help="also measure the event log on a PostgreSQL instance")
     ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args(argv)
-    res = run(a.repeat, runs=a.runs, minutes=a.minutes)
+    with contextlib.ExitStack() as stack:
+        pg_base_url = stack.enter_context(pg_bench.postgres_server())[0] if a.pg else None
+        res = run(a.repeat, runs=a.runs, minutes=a.minutes, pg_base_url=pg_base_url)
     text = json.dumps(res, indent=1)
     if a.json:
         a.json.write_text(text + "\n")
@@ -288,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         f"as PNG, {res['bands_webp_lossless_kb_per_run']['median']:.1f} KB as lossless WebP at its smallest: "
         f"{res['event_log_kb_floor_bands_webp']['median']:.1f} KB of SQLite event log (base64, stored twice)"
     )
+    if res["event_log_pg"]:
+        pg = res["event_log_pg"]["event_log_kb"]
+        print(f"event_log_kb_per_run on a PostgreSQL instance {pg['median']:.1f} KB (min {pg['min']:.1f}, max {pg['max']:.1f})")
     return 0
 
 

@@ -250,8 +250,13 @@ def _snapshot(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path
 def _plots(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
     from bench import plots_bench
 
-    _log(f"plots: plot_ms_per_run, event_log_kb_per_run, {cfg['repeat']} repetitions")
-    out = plots_bench.run(repeat=cfg["repeat"])
+    _log(f"plots: plot_ms_per_run, event_log_kb_per_run (SQLite and PostgreSQL instances), {cfg['repeat']} repetitions")
+    try:
+        with pg_bench.postgres_server() as (pg_base_url, _):
+            out = plots_bench.run(repeat=cfg["repeat"], pg_base_url=pg_base_url)
+    except pg_bench.NoServer as e:
+        out = plots_bench.run(repeat=cfg["repeat"])
+        out["event_log_pg"] = {"available": False, "reason": str(e)}
     res["plots"] = out
     for key, spread in (("plot_ms_per_run", out["plot_ms"]), ("event_log_kb_per_run", out["event_log_kb"])):
         res.figure(key, {"value": spread["median"], "min": spread["min"], "max": spread["max"], "repeat": len(spread["all"])})
@@ -590,6 +595,13 @@ def render(d: dict[str, Any]) -> str:
                  f"its bands alone {pl['bands_png_kb_per_run']['median']:.1f} KB as PNG, "
                  f"{pl['bands_webp_lossless_kb_per_run']['median']:.1f} KB as lossless WebP at its smallest, which as SQLite "
                  f"event log would be {pl['event_log_kb_floor_bands_webp']['median']:.1f} KB")
+        pg = pl.get("event_log_pg") or {}
+        if "event_log_kb" in pg:
+            e = pg["event_log_kb"]
+            L.append(f"  the plot's share of a PostgreSQL instance's event log: {e['median']:.1f} KB a run "
+                     f"[{e['min']:.1f}-{e['max']:.1f}] x{len(e['all'])} (SQLite: {pl['event_log_kb']['median']:.1f} KB)")
+        elif pg:
+            L.append(f"  PostgreSQL instance: {pg['reason']}")
     if "sources" in d:
         so = d["sources"]
         lk = so["lake"]
