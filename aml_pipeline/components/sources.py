@@ -36,12 +36,17 @@ def _version(watermark: int | None) -> str:
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", dg.BetaWarning)
 
-    @dg.observable_source_asset(
-        key=TSDB_POINTS,
-        group_name="tsdb",
-        description="Points, runs and nodes in the plant's time-series database. Observed by its "
-        "availability watermark (the latest point timestamp), which each snapshot records as provenance; "
-        "each run's own TSDB version decides whether that run is rebuilt.",
+    # The multi form with one spec: the single form is converted to an asset through a Dagster
+    # path that reads a deprecated op property on every load.
+    @dg.multi_observable_source_asset(
+        specs=[dg.AssetSpec(
+            TSDB_POINTS,
+            group_name="tsdb",
+            description="Points, runs and nodes in the plant's time-series database. Observed by its "
+            "availability watermark (the latest point timestamp), which each snapshot records as provenance; "
+            "each run's own TSDB version decides whether that run is rebuilt.",
+        )],
+        name="tsdb_points",
     )
     def tsdb_points(tsdb: TsdbResource) -> dg.ObserveResult:
         with tsdb.open() as db:
@@ -60,7 +65,7 @@ with warnings.catch_warnings():
             metadata["watermark"] = dg.MetadataValue.timestamp(
                 _dt.datetime.fromtimestamp(watermark / 1000, tz=_dt.timezone.utc)
             )
-        return dg.ObserveResult(data_version=dg.DataVersion(_version(watermark)), metadata=metadata)
+        return dg.ObserveResult(asset_key=TSDB_POINTS, data_version=dg.DataVersion(_version(watermark)), metadata=metadata)
 
 
 observe_tsdb_job = dg.define_asset_job(
