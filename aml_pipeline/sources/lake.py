@@ -432,7 +432,8 @@ class LakeSource:
         used only for the same nodes and line, for a run that starts after it, of files that are
         still the same version (size, mtime) and come before the other files the run reads; and
         a held file the run does not read must hold no time of the run. At most ``limit`` rows
-        are held (the footers' counts)."""
+        are held: files are read past the run only while the footers' counts of their rows and
+        the rows already held stay within it."""
         a, b = self.codec.bounds(lo, hi)
         key = (tuple(n.key for n in nodes), line)
         with self._lock:
@@ -444,7 +445,8 @@ class LakeSource:
         stamps = {f: _stamp(f) for f in rest}
         facts = [self._facts.get(f) for f in rest]
         rows = self._rows_at_most(rest)
-        whole = bool(rest) and rows is not None and rows <= limit and all(
+        held_rows = 0 if ahead is None else sum(int(cols[0].shape[0]) for cols in ahead.by_node)
+        whole = bool(rest) and rows is not None and held_rows + rows <= limit and all(
             x is not None and x.span is not None and x.stamp == stamps[f] for f, x in zip(rest, facts))
         end = max([b, *(x.span[1] for x in facts)]) if whole else b
         fresh = (self._by_node(self._narrow_rows(nodes, rest, self._filters(a, end, line), select, limit),

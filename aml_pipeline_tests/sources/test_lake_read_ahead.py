@@ -52,8 +52,9 @@ def write_day(rows: dict[str, np.ndarray], path: Path, *, sorted_by_tag: bool) -
     }), path, row_group_size=2048)
 
 
-def day_lake(root: Path, rows: dict[str, np.ndarray], *, sorted_by_tag: bool) -> str:
-    """A file a day in day folders; runs are fixed 3 h windows (eight a file)."""
+def day_lake(root: Path, rows: dict[str, np.ndarray], *, sorted_by_tag: bool, first_run: str = "00:00") -> str:
+    """A file a day in day folders; runs are fixed 3 h windows (eight a file) from ``first_run``
+    on the first day."""
     for day in range(2):
         sel = (rows["ts"] >= T0 + day * DAY_MS) & (rows["ts"] < T0 + (day + 1) * DAY_MS)
         write_day({k: v[sel] for k, v in rows.items()}, root / "points" / f"date=2025-02-0{day + 1}" / "day.parquet",
@@ -61,7 +62,7 @@ def day_lake(root: Path, rows: dict[str, np.ndarray], *, sorted_by_tag: bool) ->
     desc = {"backend": "files",
             "points": {"files": "points/**/*.parquet", "node": "tag", "time": "time", "value": "value",
                        "quality": QUALITY, "partition": {"column": "date", "every": "day"}},
-            "runs": {"windows": {"every": "3h", "start": "2025-02-01T00:00:00Z", "end": "2025-02-03T00:00:00Z", "line": "L1",
+            "runs": {"windows": {"every": "3h", "start": f"2025-02-01T{first_run}:00Z", "end": "2025-02-03T00:00:00Z", "line": "L1",
                                  "product": "P", "recipe": "R"}}}
     return str(write_description(root / "plant.yaml", desc))
 
@@ -73,9 +74,9 @@ def expected(rows: dict[str, np.ndarray], node: str, lo: int, hi: int) -> tuple[
     return rows["ts"][sel], rows["value"][sel], np.array([STATE[int(q)] for q in rows["quality"][sel]], np.int32)
 
 
-def read_run(db, run) -> dict[str, tuple[np.ndarray, ...]]:
+def read_run(db, run, max_points: int | None = None) -> dict[str, tuple[np.ndarray, ...]]:
     """The run's points as a build reads them: the prefetch, then pages node by node."""
-    assert db.prefetch(run.run_id, NODES, run.started_at, run.ended_at)
+    assert db.prefetch(run.run_id, NODES, run.started_at, run.ended_at, max_points=max_points)
     out = {}
     for node in NODES:
         s = fetch_node_series(db, node, run.run_id, run.started_at, run.ended_at, page_limit=500)
@@ -169,3 +170,23 @@ def test_a_new_file_that_sorts_before_a_held_one_is_read_in_its_place(tmp_path, 
     assert_run(rows, runs[1], got)
     assert got["A"][1][got["A"][0] == t][0] == -7.0
     assert queries[1] == ["date=2025-02-01", "date=2025-02-01"]
+
+
+@pytest.mark.parametrize("bounded", [False, True], ids=["room_for_both", "room_for_one_day"])
+def test_what_is_held_stays_within_the_prefetch_bound(tmp_path, queries, bounded):
+    """A run across midnight holds the end of the first day when it reads the second: a day is
+    read past the run only if it fits the bound beside what is held. Then the next run reads
+    the second day again, and every run still gets its own points."""
+    rows = plant_rows()
+    url = day_lake(tmp_path, rows, sorted_by_tag=True, first_run="01:30")
+    day = T0 + DAY_MS
+    per_day = max(int(np.sum(rows["ts"] < day)), int(np.sum(rows["ts"] >= day)))
+    held_at_midnight = int(np.sum((rows["ts"] >= day - 90 * 60_000) & (rows["ts"] < day)))
+    max_points = per_day + held_at_midnight // 2 if bounded else None
+    with open_source(url) as db:
+        runs = [r for r in db.list_runs(finished_only=False) if r.ended_at is not None]
+        assert [r.started_at % DAY_MS for r in runs[7:9]] == [DAY_MS - 90 * 60_000, 90 * 60_000]  # across midnight, next
+        for run in runs:
+            assert_run(rows, run, read_run(db, run, max_points))
+    days = [["date=2025-02-01"], ["date=2025-02-01", "date=2025-02-02"], ["date=2025-02-02"]]
+    assert queries == ([days[0], ["date=2025-02-02"], days[2]] if bounded else [days[0], ["date=2025-02-02"]])
