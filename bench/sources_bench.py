@@ -65,12 +65,13 @@ def _read_runs(db: Any, runs: list, node_ids: list[str], *, prefetch: bool = Tru
                digest: Any = None) -> int:
     """Every point of every run as the build reads it; the number of points. ``digest`` (not
     while timing) is fed every series' ts, value and state."""
+    from aml_pipeline.pipeline.stages.raw import clean_chunk_points
     from aml_pipeline_tests.tsdb.series import fetch_node_series
 
     n = 0
     for run in runs:
-        if prefetch and callable(getattr(db, "prefetch", None)):
-            db.prefetch(run.run_id, node_ids, run.started_at, run.ended_at)
+        if prefetch and callable(getattr(db, "prefetch", None)):  # with the bound the build's fetch gives it
+            db.prefetch(run.run_id, node_ids, run.started_at, run.ended_at, max_points=clean_chunk_points())
         for node in node_ids:
             s = fetch_node_series(db, node, run.run_id, run.started_at, run.ended_at)
             n += len(s)

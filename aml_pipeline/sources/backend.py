@@ -86,10 +86,11 @@ class Backend(Protocol):
         (time, then the mapping's tie order)."""
 
     def fetch_many(
-        self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int
+        self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int, hold: int = 0
     ) -> list[Series] | None:
         """Every point of each node in ``[lo, hi]`` in one read, or None if there are more than
-        ``limit`` in all (or the backend reads node by node anyway)."""
+        ``limit`` in all (or the backend reads node by node anyway). The backend may keep up to
+        ``hold`` points it read past ``hi`` for the next call (a run read after this one)."""
 
     def max_time(self, nodes: Sequence[NodeRef]) -> int | None:
         """The latest point time (epoch ms) of any of ``nodes``; None when they have none."""

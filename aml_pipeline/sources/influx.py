@@ -247,7 +247,8 @@ class InfluxSource:
         state = np.zeros(len(rows), np.int32) if quality is None else _states(quality, table[:, 2])
         return Series(ts, value, state)
 
-    def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int) -> None:
+    def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int,
+                   hold: int = 0) -> None:
         return None  # node by node
 
     def distinct_keys(self) -> list[Any]:

@@ -360,7 +360,8 @@ class LakeSource:
         cols = self._run(q, f"reading node {node.node_id!r}")
         return Series(self.codec.to_ms(cols["t"]), np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32))
 
-    def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int) -> list[Series] | None:
+    def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int,
+                   hold: int = 0) -> list[Series] | None:
         """One scan of the files the run's range overlaps, without ORDER BY; numpy orders each
         node's points as :meth:`fetch` does (time, order columns, file, row, value, state)."""
         p = self.spec.points
@@ -373,7 +374,7 @@ class LakeSource:
         select = [f"{self._raw_time(self._t)} AS t"] + [f"{k} AS o{i}" for i, k in enumerate(ties)]
         if self.layout == "narrow":
             if self._files.format == "parquet":
-                parts = self._narrow_reading_ahead(nodes, files, lo, hi, line, select, len(ties), limit)
+                parts = self._narrow_reading_ahead(nodes, files, lo, hi, line, select, len(ties), limit, hold)
             else:
                 parts = self._by_node(self._narrow_rows(nodes, files, self._base_filters(lo, hi, line), select, limit),
                                       len(nodes), len(ties))
@@ -419,8 +420,8 @@ class LakeSource:
         t, v, s = np.asarray(cols["t"]), np.asarray(cols["v"], np.float64), np.asarray(cols["s"], np.int32)
         return split_by_node(node, n_nodes, [t, *(np.asarray(cols[f"o{i}"]) for i in range(n_ties))], [v, s])
 
-    def _narrow_reading_ahead(self, nodes: Sequence[NodeRef], files: Sequence[str], lo: int, hi: int,
-                              line: str | None, select: list[str], n_ties: int, limit: int) -> list[list[np.ndarray]]:
+    def _narrow_reading_ahead(self, nodes: Sequence[NodeRef], files: Sequence[str], lo: int, hi: int, line: str | None,
+                              select: list[str], n_ties: int, limit: int, hold: int) -> list[list[np.ndarray]]:
         """:meth:`_by_node` of the run ``[lo, hi]``'s rows, each file decoded once for runs read
         in time order.
 
@@ -431,7 +432,7 @@ class LakeSource:
         are exactly those of reading the run's files alone, in the same order: what is held is
         used only for the same nodes and line, for a run that starts after it, of files that are
         still the same version (size, mtime) and come before the other files the run reads; and
-        a held file the run does not read must hold no time of the run. At most ``limit`` rows
+        a held file the run does not read must hold no time of the run. At most ``hold`` rows
         are held: files are read past the run only while the footers' counts of their rows and
         the rows already held stay within it."""
         a, b = self.codec.bounds(lo, hi)
@@ -446,10 +447,10 @@ class LakeSource:
         facts = [self._facts.get(f) for f in rest]
         rows = self._rows_at_most(rest)
         held_rows = 0 if ahead is None else sum(int(cols[0].shape[0]) for cols in ahead.by_node)
-        whole = bool(rest) and rows is not None and held_rows + rows <= limit and all(
+        whole = bool(rest) and rows is not None and held_rows + rows <= hold and all(
             x is not None and x.span is not None and x.stamp == stamps[f] for f, x in zip(rest, facts))
         end = max([b, *(x.span[1] for x in facts)]) if whole else b
-        fresh = (self._by_node(self._narrow_rows(nodes, rest, self._filters(a, end, line), select, limit),
+        fresh = (self._by_node(self._narrow_rows(nodes, rest, self._filters(a, end, line), select, hold if whole else limit),
                                len(nodes), n_ties) if rest else None)
         now, later = [], []
         for j in range(len(nodes)):

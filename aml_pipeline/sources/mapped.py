@@ -333,7 +333,9 @@ class MappedTsdb:
         if not wanted or lo > hi:
             return False
         cap = prefetch_limit() if max_points is None else min(int(max_points), prefetch_limit())
-        series = self._ask("fetch_many", wanted, lo, hi, self._line(run), cap + 1)
+        # What a backend keeps past the run for the next one (a lake file holding several runs)
+        # has the memory share of a prefetch of its own, whatever this run's bound.
+        series = self._ask("fetch_many", wanted, lo, hi, self._line(run), cap + 1, prefetch_limit())
         if series is None or sum(len(s) for s in series) > cap:
             return False
         with self._lock:

@@ -382,7 +382,8 @@ class PostgresSource:
             raw = raw.astype(np.int64) + _PG_EPOCH_US
         return self.codec.to_ms(raw)
 
-    def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int) -> list[Series] | None:
+    def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int,
+                   hold: int = 0) -> list[Series] | None:
         """One scan of the run's rows (no ORDER BY: the same index range a plain ``COPY`` of them
         reads), each row with its node; numpy then orders each node's points exactly as
         :meth:`fetch` does (time, order columns, value, state). None (node by node) for the query

@@ -173,20 +173,26 @@ def test_a_new_file_that_sorts_before_a_held_one_is_read_in_its_place(tmp_path, 
 
 
 @pytest.mark.parametrize("bounded", [False, True], ids=["room_for_both", "room_for_one_day"])
-def test_what_is_held_stays_within_the_prefetch_bound(tmp_path, queries, bounded):
-    """A run across midnight holds the end of the first day when it reads the second: a day is
-    read past the run only if it fits the bound beside what is held. Then the next run reads
-    the second day again, and every run still gets its own points."""
+def test_what_is_held_stays_within_the_prefetch_share(tmp_path, queries, monkeypatch, bounded):
+    """A day is read past the run even when the run's own bound is far smaller (a build's
+    cleaning chunk), within the memory share of a prefetch. A run across midnight holds the end
+    of the first day when it reads the second: the second is read past the run only if it fits
+    that share beside what is held; if not, the next run reads it again. Every run gets its own
+    points either way."""
+    from aml_pipeline.sources import mapped
+
     rows = plant_rows()
     url = day_lake(tmp_path, rows, sorted_by_tag=True, first_run="01:30")
     day = T0 + DAY_MS
     per_day = max(int(np.sum(rows["ts"] < day)), int(np.sum(rows["ts"] >= day)))
     held_at_midnight = int(np.sum((rows["ts"] >= day - 90 * 60_000) & (rows["ts"] < day)))
-    max_points = per_day + held_at_midnight // 2 if bounded else None
+    if bounded:
+        monkeypatch.setattr(mapped, "prefetch_limit", lambda: per_day + held_at_midnight // 2)
+    run_bound = 4_000  # a run holds about 3,300 points; a day, eight times that
     with open_source(url) as db:
         runs = [r for r in db.list_runs(finished_only=False) if r.ended_at is not None]
         assert [r.started_at % DAY_MS for r in runs[7:9]] == [DAY_MS - 90 * 60_000, 90 * 60_000]  # across midnight, next
         for run in runs:
-            assert_run(rows, run, read_run(db, run, max_points))
+            assert_run(rows, run, read_run(db, run, run_bound))
     days = [["date=2025-02-01"], ["date=2025-02-01", "date=2025-02-02"], ["date=2025-02-02"]]
     assert queries == ([days[0], ["date=2025-02-02"], days[2]] if bounded else [days[0], ["date=2025-02-02"]])
