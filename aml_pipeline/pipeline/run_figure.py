@@ -4,13 +4,19 @@ A :class:`~aml_pipeline.core.traces.RunTraces` summarises the run per node and p
 (min and max of the raw points, of the cleaned grid and of the removed outliers, and how many
 grid rows are missing), so the chart draws one data column per pixel whatever the run's length:
 
-* a band per node, labelled ``node [unit]`` with its scale ``lo … hi`` (round values around the
-  cleaned grid's range, so they read easily and repeat between runs);
+* a band per node, labelled ``node [unit]``, its scale's top and bottom values beside the band's
+  top and bottom edges (round values around the cleaned grid's range, so they read easily and
+  repeat between runs);
 * the cleaned grid as a 2 px line, the raw points in grey where the line does not cover them
   (points off the line, values beyond the band's scale at its edge), the removed outliers as red
   squares, and the columns with missing grid rows shaded (all missing, some missing);
 * time since the run's start below, in the unit that fits the run's length; the run, its UTC
   start and its length on top; a legend.
+
+The whole chart fits Dagster's metadata dialog (four fifths of the window, less its padding) on a
+1366 px wide screen for labels of up to about 16 characters: a chart wider than the dialog is cut
+at its right edge there, and a person sees no scroll bar to tell them. Traces wider than the data
+area (stored by an older build) are folded onto it (:meth:`RunTraces.folded`).
 
 It is drawn for every run of every build (``bench/plots_bench.py`` measures its time and its
 share of the event log), so one figure is kept per list of node labels and reused:
@@ -65,15 +71,18 @@ GREEN_TO_INDEX = np.argmin(np.abs(np.arange(256)[:, None] - PALETTE[None, :, 1].
 
 DPI = 100
 PLOT_PX = DEFAULT_WIDTH  # the data area's width: one trace column per pixel
+MIN_LABEL_PX = 120  # the label column's least width: with it the chart is at least about 1,000 px wide
 LABEL_PT, SCALE_PT, TICK_PT, TITLE_PT = 10, 9, 9, 12
 TOP_PX, BOTTOM_PX, RIGHT_PX, MARGIN_PX = 62, 46, 24, 10
 TITLE_TOP_PX = 8  # the title line's capitals start this far down
 BANDS_PX = 640  # the bands' total height, each band within MIN_BAND_PX .. MAX_BAND_PX
-MIN_BAND_PX, MAX_BAND_PX = 26, 120
+MIN_BAND_PX, MAX_BAND_PX = 30, 120  # at 30 px a band's two scale values stay apart
 EDGE_PX = 2  # rows at a band's top and bottom kept clear of data (values beyond the scale stop there)
 MAX_TICKS = 12
 MAX_TEXT_TILES = 2000  # texts kept as pixels, per figure
 TILE_PAD_PX = 1
+SCALE_GAP_PX = 5  # between a scale value and the frame
+SCALE_EDGE_PX = 4  # between a scale value and its band's top or bottom edge
 GLYPH_PAD_PX = 2
 
 
@@ -262,11 +271,9 @@ class RunFigure:
         def width(text: str, pt: float, weight: str = "normal") -> float:
             return measure.get_text_width_height_descent(text, FontProperties(size=pt, weight=weight), False)[0]
 
-        label_w = math.ceil(max(width(label, LABEL_PT, "bold") for label in labels))
-        # the band scale "lo … hi", ellipses aligned: room for the widest value fmt writes
-        number_w, self.dots_w = math.ceil(width("-8.88e+08", SCALE_PT)), width(" … ", SCALE_PT)
-        self.left = left = MARGIN_PX + label_w + MARGIN_PX + 2 * number_w + math.ceil(self.dots_w) + MARGIN_PX
-        self.dots_x = left - MARGIN_PX - number_w - self.dots_w / 2
+        label_w = max(MIN_LABEL_PX, math.ceil(max(width(label, LABEL_PT, "bold") for label in labels)))
+        number_w = math.ceil(width("-8.88e+08", SCALE_PT))  # the widest value fmt writes
+        self.left = left = MARGIN_PX + label_w + MARGIN_PX + number_w + SCALE_GAP_PX
         self.space = {w: width("a a", TITLE_PT, w) - width("aa", TITLE_PT, w) for w in ("normal", "bold")}
         self.w_px, self.h_px = W, H = left + PLOT_PX + RIGHT_PX, TOP_PX + n * band + BOTTOM_PX
         c = COLOURS
@@ -295,7 +302,6 @@ class RunFigure:
             for i, label in enumerate(labels):
                 y = (i + 0.5) * band
                 ax.text(MARGIN_PX - left, y, label, fontsize=LABEL_PT, weight="bold", ha="left", va="center_baseline")
-                ax.text(self.dots_x - left, y, "…", fontsize=SCALE_PT, color=c["axis"], ha="center", va="center_baseline")
             plain = dict(antialiased=False)
             fig.legend(
                 handles=[
@@ -306,7 +312,7 @@ class RunFigure:
                     Patch(facecolor=c["gap"], label="gap (no grid value)", **plain),
                     Patch(facecolor=c["partial_gap"], label="some grid rows missing", **plain),
                 ],
-                loc="center left", bbox_to_anchor=(left / W, 1 - 42 / H), ncol=5, fontsize=LABEL_PT, frameon=False,
+                loc="center left", bbox_to_anchor=(MARGIN_PX / W, 1 - 42 / H), ncol=5, fontsize=LABEL_PT, frameon=False,
                 handlelength=1.6, handleheight=0.9, columnspacing=1.8, borderaxespad=0.0, borderpad=0.0,
             )
             # What changes per run: animated artists, left out of the background and blitted.
@@ -318,9 +324,9 @@ class RunFigure:
                                        linestyle="none", animated=True)
             self.texts = {
                 "tick": ax.text(0, 0, "", fontsize=TICK_PT, ha="center", va="top", animated=True),
-                "scale_lo": ax.text(0, 0, "", fontsize=SCALE_PT, color=c["axis"], ha="right", va="center_baseline",
+                "scale_lo": ax.text(0, 0, "", fontsize=SCALE_PT, color=c["axis"], ha="right", va="bottom",
                                     animated=True),
-                "scale_hi": ax.text(0, 0, "", fontsize=SCALE_PT, color=c["axis"], ha="left", va="center_baseline",
+                "scale_hi": ax.text(0, 0, "", fontsize=SCALE_PT, color=c["axis"], ha="right", va="top",
                                     animated=True),
                 "xlabel": ax.text(0, 0, "", fontsize=LABEL_PT, ha="center", va="bottom", animated=True),
                 # the title line, a character at a time (see _glyphs)
@@ -412,6 +418,8 @@ class RunFigure:
 
         if len(traces.node_ids) != self.n:
             raise ValueError(f"run figure: {len(traces.node_ids)} nodes in the traces for {self.n} labels")
+        if traces.width > PLOT_PX:
+            traces = traces.folded(PLOT_PX)
         self._draw_data(traces)
         self._draw_texts(traces, title)
         # Every pixel is a palette colour: its green value names it (see GREEN_TO_INDEX).
@@ -475,7 +483,9 @@ class RunFigure:
         # gaps: the band's height in the columns with missing grid rows
         miss = traces.grid_missing > 0
         full = miss & (traces.grid_missing == traces.grid_rows)
-        full, miss = (flags > 0.5 for flags in _bridge(has_rows, full.astype(float), miss.astype(float)))
+        # bridged as the line is (a flag is a value where set, NaN where not), so that a column
+        # halfway between a gap and the line goes with the same neighbour for both: never a hole
+        full, miss = (~np.isnan(flags) for flags in _bridge(has_rows, *(np.where(f, 1.0, np.nan) for f in (full, miss))))
         for layer, flags in ((self.gaps, full), (self.partial_gaps, miss & ~full)):
             r, a, b = spans(flags)
             layer.set_path(_rects_path(edges[a], edges[b], r * band + 1.0, (r + 1) * band + 0.0))
@@ -497,11 +507,11 @@ class RunFigure:
         for t, x in zip(self.ticks, self.tick_x):
             self._text("tick", fmt(float(t), tick_step), self.left + x + 0.5, bottom + 8)
         self._text("xlabel", f"time since run start [{self.unit}]", self.left + PLOT_PX / 2, self.h_px - 4)
-        half = self.dots_w / 2
+        x = self.left - SCALE_GAP_PX
         for i in range(self.n):
-            y = TOP_PX + (i + 0.5) * self.band
-            self._text("scale_lo", fmt(float(lo[i]), float(step[i])), self.dots_x - half, y)
-            self._text("scale_hi", fmt(float(hi[i]), float(step[i])), self.dots_x + half, y)
+            top = TOP_PX + i * self.band
+            self._text("scale_hi", fmt(float(hi[i]), float(step[i])), x, top + SCALE_EDGE_PX)
+            self._text("scale_lo", fmt(float(lo[i]), float(step[i])), x, top + self.band - SCALE_EDGE_PX)
         # the title line: the run's name, then its start and length
         start = _utc(traces.t0_ms)
         line = f"started {start:%Y-%m-%d %H:%M:%S} UTC, {duration(traces.span_ms)} long"

@@ -34,9 +34,9 @@ def make_run(seed: int = 0):
     return raw, grid_ts, grid, removed
 
 
-def one_shot(run) -> RunTraces:
+def one_shot(run, width: int = WIDTH) -> RunTraces:
     raw, grid_ts, grid, removed = run
-    acc = TraceAccumulator(T0, T1, NODES, width=WIDTH)
+    acc = TraceAccumulator(T0, T1, NODES, width=width)
     for j, (ts, v) in enumerate(raw):
         acc.add_raw(j, ts, v)
     acc.add_grid(None, grid_ts, grid)
@@ -169,3 +169,32 @@ def test_missing_ratio_per_node():
     acc = TraceAccumulator(0, 9, ["A", "B"], width=5)
     acc.add_grid(None, np.arange(10), np.column_stack([np.r_[np.nan, np.ones(9)], np.full(10, np.nan)]))
     assert acc.result().missing_ratio().tolist() == [0.1, 1.0]
+
+
+def test_folding_onto_a_divisor_equals_accumulating_at_it():
+    run = make_run(3)
+    assert one_shot(run, 3 * WIDTH).folded(WIDTH).equals(one_shot(run))
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # a node with no removed point
+def test_folding_onto_any_narrower_width_keeps_every_count_and_extreme():
+    """Traces stored wider than the plot's data area (an older build) are folded: nothing they
+    hold is lost, and each column's summaries come from the columns that fall in it."""
+    run = make_run(4)
+    wide, narrow = one_shot(run, 1000), 800
+    folded = wide.folded(narrow)
+    assert folded.width == narrow
+    for a in RunTraces.ARRAYS:
+        got, have = getattr(folded, a), getattr(wide, a)
+        if a.endswith("_min"):
+            assert np.array_equal(np.nanmin(got, axis=1), np.nanmin(have, axis=1), equal_nan=True), a
+        elif a.endswith("_max"):
+            assert np.array_equal(np.nanmax(got, axis=1), np.nanmax(have, axis=1), equal_nan=True), a
+        else:
+            assert np.array_equal(got.sum(axis=1), have.sum(axis=1)), a
+    # column j of 1,000 lands in column j * 800 // 1,000: wide columns 5 and 6 make column 4 of 800
+    assert np.array_equal(folded.raw_count[:, 4], wide.raw_count[:, 5] + wide.raw_count[:, 6])
+    assert np.array_equal(folded.raw_max[:, 4], np.fmax(wide.raw_max[:, 5], wide.raw_max[:, 6]), equal_nan=True)
+    assert wide.folded(1000) is wide
+    with pytest.raises(ValueError, match="more than the traces' 1000"):
+        wide.folded(1001)

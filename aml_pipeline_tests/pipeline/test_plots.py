@@ -54,23 +54,23 @@ def palette_only(rgb: np.ndarray) -> bool:
 
 
 def synthetic_traces(width: int = rf.PLOT_PX):
-    """Two nodes over 1,000 s, the grid at 0.5 s (two rows per second): at the default width,
-    one column per second.
+    """Two nodes over PLOT_PX seconds (800 s), the grid at 0.5 s (two rows per second): at the
+    default width, one column per second.
 
     A: a sine with a gap (grid rows of 100..149 s all missing), one missing grid row at 300 s
     (a partly missing column) and one raw sentinel far below its range at 460.5 s (where the
     sine is near its top). B: a ramp 0..10 with one removed outlier at 450 s, value 20 (above
     its range).
     """
-    t0, t1 = 0, 999_999
+    t0, t1 = 0, rf.PLOT_PX * 1000 - 1
     acc = TraceAccumulator(t0, t1, ["A", "B"], width=width)
-    grid_ts = np.arange(0, 1_000_000, 500, dtype=np.int64)
+    grid_ts = np.arange(0, t1 + 1, 500, dtype=np.int64)
     a = np.sin(grid_ts / 60_000)
     a[(grid_ts >= 100_000) & (grid_ts < 150_000)] = np.nan
     a[grid_ts == 300_500] = np.nan
     b = np.linspace(0, 10, grid_ts.size)
     acc.add_grid(None, grid_ts, np.column_stack([a, b]))
-    raw_ts = np.arange(200, 1_000_000, 1000, dtype=np.int64)
+    raw_ts = np.arange(200, t1 + 1, 1000, dtype=np.int64)
     acc.add_raw(0, np.r_[raw_ts, 460_500], np.r_[np.sin(raw_ts / 60_000), -9999.0])
     acc.add_raw(1, raw_ts, np.interp(raw_ts, grid_ts, b))
     acc.add_removed(1, np.array([450_000]), np.array([20.0]))
@@ -114,7 +114,7 @@ def test_run_figure_shows_gaps_raw_points_and_outliers_where_they_are():
     assert not has(b[:, :440], rf.OUTLIER) and not has(b[:, 460:], rf.OUTLIER)
     # the ramp rises left to right: B's line is low at the start and high at the end
     grid_rows = lambda col: np.flatnonzero((b[:, col] == colour(rf.GRID)).all(axis=1))  # noqa: E731
-    assert grid_rows(5).min() > grid_rows(990).max()
+    assert grid_rows(5).min() > grid_rows(rf.PLOT_PX - 10).max()
 
 
 def test_run_figure_draws_traces_of_another_width_over_the_whole_data_area():
@@ -123,8 +123,23 @@ def test_run_figure_draws_traces_of_another_width_over_the_whole_data_area():
     figure = rf.run_figure(("A [degC]", "B [kg/h]"))
     a = band(rgb, figure, 0)
     assert rgb.shape[1] == figure.w_px
-    # 100..149 s are columns 40..59 of 400, pixels 100..149 of 1,000
+    # 100..149 s are columns 50..74 of 400, pixels 100..149 of 800
     assert has(a[:, 100], rf.GAP) and has(a[:, 149], rf.GAP) and not has(a[:, 150], rf.GAP)
+    assert has(a[:, rf.PLOT_PX - 1], rf.GRID) and has(a[:, 0], rf.GRID)
+
+
+def test_run_figure_folds_traces_wider_than_the_data_area_and_loses_nothing():
+    """Traces stored with more columns (1,000, as older builds stored them) are folded onto the
+    data area: the same chart as traces accumulated at its width, where the width divides."""
+    wide = synthetic_traces(width=2 * rf.PLOT_PX)
+    assert plots.run_figure_png(wide, ["degC", "kg/h"], "run R1") == plots.run_figure_png(
+        synthetic_traces(), ["degC", "kg/h"], "run R1")
+    rgb = decode(plots.run_figure_png(synthetic_traces(width=1000), ["degC", "kg/h"], "run R1"))
+    figure = rf.run_figure(("A [degC]", "B [kg/h]"))
+    a, b = band(rgb, figure, 0), band(rgb, figure, 1)
+    # (a point near a column's edge may sit a column over: 1,000 is not a multiple of 800)
+    assert has(a[:, 101], rf.GAP) and has(a[:, 147], rf.GAP) and not has(a[:, 151], rf.GAP)
+    assert has(b[data_rows(figure)][:3, 449:452], rf.OUTLIER)
     assert has(a[:, rf.PLOT_PX - 1], rf.GRID) and has(a[:, 0], rf.GRID)
 
 
@@ -143,7 +158,9 @@ def test_a_beat_longer_than_a_column_still_draws_one_line_and_whole_gaps():
     line = (a == colour(rf.GRID)).all(axis=2).any(axis=0)
     gap = (a == colour(rf.GAP)).all(axis=2).any(axis=0)
     assert np.flatnonzero(gap).tolist() == list(range(np.flatnonzero(gap)[0], np.flatnonzero(gap)[-1] + 1))
-    assert np.flatnonzero(gap)[0] in range(332, 336) and np.flatnonzero(gap)[-1] in range(430, 434)
+    # from the middle of rows 99 and 100 (29,850 ms) to that of rows 129 and 130 (38,850 ms)
+    first, last_gap = np.flatnonzero(gap)[0], np.flatnonzero(gap)[-1]
+    assert abs(first - 29_850 * rf.PLOT_PX / 90_000) <= 2.5 and abs(last_gap - 38_850 * rf.PLOT_PX / 90_000) <= 2.5
     last = 89_700 * rf.PLOT_PX // 90_000  # the last grid row's column: nothing drawn after it
     assert (line | gap)[: last + 1].all() and not (line | gap)[last + 1 :].any() and not (line & gap).any()
 
