@@ -427,12 +427,15 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
         plot_row.get_by_text("[Show Markdown]").click(timeout=BROWSER_TIMEOUT_MS)
         image = page.locator("img[src^='data:image/png']").first
         image.wait_for(timeout=BROWSER_TIMEOUT_MS)
-        shown = image.evaluate("""e => {
+        # Measured once the dialog has opened: it zooms in (a CSS transition), and the page's
+        # boxes are scaled until it ends.
+        shown = image.evaluate("""async e => {
+            await Promise.all(document.getAnimations().map(a => a.finished));
             let box = e.parentElement;  // the dialog's scrolling box
             while (getComputedStyle(box).overflowX === 'visible') box = box.parentElement;
-            return {complete: e.complete, width: e.naturalWidth, height: e.naturalHeight,
-                    rendered: e.getBoundingClientRect().width, right: e.getBoundingClientRect().right,
-                    boxRight: box.getBoundingClientRect().right, hidden: box.scrollWidth - box.clientWidth};
+            return {complete: e.complete, width: e.naturalWidth, height: e.naturalHeight, rendered: e.offsetWidth,
+                    right: e.getBoundingClientRect().right, boxRight: box.getBoundingClientRect().right,
+                    hidden: box.scrollWidth - box.clientWidth};
         }""")
         page.screenshot(path=str(plant["tmp"] / "ui-plot.png"))
         assert shown["complete"] and shown["width"] >= 1000 and shown["height"] >= 400, shown

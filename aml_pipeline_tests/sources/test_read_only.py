@@ -56,7 +56,8 @@ def plant_database(postgres_url, plant) -> Iterator[dict]:
 
 def source_state(owner_url: str) -> dict:
     """Everything a write would change: each table's rows (a digest), its insert, update and
-    delete counters, and every relation in the database, temporary ones included."""
+    delete counters, and every relation in the database, temporary ones included. (Not the live
+    row estimate: autovacuum's analyze of the freshly loaded tables sets it whenever it runs.)"""
     with psycopg.connect(owner_url, autocommit=True) as con:
         con.execute("SELECT pg_stat_clear_snapshot()")
         relations = con.execute(
@@ -64,7 +65,7 @@ def source_state(owner_url: str) -> dict:
             "ON n.oid = c.relnamespace WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') "
             "ORDER BY 1, 2").fetchall()
         counters = con.execute(
-            "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del, n_live_tup FROM pg_stat_user_tables ORDER BY 1").fetchall()
+            "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables ORDER BY 1").fetchall()
         reads = con.execute("SELECT sum(coalesce(seq_scan, 0) + coalesce(idx_scan, 0)) FROM pg_stat_user_tables").fetchone()[0]
         digests = {t: con.execute(f"SELECT md5(coalesce(string_agg(x::text, '|' ORDER BY x::text), '')) FROM hist.{t} x").fetchone()[0]
                    for t in ("samples", "batches", "tags")}
