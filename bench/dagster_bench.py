@@ -244,7 +244,7 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
     import dagster as dg
 
     from aml_pipeline.components.partitions import run_backfill_policy, run_partitions
-    from aml_pipeline.pipeline.stages import RUN_ASSETS
+    from aml_pipeline.pipeline.registry import RUN_ASSETS
 
     if figures not in FIGURE_MODES:
         raise ValueError(f"figures must be one of {FIGURE_MODES}, got {figures!r}")
@@ -507,7 +507,7 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
     from concurrent.futures import ProcessPoolExecutor
 
     from aml_pipeline.runner.parallel import start_step_server
-    from aml_pipeline.pipeline.stages import WINDOWS
+    from aml_pipeline.pipeline.registry import WINDOWS
     from aml_pipeline.pipeline.store import DatasetStore
     from aml_pipeline.spec import parse_spec
 
@@ -603,7 +603,7 @@ def library_run_stages(spec_json: str, tsdb_url: str, store_root: str | None, ru
 
     from aml_pipeline.pipeline.plan import BuildPlan
     from aml_pipeline.pipeline.runs import build_runs
-    from aml_pipeline.pipeline.stages import RUN_STAGES
+    from aml_pipeline.pipeline.registry import RUN_STAGES
     from aml_pipeline.pipeline.store import DatasetStore
     from aml_pipeline.spec import parse_spec
     from aml_pipeline.tsdb import open_tsdb

@@ -24,17 +24,8 @@ from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.checks import MANIFEST_CHECKS, CheckOutcome, check_current
 from aml_pipeline.pipeline.plan import BuildPlan
 from aml_pipeline.pipeline.runs import RunOutcome, progress_line_due, run_outcomes
-from aml_pipeline.pipeline.stages import (
-    GRID,
-    MANIFEST,
-    NORM,
-    RAW,
-    RUN_STAGES,
-    SPLIT,
-    WINDOWS,
-    Stage,
-    StageVersions,
-)
+from aml_pipeline.pipeline.registry import GRID, MANIFEST, NORM, RAW, RUN_STAGES, SPLIT, WINDOWS, StageVersions
+from aml_pipeline.pipeline.stages.base import Stage
 from aml_pipeline.pipeline.stages.manifest import publish_dataset
 from aml_pipeline.pipeline.stages.norm import fit_or_reuse_normalization, load_norm, norm_figures, norm_line
 from aml_pipeline.pipeline.stages.split import load_plan, plan_dataset, save_plan, split_figures

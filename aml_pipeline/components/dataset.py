@@ -28,7 +28,7 @@ from aml_pipeline.components.schedules import build_job, rebuild_job, rebuild_sc
 from aml_pipeline.components.sensors import new_run_sensor
 from aml_pipeline.components.shared_env import rebuild_shared_env_job, shared_env_asset
 from aml_pipeline.components.sources import observe_tsdb_job, observe_tsdb_schedule, tsdb_points
-from aml_pipeline.pipeline.stages import StageVersions
+from aml_pipeline.pipeline.registry import StageVersions
 from aml_pipeline.spec import DatasetSpec, discover_specs, parse_spec
 
 log = dg.get_dagster_logger("aml_pipeline")

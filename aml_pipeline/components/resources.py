@@ -16,7 +16,7 @@ from typing import Any
 import dagster as dg
 
 from aml_pipeline import config
-from aml_pipeline.pipeline.stages import StageVersions
+from aml_pipeline.pipeline.registry import StageVersions
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.tsdb import TsdbPort, open_tsdb

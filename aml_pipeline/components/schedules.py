@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from aml_pipeline.pipeline.stages import DATASET_ASSETS, MANIFEST, RUN_ASSETS
+from aml_pipeline.pipeline.registry import DATASET_ASSETS, MANIFEST, RUN_ASSETS
 from aml_pipeline.spec import DatasetSpec
 
 # Hourly, a little after the hour: new runs added by the sensor since the last rebuild are in.

@@ -21,7 +21,8 @@ from aml_pipeline.components.partitions import (
 )
 from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.pipeline.plan import BuildPlan, run_batches
-from aml_pipeline.pipeline.stages import RUN_ASSETS, WINDOWS, StageVersions, inputs_key
+from aml_pipeline.pipeline.registry import RUN_ASSETS, WINDOWS, StageVersions
+from aml_pipeline.pipeline.stages.base import inputs_key
 from aml_pipeline.spec import DatasetSpec
 
 MAX_ATTEMPTS = 3

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from aml_pipeline.errors import BuildError, UnknownNodeError
-from aml_pipeline.pipeline.stages import RAW, RUN_STAGES, Stage, stages_from
+from aml_pipeline.pipeline.registry import RAW, RUN_STAGES, stages_from
+from aml_pipeline.pipeline.stages.base import Stage
 from aml_pipeline.pipeline.stages.raw import RawSummary, is_raw_current, run_bounds, run_fetcher
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import DatasetSpec

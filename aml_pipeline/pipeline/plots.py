@@ -23,7 +23,7 @@ import numpy as np
 from aml_pipeline.core.traces import RunTraces
 from aml_pipeline.errors import BuildError
 from aml_pipeline.pipeline.run_figure import run_png
-from aml_pipeline.pipeline.stages import GRID as GRID_STAGE
+from aml_pipeline.pipeline.registry import GRID as GRID_STAGE
 from aml_pipeline.pipeline.store import DatasetStore
 
 # ---- colours and layout -----------------------------------------------------------------------

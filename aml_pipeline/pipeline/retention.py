@@ -32,7 +32,7 @@ from aml_pipeline.pipeline.publish import (
     Catalog,
     remove_abandoned_staging,
 )
-from aml_pipeline.pipeline.stages import RUN_STAGES
+from aml_pipeline.pipeline.registry import RUN_STAGES
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import DatasetSpec
 

@@ -14,7 +14,9 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
-from aml_pipeline.pipeline.stages import GRID, RAW, WINDOWS, Stage
+from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
+
+from aml_pipeline.pipeline.stages.base import Stage
 from aml_pipeline.pipeline.stages.grid import GridSummary, clean_run
 from aml_pipeline.pipeline.stages.raw import RawSummary
 from aml_pipeline.pipeline.stages.windows import WindowsSummary, window_run

@@ -34,7 +34,7 @@ from aml_pipeline.pipeline.stages.base import Stage
 from aml_pipeline.spec import DatasetSpec
 
 if TYPE_CHECKING:
-    from aml_pipeline.pipeline.stages import StageVersions
+    from aml_pipeline.pipeline.registry import StageVersions
 
 
 class DatasetStore:
@@ -47,9 +47,9 @@ class DatasetStore:
         self.spec_id = check_spec_id(spec.id, what="spec id")
         self.dir = self.root / spec.id
         if versions is None:
-            from aml_pipeline.pipeline.stages import (
-                StageVersions,  # the stages' modules import this one
-            )
+            # Imported here: the registry imports every stage module, and each of those imports
+            # this one (a module-level import would be a circle).
+            from aml_pipeline.pipeline.registry import StageVersions
 
             versions = StageVersions.of(spec)
         self.versions = versions

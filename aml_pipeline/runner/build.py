@@ -25,7 +25,8 @@ from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name
 from aml_pipeline.errors import AmlError, BuildError
 from aml_pipeline.pipeline.plan import BuildPlan, run_batches
-from aml_pipeline.pipeline.stages import DATASET_ASSETS, MANIFEST, RUN_ASSETS, RUN_STAGES, Stage, StageVersions
+from aml_pipeline.pipeline.registry import DATASET_ASSETS, MANIFEST, RUN_ASSETS, RUN_STAGES, StageVersions
+from aml_pipeline.pipeline.stages.base import Stage
 from aml_pipeline.runner.instance import build_tags, fail_abandoned_runs, failure_description, instance_failures, user_error
 from aml_pipeline.runner.jobs import build_event_settings, dataset_job_definitions
 from aml_pipeline.runner.parallel import execute_parallel, parallel_workers, start_step_server

@@ -12,7 +12,7 @@ import dagster as dg
 from aml_pipeline.components.dataset import dataset_definitions
 from aml_pipeline.components.resources import plant_resources
 from aml_pipeline.components.sources import tsdb_points
-from aml_pipeline.pipeline.stages import StageVersions
+from aml_pipeline.pipeline.registry import StageVersions
 from aml_pipeline.spec import DatasetSpec
 
 

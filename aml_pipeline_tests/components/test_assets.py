@@ -20,9 +20,9 @@ from aml_pipeline.components.sources import tsdb_points
 from aml_pipeline.pipeline.checks import MANIFEST_CHECKS
 from aml_pipeline.pipeline.publish import current_snapshot
 from aml_pipeline.pipeline.runs import PROGRESS_LINES, progress_line_due
-from aml_pipeline.pipeline.stages import DATASET_ASSETS, RUN_ASSETS
+from aml_pipeline.pipeline.registry import DATASET_ASSETS, RUN_ASSETS
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.pipeline.stages import StageVersions
+from aml_pipeline.pipeline.registry import StageVersions
 
 
 def finished_runs(plant) -> list[str]:

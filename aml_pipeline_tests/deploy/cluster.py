@@ -39,7 +39,7 @@ from psycopg import sql
 from aml_pipeline import config
 from aml_pipeline.demo import DEMO_SPEC, seed_plant
 from aml_pipeline.pipeline.plan import run_scope
-from aml_pipeline.pipeline.stages import RUN_ASSETS
+from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline.spec import DatasetSpec, load_spec
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline_tests.dagster_server import (

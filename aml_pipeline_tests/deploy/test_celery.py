@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from aml_pipeline.runner.build import materialize_dataset
-from aml_pipeline.pipeline.stages import RUN_ASSETS
+from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline_tests.dagster_server import wait_for
 from aml_pipeline_tests.deploy.cluster import (
     RUNS_PER_CHUNK,

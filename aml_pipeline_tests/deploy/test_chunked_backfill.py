@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aml_pipeline.pipeline.stages import RUN_ASSETS
+from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline_tests.dagster_server import wait_for
 from aml_pipeline_tests.deploy.cluster import (
     DEPLOY,

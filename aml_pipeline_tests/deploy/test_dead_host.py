@@ -37,7 +37,7 @@ import pytest
 
 from aml_pipeline.runner.instance import BUILD_PID_TAG
 from aml_pipeline.demo import DEMO_SPEC
-from aml_pipeline.pipeline.stages import RUN_ASSETS
+from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline_tests.dagster_server import wait_for
 from aml_pipeline_tests.deploy.cluster import (
     RUNS_PER_CHUNK,

@@ -28,7 +28,7 @@ from aml_pipeline.runner.build import materialize_dataset
 from aml_pipeline.runner.instance import BUILD_PID_TAG
 from aml_pipeline.demo import DEMO_SPEC, seed_plant
 from aml_pipeline.pipeline.plan import run_scope
-from aml_pipeline.pipeline.stages import RUN_ASSETS
+from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline.spec import load_spec
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline_tests import pg_server

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from aml_pipeline.runner.build import materialize_dataset
-from aml_pipeline.pipeline.stages import RUN_ASSETS
+from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb import open_tsdb

@@ -21,7 +21,7 @@ from aml_pipeline.defs.executor import executor as executor_definitions
 from aml_pipeline.components.partitions import run_backfill_policy
 from aml_pipeline.demo import DEMO_SPEC
 from aml_pipeline.errors import AmlError
-from aml_pipeline.pipeline.stages import DATASET_ASSETS, RUN_ASSETS, StageVersions
+from aml_pipeline.pipeline.registry import DATASET_ASSETS, RUN_ASSETS, StageVersions
 from aml_pipeline.spec import load_spec
 from aml_pipeline_tests.deploy.cluster import (
     DEPLOY,

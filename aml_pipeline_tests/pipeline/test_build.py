@@ -13,7 +13,7 @@ from aml_pipeline.core.normalize import apply_norm
 from aml_pipeline.errors import BuildError, UnitContractError, UnknownNodeError
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
-from aml_pipeline.pipeline.stages import WINDOWS
+from aml_pipeline.pipeline.registry import WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb import open_tsdb

@@ -10,7 +10,8 @@ import pytest
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.plan import check_nodes_known
 from aml_pipeline.pipeline.snapshot_writer import write_snapshot_files
-from aml_pipeline.pipeline.stages import GRID, WINDOWS, windows
+from aml_pipeline.pipeline.registry import GRID, WINDOWS
+from aml_pipeline.pipeline.stages import windows
 from aml_pipeline.pipeline.stages.grid import clean_run
 from aml_pipeline.pipeline.stages.norm import fit_normalization
 from aml_pipeline.pipeline.stages.raw import fetch_run

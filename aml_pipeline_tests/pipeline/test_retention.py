@@ -18,7 +18,7 @@ from aml_pipeline.fsutil import dir_lock
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.pipeline.retention import collect_garbage
-from aml_pipeline.pipeline.stages import GRID, RAW, WINDOWS
+from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline_tests.faults import armed, count_phases, kill_stopped, last_point, traced, wait_stopped

@@ -11,7 +11,7 @@ from aml_pipeline.errors import BuildError, UnknownRunError
 from aml_pipeline.pipeline.plan import check_nodes_known, run_scope
 from aml_pipeline.pipeline.runs import build_runs
 from aml_pipeline.pipeline.stages.raw import fetch_run, run_fetcher
-from aml_pipeline.pipeline.stages import GRID, RAW, WINDOWS
+from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
 

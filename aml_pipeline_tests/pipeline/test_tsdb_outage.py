@@ -26,7 +26,7 @@ import pytest
 from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog
-from aml_pipeline.pipeline.stages import RAW
+from aml_pipeline.pipeline.registry import RAW
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb import open_tsdb
 from aml_pipeline.tsdb.retry import RETRY_ENV, RetryPolicy

@@ -12,7 +12,7 @@ from aml_pipeline.runner.build import _run_stages_done, materialize_dataset, syn
 from aml_pipeline.runner.jobs import dataset_job_definitions
 from aml_pipeline.components.partitions import RANGE_END_TAG, RANGE_START_TAG
 from aml_pipeline.errors import AmlError
-from aml_pipeline.pipeline.stages import RAW, RUN_ASSETS
+from aml_pipeline.pipeline.registry import RAW, RUN_ASSETS
 from aml_pipeline.spec import parse_spec
 
 
@@ -315,7 +315,7 @@ from aml_pipeline.components.resources import StoreResource, TsdbResource  # noq
 from aml_pipeline.components.sensors import new_run_sensor  # noqa: E402
 from aml_pipeline.tsdb import PointColumns, open_tsdb  # noqa: E402
 from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema  # noqa: E402
-from aml_pipeline.pipeline.stages import StageVersions
+from aml_pipeline.pipeline.registry import StageVersions
 
 
 @pytest.fixture(params=["duckdb", "postgres"])

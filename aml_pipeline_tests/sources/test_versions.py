@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from aml_pipeline.pipeline.plan import BuildPlan
-from aml_pipeline.pipeline.stages import RAW
+from aml_pipeline.pipeline.registry import RAW
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.sources import open_source
 from aml_pipeline.tsdb.port import PointColumns
