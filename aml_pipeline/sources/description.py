@@ -81,6 +81,12 @@ class Quality(_M):
         return self
 
 
+def as_quality(quality: str | Quality | None) -> Quality | None:
+    """A quality mapping as the description gives it: a column name alone is a column that
+    already holds the product's states."""
+    return Quality(column=quality) if isinstance(quality, str) else quality
+
+
 def _check_state(state: int, where: str) -> None:
     if not -(2**31) <= state < 2**31:
         raise ValueError(f"{where}: state {state} does not fit a 32-bit integer")
@@ -89,6 +95,9 @@ def _check_state(state: int, where: str) -> None:
 class WideColumn(_M):
     column: str
     quality: str | Quality | None = None
+
+    def quality_spec(self) -> Quality | None:
+        return as_quality(self.quality)
 
 
 class Periods(_M):
@@ -156,7 +165,7 @@ class Points(_M):
         return "wide" if self.columns else "narrow"
 
     def quality_spec(self) -> Quality | None:
-        return Quality(column=self.quality) if isinstance(self.quality, str) else self.quality
+        return as_quality(self.quality)
 
     def wide_columns(self) -> dict[str, WideColumn]:
         return {n: WideColumn(column=c) if isinstance(c, str) else c for n, c in self.columns.items()}
