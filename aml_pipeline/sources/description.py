@@ -14,9 +14,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -42,6 +43,53 @@ _DURATION_MS = {"s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 class _M(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def split_dotted(name: str) -> list[str]:
+    """The parts of a table name as SQL reads it: ``schema.table`` -> ``["schema", "table"]``; a
+    part may be double-quoted (``"My Table"``, ``""`` for a quote in it). A name that cannot be
+    read is a ValueError saying why."""
+    parts: list[str] = []
+    i = 0
+    while i <= len(name):
+        if i < len(name) and name[i] == '"':
+            j = i + 1
+            buf = []
+            while j < len(name):
+                if name[j] == '"':
+                    if j + 1 < len(name) and name[j + 1] == '"':
+                        buf.append('"')
+                        j += 2
+                        continue
+                    break
+                buf.append(name[j])
+                j += 1
+            if j >= len(name):
+                raise ValueError(f"table name {name!r}: a quoted part is not closed")
+            parts.append("".join(buf))
+            i = j + 1
+            if i < len(name) and name[i] != ".":
+                raise ValueError(f"table name {name!r}: expected '.' after a quoted part")
+            i += 1
+        else:
+            j = name.find(".", i)
+            j = len(name) if j < 0 else j
+            parts.append(name[i:j])
+            i = j + 1
+    if not all(parts):
+        raise ValueError(f"table name {name!r} has an empty part")
+    if any("\x00" in part for part in parts):
+        raise ValueError(f"table name {name!r} contains a NUL character")
+    return parts
+
+
+def _table_name(name: str) -> str:
+    split_dotted(name)
+    return name
+
+
+# A table name that SQL can read (checked when the description is loaded, naming the key).
+TableName = Annotated[str, AfterValidator(_table_name)]
 
 
 class Const(_M):
@@ -103,7 +151,7 @@ class WideColumn(_M):
 class Periods(_M):
     """Samples split over one table per period: the query's ``{table}`` is each period's table."""
 
-    table: str  # e.g. "hist.samples_{period}"
+    table: TableName  # e.g. "hist.samples_{period}"
     every: Literal["day", "month", "year"]
     format: str | None = None  # strftime of {period}; default per ``every``
     zone: str = "UTC"
@@ -136,7 +184,7 @@ class Partition(_M):
 
 class Points(_M):
     layout: Literal["narrow", "wide", "query"] | None = None
-    table: str | None = None
+    table: TableName | None = None
     files: str | None = None
     format: Literal["parquet", "csv"] | None = None
     query: str | None = None
@@ -206,7 +254,7 @@ class Windows(RunConstants):
 
 
 class Runs(_M):
-    table: str | None = None
+    table: TableName | None = None
     files: str | None = None
     format: Literal["parquet", "csv"] | None = None
     query: str | None = None
@@ -273,7 +321,7 @@ class NodeEntry(_M):
 
 
 class NodeTable(_M):
-    table: str | None = None
+    table: TableName | None = None
     files: str | None = None
     format: Literal["parquet", "csv"] | None = None
     query: str | None = None
