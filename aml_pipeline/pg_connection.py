@@ -75,7 +75,8 @@ class PgConnection:
             given = conninfo_to_dict(conninfo)
         except psycopg.Error:
             given = {}  # refused by libpq when connecting, as an ``invalid`` PgConnectError
-        self.secrets = [s for s in dict.fromkeys([*secrets, *url_secrets(conninfo), str(given.get("password") or "")]) if s]
+        spellings = [*secrets, *url_secrets(conninfo), str(given.get("password") or "")]
+        self.secrets = [s for s in dict.fromkeys(spellings) if s]
         self._kwargs = {k: v for k, v in (defaults or {}).items() if k not in given} | dict(fixed or {})
         self.settings, self.optional_settings = tuple(settings), tuple(optional_settings)
         self.connected_before = False

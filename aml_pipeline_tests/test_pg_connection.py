@@ -90,7 +90,8 @@ def test_a_server_shutting_down_under_a_call_is_a_lost_connection(postgres_url):
 def test_defaults_give_way_to_the_url_and_settings_run_on_every_connection(postgres_url):
     sep = "&" if "?" in postgres_url else "?"
     pg = PgConnection(f"{postgres_url}{sep}application_name=mine", defaults={"application_name": "aml_pipeline"},
-                      settings=["SET default_transaction_read_only = on"], optional_settings=["SET no_such_setting TO 1", "SET jit = off"])
+                      settings=["SET default_transaction_read_only = on"],
+                      optional_settings=["SET no_such_setting TO 1", "SET jit = off"])
     conn = pg.open(connect_timeout=5)
     try:
         assert conn.execute("SHOW application_name").fetchone() == ("mine",)

@@ -21,9 +21,10 @@ Schema (version :data:`SCHEMA_VERSION`, recorded in ``schema_version``)
 
     Points carry small integer surrogate keys instead of the run/node id strings: DuckDB's zone
     maps keep only an 8-byte prefix of string min/max, so plant ids that share a prefix
-    (``BATCH-2024-...``) would defeat row-group pruning. Integer keys prune exactly. Keys are assigned once, on first insert, and
-    never change. Every ingest sorts its points by ``(run_key, node_key, ts, seq)`` before the
-    insert, so one series occupies few, contiguous row groups.
+    (``BATCH-2024-...``) would defeat row-group pruning. Integer keys prune exactly. Keys are
+    assigned once, on first insert, and never change. Every ingest sorts its points by
+    ``(run_key, node_key, ts, seq)`` before the insert, so one series occupies few, contiguous
+    row groups.
 
 Concurrency
     DuckDB locks the file: many read-only processes or one read-write one. A writer first takes
@@ -42,9 +43,9 @@ Memory
     build's budget (``AML_MEMORY_MB``, :func:`aml_pipeline.config.memory_budget_mb`), at least
     :data:`READER_MEMORY_MIN_MB`, read once when the instance starts. A page needs little (it is
     read in bounded time windows, see :meth:`DuckDBTsdb._read`; results are materialised
-    outside the limit); the rest of the budget is the build's. Without a limit DuckDB caches every block it reads, up to 80 %
-    of RAM. A query that does not fit fails with ``TSDB_OUT_OF_MEMORY`` naming the budget;
-    nothing retries with more memory.
+    outside the limit); the rest of the budget is the build's. Without a limit DuckDB caches
+    every block it reads, up to its default limit of 80 % of RAM. A query that does not fit
+    fails with ``TSDB_OUT_OF_MEMORY`` naming the budget; nothing retries with more memory.
 
 ``seq`` is a global ingestion sequence: the points of one ingest get ``max(seq) + 1 + row
 index`` in the order they were given (file row order), counting only the points written.

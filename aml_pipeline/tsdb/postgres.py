@@ -543,7 +543,8 @@ class PostgresTsdb(ReadBase):
         except PgConnectError as e:
             if e.kind == "invalid":  # e.g. a URL parameter libpq does not know
                 raise TsdbError(f"{self.url}: cannot connect ({e.detail})", code="TSDB_URL_INVALID") from None
-            raise (TsdbUnavailableError if e.transient else TsdbError)(f"{self.url}: cannot connect ({e.detail})") from None
+            error = TsdbUnavailableError if e.transient else TsdbError
+            raise error(f"{self.url}: cannot connect ({e.detail})") from None
 
     def _scrub(self, e: BaseException | str) -> str:
         return self._pg.scrub(e)
