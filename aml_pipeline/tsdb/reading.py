@@ -43,13 +43,11 @@ class Rows:
     def __len__(self) -> int:
         return int(self.ts.shape[0])
 
-    def head(self, n: int) -> Rows:
-        if len(self) <= n:
-            return self
-        return Rows(self.ts[:n], self.value[:n], self.state[:n], self.seq[:n])
-
     def slice(self, start: int, stop: int) -> Rows:
         return Rows(self.ts[start:stop], self.value[start:stop], self.state[start:stop], self.seq[start:stop])
+
+    def head(self, n: int) -> Rows:
+        return self if len(self) <= n else self.slice(0, n)
 
 
 class ReadBase(TsdbPort):
