@@ -28,6 +28,7 @@ def _progress(total: int, desc: str, unit: str = "it"):
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     from aml_pipeline.tsdb.ingest import ingest_into
+    from aml_pipeline.tsdb_open import open_tsdb
 
     if not (args.points or args.runs or args.nodes):
         args.subparser.error("nothing to ingest: give at least one of --points, --runs, --nodes")
@@ -43,7 +44,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
         summary = ingest_into(
             url, points=args.points, runs=args.runs, nodes=args.nodes, progress=progress,
-            replace_runs=args.replace_run, lock_timeout_s=args.lock_timeout_s,
+            replace_runs=args.replace_run, lock_timeout_s=args.lock_timeout_s, opener=open_tsdb,
         )
     print(json.dumps(summary))
     return 0
@@ -541,7 +542,7 @@ def _runs_in_tsdb(url: str, limit: int = 4) -> str:
     """What the TSDB does hold, by line, product and recipe (for a NO_RUNS message)."""
     from collections import Counter
 
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline.urls import redact_url
 
     try:

@@ -238,6 +238,12 @@ def read_yaml(path: Path, *, what: str, error: type[AmlError]) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise error(f"{path}: cannot read {what} ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        line = e.object[: e.start].count(b"\n") + 1
+        raise error(
+            f"{path}: cannot read {what}: line {line} is not UTF-8 text (byte 0x{e.object[e.start]:02x}); "
+            "save the file as UTF-8"
+        ) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -152,7 +152,7 @@ def test_ingest_rejects_bad_file_naming_row_and_column_and_writes_nothing(small_
     )
     assert "6" in line  # the CSV line number of the bad row
     # Nothing half-ingested: the runs and nodes files of the same call were not written either.
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline.errors import TsdbError
 
     try:

@@ -13,7 +13,7 @@ import dagster as dg
 
 from aml_pipeline.config import REPO_ROOT
 from aml_pipeline.simulate.plant import simulate_plant
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 def test_demo_records_its_materialisations_in_the_persistent_instance(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ from aml_pipeline.core.hashing import snapshot_sha256
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import CleaningSpec, DatasetSpec, ExtrasSpec, NodeSpec, SplitSpec, VariableSpec, parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.ingest import NODE_OPTIONAL, NODE_REQUIRED, POINT_COLUMNS, RUN_OPTIONAL, RUN_REQUIRED
 
 DOCS = REPO_ROOT / "docs"

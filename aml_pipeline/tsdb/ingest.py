@@ -48,7 +48,7 @@ import csv
 import io
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -411,18 +411,30 @@ def _bools(src: _Source, name: str, default: bool) -> list[bool]:
 # ---- public readers ------------------------------------------------------------------------
 
 
-def read_points(path: PathLike) -> PointColumns:
-    """Points file -> :class:`PointColumns` (file row order is kept: it becomes ``seq``)."""
-    return _read_points(_open(path))
+def read_points(
+    path: PathLike, *, known_runs: Collection[str] | None = None, known_nodes: Collection[str] | None = None
+) -> PointColumns:
+    """Points file -> :class:`PointColumns` (file row order is kept: it becomes ``seq``).
 
-
-def _read_points(src: _Source) -> PointColumns:
+    ``known_runs`` / ``known_nodes``: the ids the points may name (None: any); the first point
+    naming another is an error naming the file, row and id."""
+    src = _open(path)
     src.require(POINT_COLUMNS, "points")
     run_id = _parse_ids(src, "run_id")
     node_id = _parse_ids(src, "node_id")
     ts, _ = _parse_timestamps(src, "ts", nullable=False)
     value = _parse_float(src, "value", null_as_nan=True)
     state, _ = _parse_int(src, "state", _I32_MIN, _I32_MAX)
+    for column, ids, known, what in (("run_id", run_id, known_runs, "run"), ("node_id", node_id, known_nodes, "node")):
+        if known is None:
+            continue
+        codes, uniques = pd.factorize(ids)
+        missing = [j for j, u in enumerate(uniques) if u not in known]
+        if missing:
+            i = int(np.argmax(np.isin(codes, missing)))
+            raise src.error(
+                i, column, f"{what} {ids[i]!r} is neither in the {what}s file(s) of this ingest nor in the database"
+            )
     return PointColumns(run_id, node_id, ts, value, state.astype(np.int32))
 
 
@@ -574,23 +586,7 @@ def ingest_files(
         known_runs = set(run_seen) | {r.run_id for r in tsdb.list_runs(None, finished_only=False)}
         known_nodes = set(node_seen) | {n.node_id for n in tsdb.list_nodes()}
         for p in point_paths:
-            src = _open(p)
-            cols = _read_points(src)
-            for column, ids, known, what in (
-                ("run_id", cols.run_id, known_runs, "run"),
-                ("node_id", cols.node_id, known_nodes, "node"),
-            ):
-                codes, uniques = pd.factorize(ids)
-                missing = [j for j, u in enumerate(uniques) if u not in known]
-                if missing:
-                    i = int(np.argmax(np.isin(codes, missing)))
-                    raise src.error(
-                        i,
-                        column,
-                        f"{what} {ids[i]!r} is neither in the {what}s file(s) of this ingest nor "
-                        "in the database",
-                    )
-            chunks.append(cols)
+            chunks.append(read_points(p, known_runs=known_runs, known_nodes=known_nodes))
             tick()
     merged = _concat(chunks) if chunks else None
     crash_point("ingest.files_read")
@@ -609,15 +605,19 @@ def ingest_into(
     progress: Progress | None = None,
     replace_runs: bool = False,
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    opener: Callable[..., TsdbPort] | None = None,
 ) -> dict[str, Any]:
     """Open the TSDB at ``url`` for writing, :func:`ingest_files`, close; the counts and the
     printable ``tsdb`` URL. An ingest that fails into an embedded TSDB file that did not exist
-    before leaves no file behind (the database, its WAL, its lock file)."""
-    from aml_pipeline.tsdb import open_tsdb
+    before leaves no file behind (the database, its WAL, its lock file). ``opener`` opens ``url``
+    (default :func:`~aml_pipeline.tsdb.open_adapter`; the CLI passes
+    :func:`aml_pipeline.tsdb_open.open_tsdb`, so that a source description is refused as such)."""
+    if opener is None:
+        from aml_pipeline.tsdb import open_adapter as opener
 
     if not (points or runs or nodes):
         raise IngestError("nothing to ingest: give a points, runs or nodes file")
-    db = open_tsdb(url, read_only=False, lock_timeout_s=lock_timeout_s)
+    db = opener(url, read_only=False, lock_timeout_s=lock_timeout_s)
     try:
         counts = ingest_files(db, points=points, runs=runs, nodes=nodes, progress=progress, replace_runs=replace_runs)
     except BaseException:

@@ -25,7 +25,7 @@ import yaml
 from aml_pipeline.runner.build import materialize_dataset
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 REPO = Path(__file__).resolve().parents[2]
 DG = Path(sys.executable).parent / "dg"
