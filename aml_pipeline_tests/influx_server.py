@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,8 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from aml_pipeline.fsutil import process_alive
-from aml_pipeline_tests.pg_server import free_port, reap_orphans
+from aml_pipeline_tests.pg_server import end_process, free_port, reap_orphans
 
 STATE_FILE = "aml-influx-server.json"
 TMP_PREFIX = "aml-influx-"
@@ -139,19 +137,8 @@ def stop_server(base: Path | str, *, remove: bool = True) -> None:
     if not state_path.exists():
         raise InfluxServerError(f"{base_path} holds no server started by aml_pipeline_tests.influx_server")
     pid = json.loads(state_path.read_text()).get("pid")
-    if isinstance(pid, int) and process_alive(pid):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        while process_alive(pid) and time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.05)
-        if process_alive(pid):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, 0)
+    if isinstance(pid, int):
+        end_process(pid)
     if remove:
         shutil.rmtree(base_path, ignore_errors=True)
 

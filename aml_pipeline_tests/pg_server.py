@@ -39,6 +39,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -340,6 +341,25 @@ def stop_server(base: Path | str, *, remove: bool = True) -> None:
                     os.kill(pid, signal.SIGKILL)
     if remove:
         shutil.rmtree(base_path, ignore_errors=True)
+
+
+def end_process(pid: int, *, kill: bool = False, grace_s: float = 20.0) -> None:
+    """End a throwaway server's process: SIGTERM (SIGKILL with ``kill``), SIGKILL after
+    ``grace_s`` seconds, and reap it if it is our child."""
+    if not process_alive(pid):
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while process_alive(pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    if process_alive(pid):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, 0)
 
 
 def reap_orphans(root: Path, prefix: str, state_file: str, stop: Callable[[Path], None],

@@ -31,7 +31,7 @@ from aml_pipeline.ids import check_external_id
 from aml_pipeline.sources.timecodec import TIME_TYPES
 from aml_pipeline.spec import read_yaml
 
-Backend = Literal["postgresql", "files", "influxdb"]
+Backend = Literal["postgresql", "files", "influxdb", "opcua"]
 Scalar = Union[bool, int, float, str]
 TimeType = Literal["timestamptz", "timestamp", "epoch_s", "epoch_ms", "epoch_us", "epoch_ns", "epoch_s_float"]
 assert set(TIME_TYPES) == set(TimeType.__args__)  # one list of time types
@@ -340,11 +340,40 @@ class NodeTable(_M):
         return self
 
 
+class Security(_M):
+    """An OPC UA secure channel: the mode, the policy, this client's certificate and key (paths
+    relative to the description), and the server certificate to accept (default: the one the
+    server's endpoint presents)."""
+
+    mode: Literal["None", "Sign", "SignAndEncrypt"] = "None"
+    policy: Literal["Basic256Sha256", "Aes128_Sha256_RsaOaep", "Aes256_Sha256_RsaPss"] | None = None
+    certificate: str | None = None
+    private_key: str | None = None
+    private_key_password: str | None = None
+    server_certificate: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Security:
+        if self.mode == "None":
+            given = [k for k in ("policy", "certificate", "private_key", "private_key_password", "server_certificate")
+                     if getattr(self, k) is not None]
+            if given:
+                raise _KeyError(given[0], "only with mode Sign or SignAndEncrypt (mode None sends everything in the clear)")
+        else:
+            for key in ("certificate", "private_key"):
+                if not getattr(self, key):
+                    raise _KeyError(key, f"required for mode {self.mode}: this client's certificate and its private key")
+        return self
+
+
 class SourceDescription(_M):
     backend: Backend
     connection: str | None = None
     database: str | None = None
-    points: Points
+    security: Security | None = None
+    user: str | None = None
+    password: str | None = None
+    points: Points = Field(default_factory=Points)
     runs: Runs
     node_table: NodeTable | None = None
     nodes: dict[str, NodeEntry | None] = Field(default_factory=dict)
@@ -359,6 +388,15 @@ class SourceDescription(_M):
     @model_validator(mode="after")
     def _consistent(self) -> SourceDescription:
         p, b = self.points, self.backend
+        if b != "opcua":
+            for key in ("security", "user", "password"):
+                if getattr(self, key) is not None:
+                    raise _KeyError(key, "only for backend opcua"
+                                    + (" (a PostgreSQL user and password go in the connection URL, or PGPASSWORD)"
+                                       if b == "postgresql" else ""))
+        else:
+            _opcua_rules(self)
+            return self
         if b in ("postgresql", "influxdb") and not self.connection:
             raise _KeyError("connection", f"required for backend {b}")
         if b == "files" and self.connection:
@@ -439,6 +477,30 @@ class SourceDescription(_M):
         return self
 
 
+def _opcua_rules(d: SourceDescription) -> None:
+    """What an OPC UA description may say: a node's points are its raw history, so ``points``
+    has nothing to map, and tables come from files."""
+    if not d.connection:
+        raise _KeyError("connection", "required for backend opcua: the server's endpoint (opc.tcp://host:4840)")
+    if d.database:
+        raise _KeyError("database", "only for backend influxdb")
+    given = [k for k in Points.model_fields if k not in ("order", "where", "columns")
+             and getattr(d.points, k) is not None] + [k for k in ("order", "where", "columns") if getattr(d.points, k)]
+    if given:
+        raise _KeyError(f"points.{given[0]}", "not for an OPC UA source: each node's points are its raw history "
+                        "(HistoryRead), with the SourceTimestamp, the value and the StatusCode; leave points out")
+    if not (d.nodes or d.node_table):
+        raise _KeyError("nodes", "an OPC UA source needs its nodes: nodes (each with key: its NodeId or browse path) "
+                        "or node_table (files)")
+    if d.node_table is not None and d.node_table.files is None:
+        raise _KeyError("node_table", "an OPC UA source reads a node table from files only")
+    if d.runs.form == "table" and d.runs.files is None:
+        raise _KeyError("runs", "an OPC UA source reads a batch table from files only (or use batch_tag, windows)")
+    if d.runs.form == "batch_tag":
+        _external_id(d.runs.batch_tag.node, "node id", key="runs.batch_tag.node")
+
+
+
 class _KeyError(ValueError):
     """A validation error about one key (its dotted path), raised from a model validator."""
 
@@ -481,12 +543,15 @@ class LoadedDescription:
     def connection(self) -> str:
         """The connection string with ``${VAR}`` taken from the environment (a password stays
         out of the file: ``postgresql://reader:${PLANT_DB_PASSWORD}@host/db``, or PGPASSWORD)."""
-        text = self.spec.connection or ""
+        return self.expand("connection", self.spec.connection or "")
+
+    def expand(self, key: str, text: str) -> str:
+        """``text`` (the value of ``key``) with each ``${VAR}`` taken from the environment."""
 
         def var(m: re.Match[str]) -> str:
             name = m.group(1)
             if name not in os.environ:
-                raise self.error("connection", f"environment variable {name} is not set")
+                raise self.error(key, f"environment variable {name} is not set")
             return os.environ[name]
 
         return _ENV_RE.sub(var, text)

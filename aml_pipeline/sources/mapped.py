@@ -351,6 +351,10 @@ def open_backend(loaded: LoadedDescription) -> Backend:
         from aml_pipeline.sources.lake import LakeSource
 
         return LakeSource(loaded)
+    if kind == "opcua":
+        from aml_pipeline.sources.opcua import OpcUaSource
+
+        return OpcUaSource(loaded)
     from aml_pipeline.sources.influx import InfluxSource
 
     return InfluxSource(loaded)

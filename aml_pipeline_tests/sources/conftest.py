@@ -99,3 +99,21 @@ def influx_db(influx_url) -> Iterator[str]:
         yield name
     finally:
         influx_query(influx_url, f'DROP DATABASE "{name}"')
+
+
+# Values the test OPC UA server returns per node and read: below a run's points per node, so
+# every run's read follows continuation points.
+OPCUA_MAX_VALUES = 100
+
+
+@pytest.fixture
+def opcua_plant(plant, tmp_path_factory):
+    """A test OPC UA server (``aml_pipeline_tests.opcua_server``) holding the plant's history,
+    returning at most :data:`OPCUA_MAX_VALUES` values per node and read; stopped after the test."""
+    from aml_pipeline_tests import opcua_server
+    from aml_pipeline_tests.sources import layouts
+
+    base = tmp_path_factory.mktemp("opcua")
+    layouts.opcua_history(base, plant)
+    with opcua_server.running(base, max_values=OPCUA_MAX_VALUES) as server:
+        yield server

@@ -312,3 +312,36 @@ def influx_layout(url: str, database: str, plant: SimulatedPlant) -> dict[str, A
         "runs": {"files": "batches.csv", **RUNS_MAPPING},
         "nodes": node_entries(plant),
     }
+
+
+# ---- OPC UA ------------------------------------------------------------------------------------
+
+
+def opcua_paths(plant: SimulatedPlant) -> dict[str, str]:
+    """Where the test server keeps each node: ``Reactor.<node>`` (NodeId ``ns=2;s=Reactor.<node>``,
+    browse path ``/Objects/2:Reactor/2:<node>``)."""
+    return {n.node_id: f"Reactor.{n.node_id}" for n in plant.nodes}
+
+
+def opcua_history(base: Path, plant: SimulatedPlant, points: PointColumns | None = None) -> None:
+    """The plant's points as the raw history of an OPC UA server (``aml_pipeline_tests.opcua_server``):
+    a node per plant node, its states as StatusCodes (Good, UncertainSensorNotAccurate,
+    BadSensorFailure), re-sent samples as further values at the same SourceTimestamp."""
+    from aml_pipeline_tests import opcua_server
+
+    p = points if points is not None else plant.points
+    opcua_server.write_points(base, opcua_paths(plant), p.node_id, p.ts, p.value, p.state)
+
+
+def opcua_layout(url: str, plant: SimulatedPlant) -> dict[str, Any]:
+    """The description of :func:`opcua_history` served at ``url``: half the nodes by NodeId, half
+    by browse path; runs from an MES file (``batches.csv`` beside the description)."""
+    entries = node_entries(plant)
+    for i, (node, path) in enumerate(opcua_paths(plant).items()):
+        entries[node]["key"] = f"ns=2;s={path}" if i % 2 == 0 else "/Objects/2:" + path.replace(".", "/2:")
+    return {
+        "backend": "opcua",
+        "connection": url,
+        "runs": {"files": "batches.csv", **RUNS_MAPPING},
+        "nodes": entries,
+    }

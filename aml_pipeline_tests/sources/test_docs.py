@@ -19,6 +19,7 @@ from aml_pipeline.sources.description import (
     Points,
     Quality,
     Runs,
+    Security,
     SourceDescription,
     WideColumn,
     Windows,
@@ -28,8 +29,8 @@ from aml_pipeline.sources.description import (
 DOC = (REPO_ROOT / "docs" / "sources.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("model", [SourceDescription, Points, Quality, WideColumn, Periods, Partition, Runs, BatchTag,
-                                   Windows, NodeTable, NodeEntry])
+@pytest.mark.parametrize("model", [SourceDescription, Security, Points, Quality, WideColumn, Periods, Partition, Runs,
+                                   BatchTag, Windows, NodeTable, NodeEntry])
 def test_every_key_is_documented(model):
     for name in model.model_fields:
         assert f"`{name}`" in DOC or re.search(rf"`[a-z_.]*\b{name}\b", DOC), f"{model.__name__}.{name}"

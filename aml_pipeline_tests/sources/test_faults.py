@@ -111,3 +111,44 @@ def test_influxdb_gone_mid_build(plant, tmp_path, monkeypatch):
     finally:
         if server.base.exists():
             server.stop()
+
+
+def test_opcua_server_gone_mid_build(plant, reference, tmp_path, monkeypatch):
+    """The OPC UA server is killed at the build's third read (mid-run, continuation points
+    outstanding). Without retries: TSDB_UNAVAILABLE, nothing published. With them and the
+    server back a second later on its port: the source connects again, the read resumes from
+    its cursor, and the snapshot is the embedded build's."""
+    from aml_pipeline_tests import opcua_server
+    from aml_pipeline_tests.sources.conftest import OPCUA_MAX_VALUES
+
+    base = tmp_path / "historian"
+    layouts.opcua_history(base, plant)
+    server = opcua_server.start_server(base, max_values=OPCUA_MAX_VALUES)
+    try:
+        layouts._runs_file(plant, tmp_path / "batches.csv")
+        loaded = load_description(layouts.write_description(tmp_path / "opcua.yaml", layouts.opcua_layout(server.url, plant)))
+        spec = plant_spec(plant)
+
+        def kill() -> None:
+            opcua_server.stop_server(base, remove=False, kill=True)
+
+        monkeypatch.setenv("AML_TSDB_RETRY_S", "0")
+        backend = StopAt(open_backend(loaded), at=3, stop=kill)
+        with MappedTsdb(str(loaded.path), loaded, backend=backend) as db, pytest.raises(TsdbUnavailableError) as e:
+            build_dataset(spec, db, store_root=tmp_path / "store", datasets_root=tmp_path / "datasets")
+        assert e.value.code == "TSDB_UNAVAILABLE"
+        assert backend.stopped_at == 3 and isinstance(backend.failed, TsdbUnavailableError)
+        assert published_snapshots(tmp_path / "datasets") == []
+
+        server = server.start()
+        monkeypatch.setenv("AML_TSDB_RETRY_S", "60")
+        back = threading.Timer(1.0, server.start)
+        backend = StopAt(open_backend(loaded), at=3, stop=lambda: (kill(), back.start()))
+        with MappedTsdb(str(loaded.path), loaded, backend=backend) as db:
+            published = build_dataset(spec, db, store_root=tmp_path / "store2", datasets_root=tmp_path / "datasets2")
+        back.join()
+        assert backend.stopped_at == 3 and isinstance(backend.failed, TsdbUnavailableError)
+        assert published.current
+        assert_same_v2_snapshot(reference.published.snapshot_dir, published.snapshot_dir, "the embedded and the resumed build")
+    finally:
+        opcua_server.stop_server(base)

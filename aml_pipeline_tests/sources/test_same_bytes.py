@@ -109,6 +109,18 @@ def test_influxdb(plant, influx_url, influx_db, tmp_path):
     assert_same_build(plant, reference, desc, tmp_path / "influx.yaml", tmp_path)
 
 
+def test_opcua_history(plant, reference, opcua_plant, tmp_path):
+    """Every node's raw history through HistoryRead, the server returning fewer values a read than
+    a run holds per node: the build follows continuation points to the end (or releases them),
+    and asks the server for nothing but history."""
+    desc = layouts.opcua_layout(opcua_plant.url, plant)
+    layouts._runs_file(plant, tmp_path / "batches.csv")
+    assert_same_build(plant, reference, desc, tmp_path / "opcua.yaml", tmp_path)
+    stats = opcua_plant.stats()
+    assert stats["continuation_points"] > len(plant.runs) * len(plant.nodes) and stats["open"] == 0
+    assert stats["writes"] == stats["history_updates"] == stats["subscriptions"] == 0
+
+
 def test_the_command_line_build_through_dagster(plant, reference, tmp_path, monkeypatch, capsys):
     """``aml-pipeline build SPEC --tsdb source.yaml`` (Dagster's jobs, what users run), with the
     description named relative to the working directory."""

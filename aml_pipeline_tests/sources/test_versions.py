@@ -157,3 +157,47 @@ def test_influxdb_late_corrected_and_deleted_points(plant, influx_url, influx_db
     run, ts = a_point_of(plant, 0, "TI900")
     assert after(lambda: layouts.influx_query(
         influx_url, f"DELETE FROM process WHERE \"tag\" = 'TI900' AND time = {ts * 1_000_000}", influx_db)) == {run}
+
+
+def test_opcua_changes_make_exactly_their_run_stale(plant, tmp_path):
+    """A value added to, deleted from or corrected in (value or StatusCode) a node's history."""
+    from aml_pipeline_tests import opcua_server
+
+    base = tmp_path / "historian"
+    layouts.opcua_history(base, plant)
+    layouts._runs_file(plant, tmp_path / "batches.csv")
+    table = opcua_server.table_name
+
+    with opcua_server.running(base, max_values=150) as server:
+        url = str(layouts.write_description(tmp_path / "o.yaml", layouts.opcua_layout(server.url, plant)))
+        v0 = versions(url)
+        assert len(set(v0.values())) == len(v0) == len(plant.runs)
+        assert versions(url) == v0
+
+        def after(change) -> set[str]:
+            before = versions(url)
+            change()
+            return changed(before, versions(url))
+
+        run, ts = a_point_of(plant, 1)
+        assert after(lambda: opcua_server.write_history(base, "Reactor.TI101", np.array([ts + 1]), np.array([1.5]),
+                                                        np.array([0]))) == {run}
+        run, ts = a_point_of(plant, 2, "QI301")
+        assert after(lambda: opcua_server.history_sql(base, f'DELETE FROM "{table("Reactor.QI301")}" WHERE SourceTimestamp = ?',
+                                                      [opcua_server.ts_text(ts)])) == {run}
+        run, ts = a_point_of(plant, 0, "TI900")
+        from asyncua import ua
+        from asyncua.ua.ua_binary import variant_to_binary
+
+        corrected = variant_to_binary(ua.Variant(123.25, ua.VariantType.Double))
+        assert after(lambda: opcua_server.history_sql(
+            base, f'UPDATE "{table("Reactor.TI900")}" SET VariantBinary = ? WHERE SourceTimestamp = ?',
+            [corrected, opcua_server.ts_text(ts)])) == {run}
+        run, ts = a_point_of(plant, 3, "AI910")
+        assert after(lambda: opcua_server.history_sql(
+            base, f'UPDATE "{table("Reactor.AI910")}" SET StatusCode = ? WHERE SourceTimestamp = ?',
+            [opcua_server.UNCERTAIN_SENSOR_NOT_ACCURATE, opcua_server.ts_text(ts)])) == {run}
+        # a value outside every run changes no run
+        assert after(lambda: opcua_server.write_history(base, "Reactor.TI101", np.array([plant.runs[0].started_at - 60_000]),
+                                                        np.array([1.0]), np.array([0]))) == set()
+        assert server.stats()["open"] == 0
