@@ -9,7 +9,6 @@ node.
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from aml_pipeline.sources import SCHEME
 from aml_pipeline.sources.backend import NO_END
 from aml_pipeline.sources.description import load_description
 from aml_pipeline.sources.mapped import MappedTsdb
+from aml_pipeline.sources.timecodec import ms_text
 from aml_pipeline.tsdb.port import iter_node_pages
 
 # Points counted per node of the sample run at most (a check, not a full read).
@@ -24,9 +24,7 @@ SAMPLE_POINTS = 1_000_000
 
 
 def _iso(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return None if ms is None else ms_text(ms)
 
 
 def check_source(path: str | Path, *, sample_run: str | None = None) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from aml_pipeline.ids import EXTERNAL_ID_RE
 from aml_pipeline.sources.backend import NO_END, Backend, NodeRef, Series, TableRead, Window
 from aml_pipeline.sources.description import LoadedDescription, NodeEntry
 from aml_pipeline.sources.runs import runs_from_rows, runs_from_tag, runs_from_windows, table_columns
+from aml_pipeline.sources.timecodec import TimesBeyondInt64, implausible_times
 from aml_pipeline.tsdb.columns import clamp_i64
 from aml_pipeline.tsdb.port import Cursor, Node, Page, Run, RunScope
 from aml_pipeline.tsdb.reading import ReadBase, Rows
@@ -50,6 +51,11 @@ from aml_pipeline.tsdb.versions import record_digest
 VERSION_BATCH = 256
 # Reading a batch-id tag's whole history, page by page.
 _TAG_PAGE = 200_000
+# The first series of at least this many points is checked for its median sample period too
+# (fewer: a setpoint logged on change may rightly be months apart).
+_PERIOD_SAMPLE = 100
+# Time types whose unit can be wrong (a number read in the wrong unit).
+_EPOCH = ("epoch_s", "epoch_ms", "epoch_us", "epoch_ns", "epoch_s_float")
 
 
 def ranks(ts: np.ndarray, first_offset: int = 0) -> np.ndarray:
@@ -87,6 +93,8 @@ class MappedTsdb(ReadBase):
         self._refs: dict[str, NodeRef] | None = None
         self._catalog: list[Node] | None = None
         self._runs: dict[str, Run] = {}
+        self._period_checked = False
+        self._latest_checked = False
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -99,7 +107,14 @@ class MappedTsdb(ReadBase):
         """One call of the backend, never two at once (a connection, a COPY in progress, an HTTP
         answer being read are not shared between threads)."""
         with self._lock:
-            return getattr(self.backend, name)(*args)
+            try:
+                return getattr(self.backend, name)(*args)
+            except TimesBeyondInt64 as e:  # seconds that are not seconds, say which unit they are
+                if name == "read_table":
+                    why = implausible_times(np.array([e.ms]), args[0].time_type)
+                    raise SourceError(f"{self.loaded.path}: {args[0].key}: a time column {why}") from None
+                self._check_times(np.array([e.ms]), "a point")
+                raise
 
     def _release(self) -> None:
         backend, self._backend = self._backend, None
@@ -193,7 +208,13 @@ class MappedTsdb(ReadBase):
         if runs_spec.form == "table":
             read = TableRead("runs", runs_spec, table_columns(runs_spec), ("start", "end"), runs_spec.time_type,
                              runs_spec.time_zone)
-            runs = runs_from_rows(runs_spec, self._ask("read_table", read), where)
+            rows = self._ask("read_table", read)
+            for field in ("start", "end"):
+                times = np.array([t for t in rows[field] if t is not None], dtype=np.int64)
+                why = implausible_times(times, runs_spec.time_type if runs_spec.time_type in _EPOCH else None)
+                if why:
+                    raise SourceError(f"{where}.{field}: column {getattr(runs_spec, field)!r} {why}")
+            runs = runs_from_rows(runs_spec, rows, where)
         elif runs_spec.form == "batch_tag":
             tag = runs_spec.batch_tag
             ref = self._node_refs().get(tag.node)
@@ -226,7 +247,29 @@ class MappedTsdb(ReadBase):
     # ---- points ----------------------------------------------------------------------------
     def availability_watermark(self) -> int | None:
         refs = list(self._node_refs().values())
-        return self._ask("max_time", refs) if refs else None
+        latest = self._ask("max_time", refs) if refs else None
+        if latest is not None:
+            self._check_times(np.array([latest], dtype=np.int64), "the latest point")
+        self._latest_checked = True
+        return latest
+
+    def _check_times(self, ts: np.ndarray, what: str) -> None:
+        """One line naming the time column, the unit it was read in and the unit its values look
+        like, when the times the mapping yields cannot be a plant's (before 1990, more than a year
+        ahead; the first series read also by its median sample period)."""
+        if ts.shape[0] == 0:
+            return
+        check = ts if not self._period_checked and ts.shape[0] >= _PERIOD_SAMPLE else ts[[int(ts.argmin()), int(ts.argmax())]]
+        codec = self.backend.codec
+        why = implausible_times(check, codec.kind if codec is not None else None)
+        if check is ts:
+            self._period_checked = True
+        if why is None:
+            return
+        p = self.spec.points
+        if codec is None:
+            raise SourceError(f"{self.loaded.path}: points: {what}: the {self.spec.backend} server's own time {why}")
+        raise SourceError(f"{self.loaded.path}: points.time: column {p.time!r} ({what}) {why}")
 
     def _window(self, run: Run, from_ms: int, to_ms: int) -> tuple[int, int]:
         end = NO_END if run.ended_at is None else run.ended_at
@@ -249,6 +292,7 @@ class MappedTsdb(ReadBase):
         skip = 0 if after is None else int(after.seq) + 1
         s = self._ask("fetch", ref, lo, hi, line, want + skip)
         ts, value, state = s.ts, s.value, s.state
+        self._check_times(ts, f"node {ref.node_id!r}")
         if len(s) > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
             raise TsdbError(f"{self.url}: points of node {ref.node_id!r} did not come in time order")
         offset = 0
@@ -276,6 +320,8 @@ class MappedTsdb(ReadBase):
         series = self._ask("fetch_many", wanted, lo, hi, self._line(run), most + 1, self.prefetch_limit())
         if series is None or sum(len(s) for s in series) > most:
             return None
+        for ref, s in zip(wanted, series):
+            self._check_times(s.ts, f"node {ref.node_id!r}")
         return {ref.node_id: Rows(s.ts, s.value, s.state, ranks(s.ts)) for ref, s in zip(wanted, series)}
 
     def _whole_series(self, ref: NodeRef) -> Series:
@@ -299,6 +345,8 @@ class MappedTsdb(ReadBase):
         ids = list(dict.fromkeys(str(r) for r in run_ids))
         if not ids:
             return {}
+        if not self._latest_checked:  # every build plans with versions: its times are checked here
+            self.availability_watermark()
         with self._lock:
             known = dict(self._runs)
         if any(i not in known for i in ids):

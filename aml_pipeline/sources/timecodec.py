@@ -39,6 +39,15 @@ def _clamp(v: int, lo: int = _I64_MIN, hi: int = _I64_MAX) -> int:
     return lo if v < lo else hi if v > hi else int(v)
 
 
+class TimesBeyondInt64(ValueError):
+    """Times that in milliseconds do not fit 64 bits (seconds that are not seconds): ``ms`` is
+    one of them, as a float, for the message that names the unit they look like."""
+
+    def __init__(self, ms: float) -> None:
+        super().__init__(f"a time of {ms:.4g} ms does not fit 64 bits")
+        self.ms = ms
+
+
 @dataclass(frozen=True)
 class TimeCodec:
     """How one time column stores time: ``kind`` (one of :data:`TIME_TYPES`) and, for
@@ -79,11 +88,16 @@ class TimeCodec:
     def to_ms(self, raw: np.ndarray) -> np.ndarray:
         """Raw column -> int64 epoch milliseconds (vectorised)."""
         if self.is_float:
-            return np.rint(np.asarray(raw, dtype=np.float64) * 1000.0).astype(np.int64)
+            ms = np.rint(np.asarray(raw, dtype=np.float64) * 1000.0)
+            if ms.shape[0] and not bool(np.all(np.abs(ms) < 9.2e18)):
+                raise TimesBeyondInt64(float(ms[np.argmax(np.abs(np.nan_to_num(ms, nan=np.inf)))]))
+            return ms.astype(np.int64)
         raw = np.asarray(raw, dtype=np.int64)
         if self.kind == "epoch_ms":
             return raw
         if self.kind == "epoch_s":
+            if raw.shape[0] and (raw.max() > _I64_MAX // 1000 or raw.min() < _I64_MIN // 1000):
+                raise TimesBeyondInt64(float(raw.max() if raw.max() > _I64_MAX // 1000 else raw.min()) * 1000.0)
             return raw * 1000
         if self.kind == "epoch_ns":
             return np.floor_divide(raw, 1_000_000)
@@ -237,3 +251,73 @@ def resolve_codec(declared: str | None, zone: str | None, type_name: str, column
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             return None, f"time_zone {zone!r} is not a known IANA zone (Europe/Berlin, UTC, ...)"
     return TimeCodec(declared, zone if declared == "timestamp" else None), ""
+
+
+# ---- plausible times ------------------------------------------------------------------------------
+
+# Plant data is not older than this (epoch ms of 1990-01-01), nor newer than a year from now.
+PLAUSIBLE_FROM_MS = 631_152_000_000
+_YEAR_MS = 365 * 86_400_000
+# A median sample period longer than this is not a sensor's for the declared unit.
+PLAUSIBLE_PERIOD_MS = 30 * 86_400_000
+# Milliseconds per raw unit of each epoch time type, and its name.
+_MS_PER_UNIT = {"epoch_s": 1000.0, "epoch_s_float": 1000.0, "epoch_ms": 1.0, "epoch_us": 1e-3, "epoch_ns": 1e-6}
+_UNIT_WORD = {"epoch_s": "seconds", "epoch_s_float": "seconds", "epoch_ms": "milliseconds", "epoch_us": "microseconds",
+              "epoch_ns": "nanoseconds"}
+
+
+def plausible_until_ms(now_ms: int | None = None) -> int:
+    """The latest plausible time: a year from now."""
+    if now_ms is None:
+        now_ms = int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
+    return now_ms + _YEAR_MS
+
+
+def ms_text(ms: float) -> str:
+    """An epoch-ms time as ISO 8601 text, whatever its year (no Python datetime)."""
+    ms = min(max(float(ms), -9.2e18), 9.2e18)
+    return str(np.datetime64(int(ms), "ms")) + "Z"
+
+
+def implausible_times(ms: np.ndarray, kind: str | None, *, now_ms: int | None = None) -> str | None:
+    """Why the times ``ms`` (epoch ms, as read with time type ``kind``; None: the source's own
+    time) cannot be a plant's, or None: a time before 1990 or more than a year from now, or a
+    median sample period longer than :data:`PLAUSIBLE_PERIOD_MS`. For an epoch time type the
+    reason names the unit the values look like, if one puts them in range."""
+    ms = np.asarray(ms)
+    if ms.shape[0] == 0:
+        return None
+    lo, hi = float(ms.min()), float(ms.max())
+    until = plausible_until_ms(now_ms)
+    assumed = f"read as {kind} ({_UNIT_WORD[kind]})" if kind in _MS_PER_UNIT else "read"
+    if lo < PLAUSIBLE_FROM_MS or hi > until:
+        bad = lo if lo < PLAUSIBLE_FROM_MS else hi
+        why = (f"{assumed} gives {ms_text(bad)}, not between {ms_text(PLAUSIBLE_FROM_MS)[:10]} and "
+               f"{ms_text(until)[:10]} (a year from now)")
+        return why + _better_unit(kind, np.array([lo, hi], dtype=np.float64), until)
+    if ms.shape[0] >= 3:
+        d = np.diff(ms.astype(np.float64))
+        d = d[d > 0]
+        if d.shape[0] and float(np.median(d)) > PLAUSIBLE_PERIOD_MS:
+            period = float(np.median(d))
+            why = f"{assumed} gives a median sample period of {period / 86_400_000:,.0f} days"
+            return why + _better_unit(kind, np.array([lo, hi], dtype=np.float64), until, period)
+    return None
+
+
+def _better_unit(kind: str | None, ms: np.ndarray, until: int, period: float | None = None) -> str:
+    """``; the values look like epoch_X (...)``: the epoch unit that puts them in range."""
+    if kind not in _MS_PER_UNIT:
+        return "; check the time column and its type"
+    for other in ("epoch_s", "epoch_ms", "epoch_us", "epoch_ns"):
+        if _MS_PER_UNIT[other] == _MS_PER_UNIT[kind]:
+            continue
+        scale = _MS_PER_UNIT[other] / _MS_PER_UNIT[kind]
+        as_other = ms * scale
+        fits = bool(np.all(as_other >= PLAUSIBLE_FROM_MS) and np.all(as_other <= until))
+        if fits and (period is None or period * scale <= PLAUSIBLE_PERIOD_MS):
+            if kind == "epoch_s_float" and other == "epoch_s":
+                continue
+            return (f"; the values look like {other} ({_UNIT_WORD[other]}: {ms_text(as_other[-1])}): "
+                    f"set time_type: {other}")
+    return "; no epoch unit puts them between 1990 and a year from now: check the time column"
