@@ -34,6 +34,7 @@ Versions
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -135,12 +136,41 @@ class PostgresSource(Backend):
             if self._pg.lost(e):
                 raise TsdbUnavailableError(f"{self.label}: {what}: the connection was lost ({self._scrub(e)})") from None
             if isinstance(e, psycopg.errors.InsufficientPrivilege):
-                raise SourceError(f"{self.loaded.path}: {what}: {self._scrub(e)}; the role needs SELECT on it "
-                                  "(and USAGE on its schema)", code="SOURCE_PERMISSION") from None
+                raise self._permission(what, e) from None
             if isinstance(e, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn,
                               psycopg.errors.InvalidSchemaName)):
                 raise SourceError(f"{self.loaded.path}: {what}: {self._scrub(e)}", code="SOURCE_NOT_FOUND") from None
             raise SourceError(f"{self.loaded.path}: {what}: {self._scrub(e)}", code="SOURCE_QUERY") from None
+
+    def _permission(self, what: str, e: psycopg.Error) -> SourceError:
+        """A refused read as the docs promise it: the role, the schema-qualified table (or the
+        schema) it may not read, and the GRANT that fixes it."""
+        text = (e.diag.message_primary or str(e)).strip()
+        m = re.match(r"permission denied for (schema|table|view|materialized view|relation|sequence|foreign table) (.+)$",
+                     text)
+        try:  # (the session is in autocommit: the refused statement left no transaction behind)
+            user = self._c.execute("SELECT quote_ident(current_user)").fetchone()[0]
+            if m and m.group(1) == "schema":
+                schema = self._c.execute("SELECT quote_ident(%s)", [m.group(2)]).fetchone()[0]
+                return SourceError(f"{self.loaded.path}: {what}: role {user} may not use schema {schema}: "
+                                   f"GRANT USAGE ON SCHEMA {schema} TO {user}", code="SOURCE_PERMISSION")
+            if m:
+                # The relations of that name the role may not read, schema-qualified.
+                found = self._c.execute(
+                    "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname), n.nspname || '.' || c.relname "
+                    "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE c.relname = %s AND NOT has_table_privilege(c.oid, 'SELECT') "
+                    "AND has_schema_privilege(n.oid, 'USAGE') ORDER BY 1", [m.group(2)]).fetchall()
+                # Of several, the ones the description names (a query's schema.table).
+                written = self.spec.model_dump_json()
+                names = [q for q, plain in found if plain in written] or [q for q, _ in found]
+                if names:
+                    return SourceError(f"{self.loaded.path}: {what}: role {user} may not read table {names[0]}: "
+                                       f"GRANT SELECT ON {', '.join(names)} TO {user}", code="SOURCE_PERMISSION")
+        except psycopg.Error:
+            pass
+        return SourceError(f"{self.loaded.path}: {what}: {self._scrub(e)}; the role needs SELECT on it "
+                           "(GRANT SELECT ON the table, and GRANT USAGE ON its schema)", code="SOURCE_PERMISSION")
 
     # ---- introspection -----------------------------------------------------------------------
     def _table_columns(self, name: str, key: str, needed: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -162,12 +192,13 @@ class PostgresSource(Backend):
             for k, column in needed:
                 ok = self._c.execute("SELECT has_column_privilege(%s, %s, 'SELECT')", [oid, column]).fetchone()[0]
                 if not ok:
-                    user = self._c.execute("SELECT current_user").fetchone()[0]
+                    user, table = self._c.execute(
+                        "SELECT quote_ident(current_user), quote_ident(n.nspname) || '.' || quote_ident(c.relname) "
+                        "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                        "WHERE c.oid = %s", [oid]).fetchone()
                     raise SourceError(
-                        f"{where}: {k}: role {user!r} may not read column {column!r} of table {name}: "
-                        f"GRANT SELECT ON {quoted} TO {quote_ident(user)} (and USAGE on its schema)",
-                        code="SOURCE_PERMISSION",
-                    )
+                        f"{where}: {k}: role {user} may not read column {column!r} of table {table}: "
+                        f"GRANT SELECT ON {table} TO {user}", code="SOURCE_PERMISSION")
         return have
 
     def _quoted_table(self, name: str) -> str:

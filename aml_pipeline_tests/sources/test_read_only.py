@@ -3,6 +3,7 @@ source is left exactly as it was (no row, no table, no temporary table)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -107,3 +108,70 @@ def test_missing_privileges_are_one_line_naming_the_table(plant, plant_database,
     with pytest.raises(SourceError) as e:
         open_source(str(path))
     assert e.value.code == "SOURCE_PERMISSION"
+
+
+LAYOUTS = {"narrow": layouts.pg_narrow_layout, "wide": layouts.pg_wide_layout, "monthly": layouts.pg_monthly_layout}
+# The tables each layout reads: the points (monthly tables through the query), the runs table
+# (the MES table) and the node table (where the layout has one).
+TABLES = {"narrow": {"samples", "batches", "tags"}, "wide": {"wide", "batches"},
+          "monthly": {"samples_2025_01", "samples_2025_02", "tags", "batches"}}
+
+
+@pytest.fixture
+def three_layouts(postgres_url, plant) -> Iterator[dict]:
+    """A database with the narrow, wide and monthly layouts in schemas of those names, a role
+    ``usage`` with CONNECT and USAGE on them but no SELECT, and a role ``stranger`` with CONNECT
+    only."""
+    tag = uuid.uuid4().hex[:8]
+    db, usage, stranger = f"plant_{tag}", f"usage_{tag}", f"stranger_{tag}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {db}")
+        admin.execute(f"CREATE ROLE {usage} LOGIN")
+        admin.execute(f"CREATE ROLE {stranger} LOGIN")
+    owner_url = _url_for(postgres_url, urlsplit(postgres_url).username or "postgres", db)
+    try:
+        descs = {}
+        with psycopg.connect(owner_url, autocommit=True) as con:
+            con.execute(f"REVOKE ALL ON DATABASE {db} FROM PUBLIC")
+            con.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
+            con.execute(f"GRANT CONNECT ON DATABASE {db} TO {usage}, {stranger}")
+            for name, make in LAYOUTS.items():
+                con.execute(f"CREATE SCHEMA {name}")
+                descs[name] = make(con, name, "", plant)
+                con.execute(f"GRANT USAGE ON SCHEMA {name} TO {usage}")
+        yield {"owner_url": owner_url, "usage": usage, "usage_url": _url_for(postgres_url, usage, db),
+               "stranger": stranger, "stranger_url": _url_for(postgres_url, stranger, db), "descs": descs}
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+            admin.execute(f"DROP ROLE IF EXISTS {usage}")
+            admin.execute(f"DROP ROLE IF EXISTS {stranger}")
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_refusal_names_the_role_the_table_and_the_grant(plant, three_layouts, tmp_path, capsys, layout):
+    """A role without USAGE on the schema gets the GRANT USAGE; one without SELECT gets, table
+    after table as it is granted them, the schema-qualified table and the GRANT SELECT."""
+    env = three_layouts
+
+    def refusal(url: str) -> str:
+        path = layouts.write_description(tmp_path / "plant.yaml", {**env["descs"][layout], "connection": url})
+        assert main(["source", "check", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith("SOURCE_PERMISSION: "), err
+        return err
+
+    err = refusal(env["stranger_url"])
+    assert f"role {env['stranger']} may not use schema {layout}: GRANT USAGE ON SCHEMA {layout} TO {env['stranger']}" in err
+    granted = set()
+    with psycopg.connect(env["owner_url"], autocommit=True) as owner:
+        for _ in range(len(TABLES[layout])):
+            err = refusal(env["usage_url"])
+            m = re.search(rf"role {env['usage']} may not read (?:column '\w+' of )?table {layout}\.(\w+): "
+                          rf"GRANT SELECT ON {layout}\.(\w+) TO {env['usage']}$", err)
+            assert m and m.group(1) == m.group(2) and m.group(1) in TABLES[layout] - granted, err
+            owner.execute(f"GRANT SELECT ON {layout}.{m.group(1)} TO {env['usage']}")  # the GRANT the line names
+            granted.add(m.group(1))
+    path = layouts.write_description(tmp_path / "plant.yaml", {**env["descs"][layout], "connection": env["usage_url"]})
+    assert main(["source", "check", str(path)]) == 0, capsys.readouterr().err  # each GRANT it named was enough
+    assert granted == TABLES[layout]
