@@ -223,7 +223,7 @@ def _history_manager_class() -> type:
                         self.stats.released += 1
                     out.append(ua.HistoryReadResult())
                 else:
-                    out.append(self._read_raw(params.HistoryReadDetails, rv))
+                    out.append(self._read_raw(params.HistoryReadDetails, rv, params.TimestampsToReturn))
             self.save_stats()
             return out
 
@@ -251,7 +251,7 @@ def _history_manager_class() -> type:
                 return _Open(table, text(start), latest, False, False, n)
             return _Open(table, text(win_epoch), text(end), False, True, n)  # n values back from end
 
-        def _read_raw(self, details: Any, rv: Any) -> Any:
+        def _read_raw(self, details: Any, rv: Any, stamps: Any) -> Any:
             result = ua.HistoryReadResult()
             if rv.ContinuationPoint:
                 state = self.open.pop(bytes(rv.ContinuationPoint), None)
@@ -268,8 +268,9 @@ def _history_manager_class() -> type:
             more = len(rows) > page
             rows = rows[:page]
             result.HistoryData = ua.HistoryData()
+            server_too = stamps in (ua.TimestampsToReturn.Server, ua.TimestampsToReturn.Both)
             result.HistoryData.DataValues = [
-                ua.DataValue(variant_from_binary(Buffer(blob)), status(code), when, when)
+                ua.DataValue(variant_from_binary(Buffer(blob)), status(code), when, when if server_too else None)
                 for _, when, code, blob in rows
             ]
             self.stats.values += len(rows)

@@ -1,5 +1,5 @@
-"""Mapped sources (``docs/sources.md``): a plant's own PostgreSQL table and Parquet lake, read in
-place through a source description, against references measured in the same run.
+"""Mapped sources (``docs/sources.md``): a plant's own PostgreSQL table, Parquet lake and OPC UA
+historian, read in place through a source description, against references measured in the same run.
 
 The workload's points (taken from its DuckDB file through the port, put back in ingestion
 order) are laid out twice, untimed:
@@ -33,10 +33,16 @@ Then, side by side (``bench.timing.side_by_side``), every finished run of the sp
   runs a file, which the mapping decodes once for the runs read in time order). Beside them,
   ``scan``: DuckDB reading each run's rows from the files and nothing more (its hours' files, time
   range and nodes, as Arrow; no order, no split by node, no states), what any reader of the lake
-  through DuckDB pays at least, and ``scan_over_embedded``.
+  through DuckDB pays at least, ``scan_over_embedded``, and ``lake_over_scan``: the lake's read
+  path over that plain scan of the same rows (what the mapping adds on top of DuckDB).
+* ``opcua_over_embedded_points_per_s``: the same read path through an OPC UA source (the
+  points written as the raw history of ``aml_pipeline_tests.opcua_server``, asyncua's server
+  with its SQLite history on loopback, 10,000 values per node and read) over the embedded
+  file's points per second, with ``opcua_fetch_points_per_s`` and the HistoryRead answers per
+  node and run (``pages_per_node``); at most three repetitions (the server is pure Python).
 
-Cross-checks: the mapped fetch returns every row COPY returns, the lake (both layouts) returns
-exactly the embedded file's points (a digest of ts, value, state of every series), and the plain
+Cross-checks: the mapped fetch returns every row COPY returns, the lake (both layouts) and the
+OPC UA source return exactly the embedded file's points (a digest of ts, value, state of every series), and the plain
 scan reads as many points as the mapping.
 """
 
@@ -134,13 +140,7 @@ def _write_lake(root: Path, runs: list, p: dict[str, np.ndarray], *, sorted_by_t
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    (root / "mes").mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({
-        "batch": [r.run_id for r in runs],
-        "started": pa.array([r.started_at for r in runs], type=pa.timestamp("ms", tz="UTC")),
-        "finished": pa.array([r.ended_at for r in runs], type=pa.timestamp("ms", tz="UTC")),
-        "line": [r.line_id for r in runs], "product": [r.product_id for r in runs], "recipe": [r.recipe_id for r in runs],
-    }), root / "mes" / "batches.parquet")
+    _runs_table(root / "mes" / "batches.parquet", runs)
 
     hours = p["ts"] // 3_600_000 // hours_a_file * hours_a_file
     files = 0
@@ -186,6 +186,9 @@ def run(tsdb_url: str, spec_dict: dict[str, Any], work: Path, *, repeat: int) ->
                                               repeat, sorted_by_tag=False)
     out["lake_a_file_a_day"] = _measure_lake(work / "lake-daily", tsdb_url, runs, nodes, node_ids, points, repeat,
                                              sorted_by_tag=True, hours_a_file=24)
+
+    # ---- an OPC UA server's raw history (asyncua's server on loopback) against the embedded file
+    out["opcua"] = _measure_opcua(work / "opcua", tsdb_url, runs, nodes, node_ids, points, repeat)
 
     # ---- PostgreSQL: the mapped narrow table against a plain binary COPY
     try:
@@ -262,11 +265,82 @@ def _measure_lake(root: Path, tsdb_url: str, runs: list, nodes: list, node_ids: 
                          "embedded": n_emb / cmp.timing("embedded")["median"],
                          "scan": n_scan / cmp.timing("scan")["median"]},
         "ratio": cmp.rate_ratio("lake", "embedded", n_lake, n_emb),
+        "lake_over_scan": cmp.ratio("lake", "scan"),
         "scan_over_embedded": cmp.rate_ratio("scan", "embedded", n_scan, n_emb),
         "same_points": n_lake == n_emb == int(points["ts"].shape[0]) and d_lake == d_emb,
         "scan_same_count": n_scan == n_lake,
     })
     return out
+
+
+# Repetitions of the OPC UA read at most: each reads the workload through a pure-Python server.
+OPCUA_REPEAT = 3
+
+
+def _measure_opcua(root: Path, tsdb_url: str, runs: list, nodes: list, node_ids: list[str],
+                   points: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
+    """Every run's points read as the build reads them through an OPC UA source (HistoryRead
+    with continuation points from asyncua's server and its SQLite history, on loopback) against
+    the embedded file; the server's default of 10,000 values per node and read."""
+    from aml_pipeline.sources import open_source
+    from aml_pipeline.tsdb_open import open_tsdb
+    from aml_pipeline_tests import opcua_server
+
+    repeat = min(repeat, OPCUA_REPEAT)
+    t0 = time.perf_counter()
+    base = root / "historian"
+    paths = {n: f"Plant.{n}" for n in node_ids}
+    order = np.argsort(points["ts"], kind="stable")  # a historian stores in time order (ties: ingestion)
+    opcua_server.write_points(base, paths, points["node_id"][order], points["ts"][order], points["value"][order],
+                              points["state"][order])
+    write_seconds = time.perf_counter() - t0
+    with opcua_server.running(base) as server:
+        _runs_table(root / "batches.parquet", runs)
+        url = _describe(root / "plant.yaml", {
+            "backend": "opcua",
+            "connection": server.url,
+            "runs": {"files": "batches.parquet", "id": "batch", "start": "started", "end": "finished",
+                     "line": "line", "product": "product", "recipe": "recipe"},
+            "nodes": {n.node_id: {"key": f"ns=2;s={paths[n.node_id]}", "unit": n.unit} for n in nodes
+                      if n.node_id in paths},
+        })
+        with open_source(url) as opcua, open_tsdb(tsdb_url) as embedded:
+            assert [r.run_id for r in opcua.list_runs()] == [r.run_id for r in runs]
+            before = server.stats()
+            d_opcua = _digest(opcua, runs, node_ids)
+            after = server.stats()
+            d_emb = _digest(embedded, runs, node_ids)
+            cmp = side_by_side({"opcua": lambda: _read_runs(opcua, runs, node_ids),
+                                "embedded": lambda: _read_runs(embedded, runs, node_ids)}, repeat=repeat)
+    n_opcua, n_emb = cmp.values["opcua"], cmp.values["embedded"]
+    series = len(runs) * len(node_ids)
+    results = after["continuation_points"] - before["continuation_points"] + series
+    return {
+        "history_write_seconds": write_seconds,
+        "values_per_read": opcua_server.MAX_VALUES,
+        "timings": cmp.to_json(),
+        "points_per_s": {"opcua": n_opcua / cmp.timing("opcua")["median"],
+                         "embedded": n_emb / cmp.timing("embedded")["median"]},
+        "ratio": cmp.rate_ratio("opcua", "embedded", n_opcua, n_emb),
+        # HistoryRead answers per node and run (continuation points followed, plus the first)
+        "pages_per_node": results / series,
+        "history_reads": after["reads"] - before["reads"],
+        "open_continuation_points": after["open"],
+        "same_points": n_opcua == n_emb == int(points["ts"].shape[0]) and d_opcua == d_emb,
+    }
+
+
+def _runs_table(path: Path, runs: list) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({
+        "batch": [r.run_id for r in runs],
+        "started": pa.array([r.started_at for r in runs], type=pa.timestamp("ms", tz="UTC")),
+        "finished": pa.array([r.ended_at for r in runs], type=pa.timestamp("ms", tz="UTC")),
+        "line": [r.line_id for r in runs], "product": [r.product_id for r in runs], "recipe": [r.recipe_id for r in runs],
+    }), path)
 
 
 def _measure_pg(base_url: str, server: str, runs, nodes, node_ids, points, work: Path, repeat: int) -> dict[str, Any]:

@@ -218,13 +218,16 @@ def split_by_node(node: np.ndarray, n_nodes: int, keys: Sequence[np.ndarray],
 
 def joined_in_order(pieces: Sequence[Sequence[np.ndarray]], n_keys: int) -> list[np.ndarray]:
     """One node's rows from ``pieces`` (each a list of columns, the first ``n_keys`` the keys,
-    each piece already in order and arriving before the next), ordered as :func:`split_by_node`
-    orders them: by the keys, ties in arrival order."""
+    each piece already in order by them and arriving before the next), ordered as
+    :func:`split_by_node` orders them: by the keys, ties in arrival order."""
     full = [p for p in pieces if p[0].shape[0]]
     if len(full) <= 1:
         return list(full[0] if full else pieces[0])
     columns = [np.concatenate(c) for c in zip(*full)]
-    if not _keys_ascending(columns[:n_keys]):
+    # Each piece is in order: the whole is, if each piece's last row is not after the next one's
+    # first (the rows at the seams, not every row, are compared).
+    seams = [(a, b) for a, b in zip(full[:-1], full[1:])]
+    if not all(_ascending([k[-1:] for k in a[:n_keys]], [k[:1] for k in b[:n_keys]]) for a, b in seams):
         order = np.lexsort((np.arange(columns[0].shape[0]), *reversed(columns[:n_keys])))
         columns = [c[order] for c in columns]
     return columns

@@ -404,7 +404,7 @@ class OpcUaSource(Backend):
         from asyncua import ua
 
         params = ua.HistoryReadParameters(
-            HistoryReadDetails=details, TimestampsToReturn=ua.TimestampsToReturn.Both, ReleaseContinuationPoints=False,
+            HistoryReadDetails=details, TimestampsToReturn=ua.TimestampsToReturn.Source, ReleaseContinuationPoints=False,
             NodesToRead=[ua.HistoryReadValueId(NodeId=nid, ContinuationPoint=cp) for nid, cp in nodes])
         return await self._client.uaclient.history_read(params)
 

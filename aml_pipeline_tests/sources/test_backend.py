@@ -67,3 +67,21 @@ def test_short_runs_of_one_node_are_not_taken_for_blocks():
     node = np.repeat(np.arange(N_NODES), 3)  # runs of 3 rows
     assert _node_blocks(np.tile(node, 100)) is None
     assert _node_blocks(np.repeat(np.arange(N_NODES), 1000)) is not None
+
+
+@pytest.mark.parametrize("seam", ["in_order", "tie_in_order", "tie_out_of_order", "overlap"])
+def test_joined_in_order_compares_the_seams_of_ordered_pieces(seam):
+    """Pieces each in (time, order column) order, the second starting after, at or before the
+    first's last row: the join equals a stable lexsort of their concatenation."""
+    from aml_pipeline.sources.backend import joined_in_order
+
+    a_t, a_o = np.array([1, 2, 5]), np.array([0, 0, 3])
+    b_t = {"in_order": [6, 7], "tie_in_order": [5, 7], "tie_out_of_order": [5, 7], "overlap": [3, 7]}[seam]
+    b_o = {"in_order": [0, 0], "tie_in_order": [4, 0], "tie_out_of_order": [1, 0], "overlap": [0, 0]}[seam]
+    pieces = [[a_t, a_o, np.array([10.0, 11.0, 12.0])], [np.array(b_t), np.array(b_o), np.array([20.0, 21.0])]]
+    got = joined_in_order(pieces, 2)
+    cat = [np.concatenate(c) for c in zip(*pieces)]
+    order = np.lexsort((np.arange(5), cat[1], cat[0]))
+    for g, c in zip(got, cat):
+        np.testing.assert_array_equal(g, c[order])
+    assert (got[2].tolist() == [10.0, 11.0, 12.0, 20.0, 21.0]) == (seam in ("in_order", "tie_in_order"))
