@@ -622,7 +622,7 @@ def render(d: dict[str, Any]) -> str:
                  f"[{lk['lake_over_scan']['min']:.2f}-{lk['lake_over_scan']['max']:.2f}]; over the embedded file's "
                  f"points/s: {lk['ratio']['value']:.2f} (reported, no goal)")
         op = so["opcua"]
-        L.append(f"  OPC UA history (loopback, {op['values_per_read']:,} values a read): {_t(op['timings']['opcua'])} "
+        L.append(f"  OPC UA history (loopback, {op['values_per_request']:,} values a request): {_t(op['timings']['opcua'])} "
                  f"{_fmt(op['points_per_s']['opcua'])} points/s, {op['ratio']['value']:.3f} of the embedded file's "
                  f"[{op['ratio']['min']:.3f}-{op['ratio']['max']:.3f}]; {op['pages_per_node']:.2f} HistoryRead answers "
                  f"per node and run")

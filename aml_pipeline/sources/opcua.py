@@ -25,9 +25,9 @@ Points
     with ``numValuesPerNode`` and follows continuation points until the server returns none
     (never a silent cut: a continuation point that does not advance is an error), and releases
     the one it holds when it stops early. SourceTimestamps (UTC, 100 ns) are floored to the
-    millisecond, as ``ingest`` floors; values of one millisecond keep the server's order (its
-    order of values at one time, then finer time). A value without SourceTimestamp takes its
-    ServerTimestamp. The StatusCode's severity is the state: Good 0, Uncertain 1, Bad 2; a
+    millisecond, as ``ingest`` floors; values of one millisecond keep the server's order (finer
+    time, then its order of values at one time). Only SourceTimestamps are asked for; a value
+    without one is an error naming the node. The StatusCode's severity is the state: Good 0, Uncertain 1, Bad 2; a
     value that is not a number is an error naming the node; a missing one is NaN.
 
 Versions
@@ -54,7 +54,8 @@ from aml_pipeline.sources.backend import Backend, NodeRef, Series, Window
 from aml_pipeline.sources.description import LoadedDescription
 from aml_pipeline.urls import redact_url
 
-# Values asked per node and HistoryRead (numValuesPerNode); the server may return fewer.
+# Values one HistoryRead asks for in all, shared out among its nodes (numValuesPerNode): an
+# answer stays a few megabytes and a second or so of a server's work; the server may return fewer.
 VALUES_PER_READ = 10_000
 # Nodes per HistoryRead request where several are read at once.
 NODES_PER_READ = 100
@@ -244,7 +245,9 @@ class OpcUaSource(Backend):
 
         if self._client is not None:
             return self._client
-        client = Client(self._url, timeout=REQUEST_TIMEOUT_S)
+        # The client's watchdog probes the server every watchdog_intervall seconds and gives up on
+        # a probe that takes as long: a server busy with a long answer is not a lost connection.
+        client = Client(self._url, timeout=REQUEST_TIMEOUT_S, watchdog_intervall=REQUEST_TIMEOUT_S)
         if self._user:
             client.set_user(self._user)
         if self._password is not None:
@@ -365,7 +368,8 @@ class OpcUaSource(Backend):
 
         nids = await self._node_ids(refs)
         out = [_Columns() for _ in refs]
-        per_read = min(each, VALUES_PER_READ) if each else VALUES_PER_READ
+        share = max(VALUES_PER_READ // min(len(refs), NODES_PER_READ), 1)
+        per_read = min(each, share) if each else share
         if backward:
             details = ua.ReadRawModifiedDetails(IsReadModified=False, StartTime=ua.get_win_epoch(),
                                                 EndTime=_opc_time(hi + 1), NumValuesPerNode=per_read, ReturnBounds=False)
@@ -438,7 +442,11 @@ class OpcUaSource(Backend):
                 raise PaginationError(f"{self.label}: HistoryRead of node {ref.node_id!r} returned no values and the "
                                       "same continuation point; refusing to loop")
             return False
-        ts = _epoch_ms([dv.SourceTimestamp or dv.ServerTimestamp or _missing_time(ref) for dv in values])
+        stamps = [dv.SourceTimestamp for dv in values]
+        if None in stamps:
+            raise SourceError(f"{self.loaded.path}: node {ref.node_id!r} ({ref.key}): the server returned a value "
+                              "without SourceTimestamp", code="SOURCE_INVALID")
+        ts = _epoch_ms(stamps)
         try:
             value = np.array([None if dv.Value is None else dv.Value.Value for dv in values], dtype=np.float64)
         except (TypeError, ValueError):
@@ -508,10 +516,6 @@ def _certificate_uris(cert: Any) -> list[str]:
     except x509.ExtensionNotFound:
         return []
     return list(san.value.get_values_for_type(x509.UniformResourceIdentifier))
-
-
-def _missing_time(ref: NodeRef) -> dt.datetime:
-    raise SourceError(f"node {ref.node_id!r} ({ref.key}): a value has neither SourceTimestamp nor ServerTimestamp")
 
 
 def _is_number(v: Any) -> bool:
