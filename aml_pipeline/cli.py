@@ -369,7 +369,7 @@ columns (snake_case or camelCase; other columns are ignored):
           state              integer quality code; the spec's goodStates (default [0]) are good
           (the file's row order is the ingestion order: of duplicate timestamps the last wins)
   runs    run_id, line_id, product_id, recipe_id   required
-          started_at, ended_at                     epoch ms or ISO-8601; empty ended_at = running
+          started_at, ended_at                     required; epoch ms or ISO-8601; an empty ended_at = running
           recipe_version, recipe_content_hash      optional (manifest v2 lineage)
           evidence_source                          simulation | real | unassessed (default)
           context_confirmed                        true/false (default false)
@@ -415,7 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace all stored points of every run in --points by the file's points (one transaction); "
         "without it, points already stored are skipped",
     )
-    i.add_argument("--lock-timeout-s", type=float, default=10.0, help="wait this long for readers of an embedded TSDB file (default 10)")
+    i.add_argument("--lock-timeout-s", type=float, default=10.0, help="wait this long for the TSDB before TSDB_BUSY: for readers of the embedded file to close it, "
+                   "for another ingest into PostgreSQL to commit (default 10)")
     i.set_defaults(func=cmd_ingest, subparser=i)
 
     b = sub.add_parser("build", help="build and publish a dataset snapshot through its Dagster assets")

@@ -60,6 +60,22 @@ def test_ingest_doc_names_every_column():
         assert f"`{column}`" in doc, column
 
 
+def test_ingest_doc_says_which_columns_are_required_as_the_reader_does():
+    """Each column table of docs/ingest.md says "required" for exactly the columns the reader
+    requires (a column may be required and still hold empty cells, as `ended_at` does)."""
+    doc = text("ingest.md")
+    for heading, required, optional in (("Points", POINT_COLUMNS, ()), ("Runs", RUN_REQUIRED, RUN_OPTIONAL),
+                                        ("Nodes", NODE_REQUIRED, NODE_OPTIONAL)):
+        section = doc.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+        said = {}
+        for row in re.findall(r"^\| (`[^|]+) \| [^|]+ \| ([^|]+) \|$", section, flags=re.M):
+            for column in re.findall(r"`(\w+)`", row[0]):
+                said[column] = row[1].strip()
+        assert set(said) == {*required, *optional}, heading
+        for column, rules in said.items():
+            assert rules.startswith("required") == (column in required), f"{heading}: {column}: {rules}"
+
+
 @pytest.mark.parametrize("extras", [False, True], ids=["v1", "v2"])
 def test_the_documented_hash_recipe_computes_the_snapshot_hash(tmp_path, extras):
     plant = simulate_plant(n_runs=3, run_minutes=4, seed=2)
