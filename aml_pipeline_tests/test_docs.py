@@ -41,6 +41,59 @@ def test_readme_points_at_docs_in_the_repository_and_runs_commands_that_exist():
             pytest.fail(f"README runs a bare aml-pipeline: {line!r}")
 
 
+def anchors(path) -> dict[str, str]:
+    """The anchors of a markdown file's headings, as GitHub makes them (lower case, punctuation
+    but ``-`` and ``_`` dropped, spaces to ``-``, ``-1``, ``-2``, ... for repeats; code blocks
+    skipped), each with its heading's text."""
+    seen: dict[str, int] = {}
+    out, in_fence = {}, False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+        heading = None if in_fence else re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out[slug if n == 0 else f"{slug}-{n}"] = heading.group(1)
+    return out
+
+
+def markdown_files():
+    return (*DOC_FILES, REPO_ROOT / "bench" / "README.md")
+
+
+def anchor_problems(doc) -> list[str]:
+    """Links of ``doc`` to an anchor no heading has, or whose text is a heading's text but whose
+    anchor is another heading's (two swapped anchors)."""
+    problems = []
+    body = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+    for label, target, anchor in re.findall(r"\[([^\]]*)\]\(([^)#\s:]*)#([^)\s]+)\)", body):
+        file = (doc.parent / target).resolve() if target else doc
+        headings = anchors(file) if file.is_file() else {}
+        named = [a for a, text in headings.items() if text == label]
+        if anchor not in headings:
+            problems.append(f"({target}#{anchor}): no such heading")
+        elif named and anchor not in named:
+            problems.append(f"[{label}]({target}#{anchor}): the heading {label!r} is #{named[0]}")
+    return problems
+
+
+def test_every_anchor_link_resolves_to_its_heading():
+    """``[x](#a)`` and ``[x](other.md#a)`` in the README, docs/ and bench/README.md name a heading
+    that is there, and the heading the link's text names (a renamed heading, two swapped anchors)."""
+    broken = [f"{doc.relative_to(REPO_ROOT)}: {p}" for doc in markdown_files() for p in anchor_problems(doc)]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_anchor_check_knows_repeated_headings_and_sees_a_swap(tmp_path):
+    doc = tmp_path / "a.md"
+    doc.write_text("- [Runs](#runs)\n# `runs`\n## Runs\n```bash\n# not a heading\n```\n### Keeping disk bounded: gc\n"
+                   "[below](#runs-1) [x](#nope)\n")
+    assert anchors(doc) == {"runs": "`runs`", "runs-1": "Runs", "keeping-disk-bounded-gc": "Keeping disk bounded: gc"}
+    assert anchor_problems(doc) == ["[Runs](#runs): the heading 'Runs' is #runs-1", "(#nope): no such heading"]
+
+
 def test_every_doc_link_resolves():
     for doc in DOCS.glob("*.md"):
         for target in re.findall(r"\]\(([^)#:]+\.md)", doc.read_text(encoding="utf-8")):
