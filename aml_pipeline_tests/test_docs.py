@@ -8,6 +8,7 @@ import contextlib
 import io
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 from pydantic.alias_generators import to_camel
@@ -283,6 +284,30 @@ def test_help_names_every_subcommand():
             assert path[0] in parser.description and path[0] in text, path
 
 
+def section(doc: str, heading: str) -> str:
+    """The text under ``heading`` (a whole heading line) up to the next heading of its level."""
+    level = heading.split(" ")[0]
+    return doc.split(heading + "\n", 1)[1].split(f"\n{level} ", 1)[0]
+
+
+def test_every_command_is_in_the_readme_s_table_and_has_its_section_in_the_cli_doc():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    table = [line.split("|")[1] for line in section(readme, "## Commands").splitlines() if line.startswith("| `")]
+    shown = [span for cell in table for span in re.findall(r"`([^`]+)`", cell)]
+    cli_doc = text("cli.md")
+    headings = re.findall(r"^## (.+)$", cli_doc, flags=re.M)
+    missing = []
+    for path, parser in parser_tree(build_parser()):
+        if not path or any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+            continue  # the command itself, and groups (`env`, `source`): their commands count
+        name = " ".join(path)
+        if not any(span == name or span.startswith(name + " ") for span in shown):
+            missing.append(f"README.md's command table: {name}")
+        if not any(h == name or name.startswith(h + " ") for h in headings):
+            missing.append(f"docs/cli.md: ## {name}")
+    assert not missing, "\n".join(missing)
+
+
 def test_the_architecture_names_only_modules_that_exist():
     doc = text("architecture.md")
     named = set(re.findall(r"`([\w./-]+(?:\.py|/))`", doc))
@@ -301,17 +326,62 @@ def test_the_architecture_names_only_modules_that_exist():
 
 # An error code, not a variable.
 NOT_VARIABLES = {"AML_ERROR"}
+# Set by the operating system, the shell or systemd for every program; read, never configured here.
+STANDARD_VARIABLES = {"PATH", "PYTHONPATH", "HOME", "VIRTUAL_ENV", "CREDENTIALS_DIRECTORY"}
+# Where a variable is read: os.environ / os.getenv / dg.EnvVar / the settings helpers in Python, a
+# ${VAR:-default} (or :?, :=, -) expansion in a shell script.
+PY_READ = re.compile(
+    r"""(?:os\.environ(?:\.get|\.setdefault|\.pop)?\(|os\.environ\[|os\.getenv\(|EnvVar(?:\.int|\.bool)?\("""
+    r"""|_env_or\(|whole_number_env\()\s*["']([A-Z][A-Z0-9_]*)["']|["']([A-Z][A-Z0-9_]*)["']\s+(?:not\s+)?in\s+os\.environ""")
+SH_READ = re.compile(r"\$\{([A-Z][A-Z0-9_]*)(?::?[-?=])")
+CODE_DIRS = ("aml_pipeline", "aml_pipeline_tests", "scripts", "bench", "deploy")
 
 
-def test_every_environment_variable_the_code_reads_is_in_the_readme():
+def variables_read() -> dict[str, set[str]]:
+    """Every environment variable the code, the tests, the scripts, the benchmark and the
+    deployment files read, with the files that read it."""
+    found: dict[str, set[str]] = {}
+    for d in CODE_DIRS:
+        for p in (REPO_ROOT / d).rglob("*"):
+            if not p.is_file() or "__pycache__" in p.parts or p == Path(__file__):  # this file: examples
+                continue
+            text = p.read_text(encoding="utf-8", errors="replace")
+            names = set()
+            if p.suffix == ".py":
+                names |= {a or b for a, b in PY_READ.findall(text)}
+            if p.suffix in (".sh", "") and text.startswith("#!"):
+                names |= set(SH_READ.findall(text))
+            if p.suffix in (".py", ".sh", ".yaml", ".example", ".service", ""):
+                names |= set(re.findall(r"\bAML_[A-Z0-9_]*[A-Z0-9]\b", text))
+            for name in names - NOT_VARIABLES - STANDARD_VARIABLES:
+                found.setdefault(name, set()).add(str(p.relative_to(REPO_ROOT)))
+    return found
+
+
+def documented_variables() -> set[str]:
+    """The variables of the README's "Settings" table and of the tables it links for the rest
+    (docs/deployment.md's "Settings")."""
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    sources = [p for d in ("aml_pipeline", "scripts", "deploy", "bench") for p in (REPO_ROOT / d).rglob("*") if p.is_file()
-               and p.suffix in (".py", ".sh", ".yaml", ".example", ".service", "") and "__pycache__" not in p.parts]
-    names = {n for p in sources for n in re.findall(r"\bAML_[A-Z0-9_]*[A-Z0-9]\b", p.read_text(encoding="utf-8", errors="replace"))}
-    names -= NOT_VARIABLES
-    assert {"AML_HOME", "AML_TSDB_URL", "AML_MEMORY_MB"} <= names
-    missing = sorted(n for n in names if f"`{n}" not in readme)
-    assert not missing, f"read by the code, not in README.md: {missing}"
+    assert "docs/deployment.md#settings" in readme
+    names = set()
+    for doc, heading in ((readme, "## Settings"), (text("deployment.md"), "## Settings")):
+        rows = [line.split("|")[1] for line in section(doc, heading).splitlines() if line.startswith("| `")]
+        names |= {n for cell in rows for n in re.findall(r"`([A-Z][A-Z0-9_]*)`", cell)}
+    return names
+
+
+def test_every_environment_variable_the_code_and_tests_read_is_documented():
+    read = variables_read()
+    assert {"AML_HOME", "AML_TSDB_URL", "AML_MEMORY_MB", "AML_TEST_PG_URL", "PORT", "DAGSTER_HOME"} <= set(read)
+    missing = sorted(f"{name} (read in {', '.join(sorted(where)[:3])})" for name, where in read.items()
+                     if name not in documented_variables())
+    assert not missing, "read, not in README.md's Settings table (or docs/deployment.md's):\n" + "\n".join(missing)
+
+
+def test_the_variable_scan_sees_each_way_of_reading_one(tmp_path):
+    py = 'os.environ.get("A_1")\nos.environ["A_2"]\nos.getenv("A_3")\ndg.EnvVar("A_4")\nif "A_5" in os.environ: pass\n'
+    assert {a or b for a, b in PY_READ.findall(py)} == {"A_1", "A_2", "A_3", "A_4", "A_5"}
+    assert set(SH_READ.findall('x=${B_1:-1} ${B_2:?set it} ${B_3} ${b_4:-1}')) == {"B_1", "B_2"}
 
 
 DIARY = re.compile(r"this session|the runs? before\b|in the (?:previous|latest|last|earlier) (?:full )?runs?\b|ad hoc"
