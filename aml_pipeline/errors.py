@@ -11,6 +11,7 @@ from __future__ import annotations
 # Longest id or value a message echoes whole: a 10,000-character id from a file or a flag is cut
 # (its start and end, and its length), so the message stays one readable line.
 QUOTE_LIMIT = 100
+LONGEST_WORD = 300
 
 
 def cut(value: object, limit: int = QUOTE_LIMIT) -> str:
@@ -48,7 +49,9 @@ class AmlError(Exception):
         return str(self.args[0]) if self.args else ""
 
     def one_line(self) -> str:
-        return f"{self.code}: {' '.join(self.message.split())}"
+        """``CODE: message`` on one line; a word longer than any path or URL a user types (an
+        over-long value echoed by a message that did not :func:`cut` it) is cut too."""
+        return f"{self.code}: {' '.join(cut(word, LONGEST_WORD) for word in self.message.split())}"
 
 
 class SpecError(AmlError, ValueError):

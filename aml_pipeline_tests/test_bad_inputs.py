@@ -246,6 +246,8 @@ CASES: dict[str, Case] = {
     "tsdb_retry_not_a_number": Case(cmd("build", spec, "--full", env={"AML_TSDB_RETRY_S": "abc"}), ("AML_TSDB_RETRY_S",)),
     "parallel_cells_not_a_number": Case(cmd("build", spec, "--full", "--workers", "2", env={"AML_PARALLEL_MIN_CELLS": "abc"}),
                                         ("AML_PARALLEL_MIN_CELLS",)),
+    "tsdb_url_long": Case(cmd("ingest", "--tsdb", "x" * LONG, "--points", lambda w, s: w.csv["points"]),
+                          ("TSDB_URL_INVALID", f"({LONG + 3} characters)")),
     "tsdb_url_unknown_scheme": Case(cmd("build", spec, env={"AML_TSDB_URL": "bogus://x"}), ("bogus://x",)),
     "tsdb_url_not_a_database": Case(cmd("build", spec, env={"AML_TSDB_URL": lambda w, s: f"duckdb://{write(s / 'afile', 'x')}"}),
                                     ("afile",)),
