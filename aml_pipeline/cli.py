@@ -58,18 +58,25 @@ def cmd_build(args: argparse.Namespace) -> int:
     # A source description named relative to here must still be found by Dagster's workers.
     url = absolute_source_url(args.tsdb or config.tsdb_url())
     home = Path(args.home).resolve() if args.home else config.aml_home()
+    instance = _instance(args, home)
     with progress_bars():
         summary = materialize_dataset(
             spec,
             tsdb_url=url,
             home=home,
             datasets_dir=Path(args.out).resolve() if args.out else None,
-            instance=_instance(args),
+            instance=instance,
             console_log_level=args.log_level,
             full=args.full,
             workers=args.workers,
         )
     _print_summary(summary, as_json=args.json)
+    from aml_pipeline.pipeline.stages.split import empty_splits
+
+    why = empty_splits(spec, summary["runs"])
+    if why is not None:
+        print(f"warning: {why}", file=sys.stderr)
+    _say_if_not_recorded(args, instance)
     return 0
 
 
@@ -81,16 +88,32 @@ def cmd_source_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _instance(args: argparse.Namespace):
-    """The persistent instance when DAGSTER_HOME is set (the UI then shows this build)."""
-    if os.environ.get("DAGSTER_HOME") and not getattr(args, "ephemeral", False):
-        import dagster as dg
+def _instance(args: argparse.Namespace, home: Path):
+    """The persistent instance the UI shows: ``DAGSTER_HOME``'s, else the repository's when the
+    command runs in the repository with its default home (``config.repository_instance``, what
+    scripts/ui.sh opens); None (an instance of this build only) elsewhere or with --ephemeral."""
+    if getattr(args, "ephemeral", False):
+        return None
+    if not os.environ.get("DAGSTER_HOME"):
+        repository = config.repository_instance(home)
+        if repository is None:
+            return None
+        os.environ["DAGSTER_HOME"] = str(repository)  # as scripts/ui.sh sets it; Dagster's workers inherit it
+    import dagster as dg
 
-        from aml_pipeline.runner.instance import instance_failures
+    from aml_pipeline.runner.instance import instance_failures
 
-        with instance_failures(f"in {os.environ['DAGSTER_HOME']}"):
-            return dg.DagsterInstance.get()
-    return None
+    with instance_failures(f"in {os.environ['DAGSTER_HOME']}"):
+        return dg.DagsterInstance.get()
+
+
+def _say_if_not_recorded(args: argparse.Namespace, instance) -> None:
+    """The last line, when the build went into an instance of its own: the UI will not show it."""
+    if instance is None and not getattr(args, "ephemeral", False):
+        print("not recorded in a Dagster instance (DAGSTER_HOME is unset, and this is not the repository's folder "
+              "with its default AML_HOME), so the UI does not show this build; to record it, run it again with "
+              "DAGSTER_HOME set to the folder of the instance your UI opens (for scripts/ui.sh: the repository)",
+              file=sys.stderr)
 
 
 def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
@@ -98,7 +121,8 @@ def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         w, r = summary["windows"], summary["runs"]
         print(f"snapshot  {summary['snapshotDir']}")
         print(f"sha256    {summary['sha256']}")
-        print(f"manifest  v{summary['manifestVersion']}  lineageVerified={summary['lineageVerified']}")
+        print(f"manifest  v{summary['manifestVersion']}  lineageVerified={summary['lineageVerified']}  "
+              f"({_lineage_meaning(summary)})")
         print(f"windows   train {w['train']}  val {w['val']}  test {w['test']}")
         print(f"runs      train {r['train']}  val {r['val']}  test {r['test']}  excluded {r['excluded']}")
         if "materialized" in summary:
@@ -108,6 +132,15 @@ def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         if summary.get("published") is False:
             print("published nothing new: the current snapshot already holds these runs and this spec")
     print(json.dumps(summary))
+
+
+def _lineage_meaning(summary: dict[str, Any]) -> str:
+    """What the lineage flag says (docs/lineage.md): v1 assesses no lineage, so its 0 is no failure."""
+    if summary["manifestVersion"] == 1:
+        return "v1: lineage not assessed, not a failure"
+    if summary["lineageVerified"]:
+        return "every run's recipe verified"
+    return "not every run is lineage-verified: the dataset_manifest's lineage says which, docs/lineage.md why"
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -219,20 +252,24 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from aml_pipeline.demo import DEMO_SPEC, next_steps, run_demo
+    from aml_pipeline.demo import demo_spec, next_steps, run_demo
 
-    spec_path = Path(args.spec) if args.spec else DEMO_SPEC
+    home = Path(args.home).resolve() if args.home else config.aml_home()
+    spec_path = Path(args.spec) if args.spec else demo_spec(home)
+    instance = _instance(args, home)
     with progress_bars():
         summary = run_demo(
-            home=Path(args.home).resolve() if args.home else config.aml_home(),
+            home=home,
             spec_path=spec_path,
             runs=args.runs,
-            instance=_instance(args),
+            instance=instance,
             console_log_level=args.log_level,
         )
     _print_summary(summary, as_json=args.json)
     # as typed, or as the README's commands (run from the repository) name the demo's spec
-    print(next_steps(summary, Path(args.spec) if args.spec else DEMO_SPEC.relative_to(config.REPO_ROOT)), file=sys.stderr)
+    shown = spec_path.relative_to(config.REPO_ROOT) if not args.spec and spec_path.is_relative_to(config.REPO_ROOT) else spec_path
+    print(next_steps(summary, shown, home), file=sys.stderr)
+    _say_if_not_recorded(args, instance)
     return 0
 
 
@@ -359,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="seed the simulated plant and build the example dataset through Dagster")
     d.add_argument("--home", help="AML_HOME (default: $AML_HOME or ./.aml)")
-    d.add_argument("--spec", help="spec to build (default specs/reactor_a.yaml)")
+    d.add_argument("--spec", help="spec to build (default: the example, specs/reactor_a.yaml; installed: a copy in <home>/specs)")
     d.add_argument("--runs", type=int, default=12,
                    help="simulated runs to seed (the last one is still in progress); another number than the "
                    "demo's TSDB holds re-seeds it")

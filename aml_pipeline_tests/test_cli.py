@@ -61,6 +61,17 @@ def test_build_verify_and_list_through_the_real_command(small_plant, ingested, t
     assert snap.parent == out / "cli_ds"
     assert "Traceback" not in build.stderr
 
+    # run elsewhere than the repository without an instance: the last line says the build is not
+    # recorded and how to record it; the v1 lineage flag says what it means; the 4 finished runs leave val
+    # and test empty, and the build says why
+    last = build.stderr.strip().splitlines()[-1]
+    assert last.startswith("not recorded in a Dagster instance") and "DAGSTER_HOME" in last, build.stderr
+    assert "warning: val and test have no runs: the chronological split of 4 runs gives floor(4 x 0.15) = 0 " \
+           "for val, floor(4 x 0.15) = 0 for test (docs/spec.md, split); 7 runs with windows give each at least one" \
+           in build.stderr, build.stderr
+    text = run_cli("build", str(spec), "--tsdb", ingested, "--out", str(out), env=env)
+    assert "manifest  v1  lineageVerified=0  (v1: lineage not assessed, not a failure)" in text.stdout, text.stdout
+
     ok = run_cli("verify", str(snap))
     assert ok.returncode == 0 and summary["sha256"] in ok.stdout
 
