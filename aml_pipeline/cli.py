@@ -109,11 +109,15 @@ def _instance(args: argparse.Namespace, home: Path):
 
 def _say_if_not_recorded(args: argparse.Namespace, instance) -> None:
     """The last line, when the build went into an instance of its own: the UI will not show it."""
-    if instance is None and not getattr(args, "ephemeral", False):
-        print("not recorded in a Dagster instance (DAGSTER_HOME is unset, and this is not the repository's folder "
-              "with its default AML_HOME), so the UI does not show this build; to record it, run it again with "
-              "DAGSTER_HOME set to the folder of the instance your UI opens (for scripts/ui.sh: the repository)",
-              file=sys.stderr)
+    if instance is not None or getattr(args, "ephemeral", False):
+        return
+    if config.repository_checkout() is not None:
+        how = ("run it from the repository's folder with the default AML_HOME, or with DAGSTER_HOME set to the "
+               "repository (the instance scripts/ui.sh opens)")
+    else:
+        how = "run it again with DAGSTER_HOME set to a folder for the instance, and start `dg dev` with the same DAGSTER_HOME"
+    print(f"not recorded in a Dagster instance (DAGSTER_HOME is unset), so the UI does not show this build; to record it, "
+          f"{how}", file=sys.stderr)
 
 
 def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
