@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -374,3 +375,16 @@ def test_verify_job_rechecks_the_published_snapshot(dagster_spec, instance, reso
     assert not checks["hash_verifies"].passed and "arrays/x.f32" in checks["hash_verifies"].description
     record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(manifest_key, "hash_verifies"))
     assert record is not None and record.evaluation is not None and not record.evaluation.passed
+
+
+def test_a_split_with_val_or_test_empty_is_a_warning_in_the_run_log_naming_the_rule(dagster_spec, instance, resources):
+    summary = materialize_dataset(
+        dagster_spec, tsdb_url=resources["tsdb"].url, home=Path(resources["store"].home), instance=instance
+    )
+    n = sum(summary["runs"][p] for p in ("train", "val", "test"))
+    assert summary["runs"]["val"] == 0 < n < 7, summary  # few runs: floor(n x 0.15) = 0
+    [record] = instance.fetch_materializations(dg.AssetKey([dagster_spec.id, "dataset_split"]), limit=1).records
+    warnings = [e.user_message for e in instance.all_logs(record.run_id)
+                if e.level == logging.WARNING and "no runs" in e.user_message]
+    assert any(f"the chronological split of {n} runs gives floor({n} x 0.15) = 0 for val" in w
+               and "(docs/spec.md, split)" in w for w in warnings), warnings
