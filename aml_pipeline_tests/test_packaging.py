@@ -45,10 +45,32 @@ def constraints() -> dict[str, Version]:
     return pins
 
 
+def packages_under_test() -> dict[str, Version]:
+    """The packages the test environment installs (``scripts/setup.sh test``: aml_pipeline with
+    its ui, deploy and test extras, and what they require), at their installed versions."""
+    found: dict[str, Version] = {}
+    todo = [(Requirement("aml_pipeline[ui,deploy,test]"), "")]
+    while todo:
+        requirement, extra = todo.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+            continue
+        name = canonicalize_name(requirement.name)
+        dist = metadata.distribution(requirement.name)
+        wanted = {canonicalize_name(e) for e in requirement.extras}
+        if name in found and not wanted:
+            continue
+        found[name] = Version(dist.version)
+        for line in dist.requires or []:
+            dependency = Requirement(line)
+            for option in wanted or {""}:
+                todo.append((dependency, option))
+    return found
+
+
 def test_the_constraints_pin_every_installed_package_within_the_declared_ranges() -> None:
     pins = constraints()
-    installed = {canonicalize_name(d.metadata["Name"]): Version(d.version) for d in metadata.distributions()}
-    unpinned = sorted(set(installed) - set(pins) - {"aml-pipeline", "pip", "setuptools", "wheel", "torch"})
+    installed = packages_under_test()
+    unpinned = sorted(set(installed) - set(pins) - {"aml-pipeline", "torch"})
     assert not unpinned, f"installed but not pinned in requirements/constraints.txt: {unpinned}"
     moved = {n: (str(installed[n]), str(v)) for n, v in pins.items() if n in installed and installed[n].public != str(v)}
     assert not moved, f"installed at another version than pinned: {moved}"
