@@ -76,18 +76,25 @@ def cmd_build(args: argparse.Namespace) -> int:
     # A source description named relative to here must still be found by Dagster's workers.
     url = absolute_source_url(_tsdb_url(args))
     home = _home(args)
+    instance = _instance(args, home)
     with progress_bars():
         summary = materialize_dataset(
             spec,
             tsdb_url=url,
             home=home,
             datasets_dir=Path(args.out).resolve() if args.out else None,
-            instance=_instance(args),
+            instance=instance,
             console_log_level=args.log_level,
             full=args.full,
             workers=args.workers,
         )
     _print_summary(summary, as_json=args.json)
+    from aml_pipeline.pipeline.stages.split import empty_splits
+
+    why = empty_splits(spec, summary["runs"])
+    if why is not None:
+        print(f"warning: {why}", file=sys.stderr)
+    _say_if_not_recorded(args, instance)
     return 0
 
 
@@ -99,23 +106,43 @@ def cmd_source_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _instance(args: argparse.Namespace):
-    """The persistent instance when DAGSTER_HOME is set (the UI then shows this build)."""
-    if os.environ.get("DAGSTER_HOME") and not getattr(args, "ephemeral", False):
-        import dagster as dg
+def _instance(args: argparse.Namespace, home: Path):
+    """The persistent instance the UI shows: ``DAGSTER_HOME``'s, else the repository's when the
+    command runs in the repository with its default home (``config.repository_instance``, what
+    scripts/ui.sh opens); None (an instance of this build only) elsewhere or with --ephemeral."""
+    if getattr(args, "ephemeral", False):
+        return None
+    if not os.environ.get("DAGSTER_HOME"):
+        repository = config.repository_instance(home)
+        if repository is None:
+            return None
+        os.environ["DAGSTER_HOME"] = str(repository)  # as scripts/ui.sh sets it; Dagster's workers inherit it
+    import dagster as dg
 
-        if not Path(os.environ["DAGSTER_HOME"]).is_dir():
-            raise AmlError(
-                f"DAGSTER_HOME={cut(os.environ['DAGSTER_HOME'], 300)} is not a directory: it holds the Dagster instance "
-                "(dagster.yaml); create it, or unset DAGSTER_HOME to record the command nowhere",
-                code="CONFIG_INVALID",
-            )
+    if not Path(os.environ["DAGSTER_HOME"]).is_dir():
+        raise AmlError(
+            f"DAGSTER_HOME={cut(os.environ['DAGSTER_HOME'], 300)} is not a directory: it holds the Dagster instance "
+            "(dagster.yaml); create it, or unset DAGSTER_HOME to record the command nowhere",
+            code="CONFIG_INVALID",
+        )
 
-        from aml_pipeline.runner.instance import instance_failures
+    from aml_pipeline.runner.instance import instance_failures
 
-        with instance_failures(f"in {os.environ['DAGSTER_HOME']}"):
-            return dg.DagsterInstance.get()
-    return None
+    with instance_failures(f"in {os.environ['DAGSTER_HOME']}"):
+        return dg.DagsterInstance.get()
+
+
+def _say_if_not_recorded(args: argparse.Namespace, instance) -> None:
+    """The last line, when the build went into an instance of its own: the UI will not show it."""
+    if instance is not None or getattr(args, "ephemeral", False):
+        return
+    if config.repository_checkout() is not None:
+        how = ("run it from the repository's folder with the default AML_HOME, or with DAGSTER_HOME set to the "
+               "repository (the instance scripts/ui.sh opens)")
+    else:
+        how = "run it again with DAGSTER_HOME set to a folder for the instance, and start `dg dev` with the same DAGSTER_HOME"
+    print(f"not recorded in a Dagster instance (DAGSTER_HOME is unset), so the UI does not show this build; to record it, "
+          f"{how}", file=sys.stderr)
 
 
 def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
@@ -123,7 +150,8 @@ def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         w, r = summary["windows"], summary["runs"]
         print(f"snapshot  {summary['snapshotDir']}")
         print(f"sha256    {summary['sha256']}")
-        print(f"manifest  v{summary['manifestVersion']}  lineageVerified={summary['lineageVerified']}")
+        print(f"manifest  v{summary['manifestVersion']}  lineageVerified={summary['lineageVerified']}  "
+              f"({_lineage_meaning(summary)})")
         print(f"windows   train {w['train']}  val {w['val']}  test {w['test']}")
         print(f"runs      train {r['train']}  val {r['val']}  test {r['test']}  excluded {r['excluded']}")
         if "materialized" in summary:
@@ -133,6 +161,15 @@ def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         if summary.get("published") is False:
             print("published nothing new: the current snapshot already holds these runs and this spec")
     print(json.dumps(summary))
+
+
+def _lineage_meaning(summary: dict[str, Any]) -> str:
+    """What the lineage flag says (docs/lineage.md): v1 assesses no lineage, so its 0 is no failure."""
+    if summary["manifestVersion"] == 1:
+        return "v1: lineage not assessed, not a failure"
+    if summary["lineageVerified"]:
+        return "every run's recipe verified"
+    return "not every run is lineage-verified: the dataset_manifest's lineage says which, docs/lineage.md why"
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -246,20 +283,24 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from aml_pipeline.demo import DEMO_SPEC, next_steps, run_demo
+    from aml_pipeline.demo import demo_spec, next_steps, run_demo
 
-    spec_path = Path(args.spec) if args.spec else DEMO_SPEC
+    home = _home(args)
+    spec_path = Path(args.spec) if args.spec else demo_spec(home)
+    instance = _instance(args, home)
     with progress_bars():
         summary = run_demo(
-            home=_home(args),
+            home=home,
             spec_path=spec_path,
             runs=args.runs,
-            instance=_instance(args),
+            instance=instance,
             console_log_level=args.log_level,
         )
     _print_summary(summary, as_json=args.json)
     # as typed, or as the README's commands (run from the repository) name the demo's spec
-    print(next_steps(summary, Path(args.spec) if args.spec else DEMO_SPEC.relative_to(config.REPO_ROOT)), file=sys.stderr)
+    shown = spec_path.relative_to(config.REPO_ROOT) if not args.spec and spec_path.is_relative_to(config.REPO_ROOT) else spec_path
+    print(next_steps(summary, shown, home), file=sys.stderr)
+    _say_if_not_recorded(args, instance)
     return 0
 
 
@@ -391,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="seed the simulated plant and build the example dataset through Dagster")
     d.add_argument("--home", help="AML_HOME (default: $AML_HOME or ./.aml)")
-    d.add_argument("--spec", help="spec to build (default specs/reactor_a.yaml)")
+    d.add_argument("--spec", help="spec to build (default: the example, specs/reactor_a.yaml; installed: a copy in <home>/specs)")
     d.add_argument("--runs", type=int, default=12,
                    help="simulated runs to seed (the last one is still in progress); another number than the "
                    "demo's TSDB holds re-seeds it")

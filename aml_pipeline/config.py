@@ -30,6 +30,23 @@ def usable_home(home: Path, what: str) -> Path:
     return home
 
 
+def repository_checkout() -> Path | None:
+    """The repository checkout this code runs from (an editable install, with the repository's
+    scripts beside the package), or None for an installed copy of the package."""
+    return REPO_ROOT if (REPO_ROOT / "scripts" / "ui.sh").is_file() else None
+
+
+def repository_instance(home: Path) -> Path | None:
+    """The Dagster instance of the repository checkout a command runs in, if it builds into that
+    checkout's own ``.aml`` (the default ``AML_HOME`` there): the working directory, when it holds
+    the repository's ``dagster.yaml`` and ``scripts/ui.sh``, which opens the UI on it. A build run
+    from the repository thus records where the UI looks, with no variable to set."""
+    cwd = Path.cwd().resolve()
+    if (cwd / "dagster.yaml").is_file() and (cwd / "scripts" / "ui.sh").is_file() and home.resolve() == cwd / ".aml":
+        return cwd
+    return None
+
+
 def default_tsdb_url(home: Path | None = None) -> str:
     return f"duckdb:///{(home or aml_home()) / 'tsdb.duckdb'}"
 

@@ -7,6 +7,7 @@ setting.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -214,6 +215,33 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts) or "<root>"
 
 
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The spec model whose keys the mapping at ``loc`` holds (list positions skipped)."""
+    model: type[BaseModel] = DatasetSpec
+    for item in loc:
+        if isinstance(item, int):
+            continue
+        annotation = model.model_fields[str(item)].annotation
+        inner = next((t for t in (annotation, *getattr(annotation, "__args__", ()))
+                      if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if inner is None:
+            break
+        model = inner
+    return model
+
+
+def _unknown_key(loc: tuple[Any, ...]) -> str:
+    """What to say of an unknown key: the nearest valid key of the same mapping, if one is near."""
+    given = str(loc[-1])
+    fields = _model_at(loc[:-1]).model_fields
+    names = {to_camel(name): to_camel(name) for name in fields} | {name: to_camel(name) for name in fields}
+    near = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    valid = ", ".join(sorted({to_camel(name) for name in fields}))
+    if near:
+        return f"unknown key; did you mean {names[near[0]]}? (docs/spec.md)"
+    return f"unknown key (the keys here: {valid}; docs/spec.md)"
+
+
 def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
     """Validate a mapping into a :class:`DatasetSpec`; errors name the source and the field."""
     if not isinstance(data, Mapping):
@@ -223,8 +251,12 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
     except ValidationError as e:
         first = e.errors()[0]
         msg = first["msg"].removeprefix("Value error, ")
+        field = _field_path(first["loc"])
+        if first["type"] == "extra_forbidden":  # named as written, with the key meant
+            msg = _unknown_key(first["loc"])
+            field = ".".join(p for p in (_field_path(first["loc"][:-1]).removesuffix("<root>"), str(first["loc"][-1])) if p)
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise SpecError(f"{source}: field {_field_path(first['loc'])}: {msg}{more}") from None
+        raise SpecError(f"{source}: field {field}: {msg}{more}") from None
     try:
         spec.unit_transforms()
     except UnitContractError as e:

@@ -64,6 +64,17 @@ def test_build_verify_and_list_through_the_real_command(small_plant, ingested, t
     assert snap.parent == out / "cli_ds"
     assert "Traceback" not in build.stderr
 
+    # run elsewhere than the repository without an instance: the last line says the build is not
+    # recorded and how to record it; the v1 lineage flag says what it means; the 4 finished runs leave val
+    # and test empty, and the build says why
+    last = build.stderr.strip().splitlines()[-1]
+    assert last.startswith("not recorded in a Dagster instance") and "DAGSTER_HOME" in last, build.stderr
+    assert "warning: val and test have no runs: the chronological split of 4 runs gives floor(4 x 0.15) = 0 " \
+           "for val, floor(4 x 0.15) = 0 for test (docs/spec.md, split); 7 runs with windows give each at least one" \
+           in build.stderr, build.stderr
+    text = run_cli("build", str(spec), "--tsdb", ingested, "--out", str(out), env=env)
+    assert "manifest  v1  lineageVerified=0  (v1: lineage not assessed, not a failure)" in text.stdout, text.stdout
+
     ok = run_cli("verify", str(snap))
     assert ok.returncode == 0 and summary["sha256"] in ok.stdout
 
@@ -412,3 +423,62 @@ def test_every_command_exits_with_the_codes_docs_cli_md_documents(small_plant, i
         names = [n for n in commands if n == section or n.startswith(section + " ")]
         assert names, f"docs/cli.md section {section!r} names no command"
         assert codes <= set().union(*(observed[n] for n in names)), (section, codes, observed)
+
+
+RELOAD = """mutation Reload($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) {
+  __typename ... on WorkspaceLocationEntry { loadStatus } ... on PythonError { message } } }"""
+OWN_DATA = """query OwnData($manifest: AssetKeyInput!, $windows: AssetKeyInput!) {
+  manifest: assetNodeOrError(assetKey: $manifest) { __typename ... on AssetNode { assetMaterializations(limit: 1) {
+    metadataEntries { label ... on TextMetadataEntry { text } } } } }
+  windows: assetNodeOrError(assetKey: $windows) { __typename ... on AssetNode { partitionStats { numMaterialized numPartitions } } }
+}"""
+
+
+def test_the_readme_own_data_block_ends_with_the_dataset_materialised_in_the_ui(small_plant, tmp_path):
+    """Followed as the README writes it, in a checkout of the repository (its dagster.yaml and
+    scripts/ui.sh), with no variable set: the UI that scripts/ui.sh opens there (DAGSTER_HOME = the
+    checkout) runs already; a spec is added, points ingested, the dataset built; the definitions
+    are reloaded, as the README says for a spec added while the UI runs; the UI shows it built."""
+    from aml_pipeline_tests.dagster_server import DagsterDev, running, wait_for
+
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    (checkout / "specs").mkdir()
+    for name in ("dagster.yaml", "scripts/ui.sh", "specs/reactor_a.yaml"):
+        (checkout / name).write_bytes((config.REPO_ROOT / name).read_bytes())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AML_", "DAGSTER_"))}
+    # what scripts/ui.sh sets; the specs folder is the checkout's (the code location is the installed package's)
+    ui_env = {**env, "DAGSTER_HOME": str(checkout), "AML_SPECS": str(checkout / "specs"), "DAGSTER_DISABLE_TELEMETRY": "1"}
+    server = DagsterDev(module="aml_pipeline.definitions", env=ui_env, cwd=checkout, log_path=tmp_path / "ui.log")
+    with running(server):
+        server.wait_for_graphql(420)
+        location = server.wait_for_location(420)
+
+        # The README's own-data block, in the checkout, as a user types it: no variable set.
+        write_spec(checkout / "specs" / "my_line.yaml", small_plant, id="my_line")
+        files = write_plant_files(small_plant, tmp_path / "files", fmt="parquet")
+        cli = {**env, "AML_SPECS": str(checkout / "specs")}
+        ingest = subprocess.run([*CLI, "ingest", "--points", str(files["points"]), "--runs", str(files["runs"]),
+                                 "--nodes", str(files["nodes"])], cwd=checkout, env=cli, capture_output=True, text=True)
+        assert ingest.returncode == 0, ingest.stderr
+        build = subprocess.run([*CLI, "build", "specs/my_line.yaml"], cwd=checkout, env=cli, capture_output=True, text=True)
+        assert build.returncode == 0, build.stderr
+        assert "not recorded" not in build.stderr, build.stderr
+        summary = json.loads(build.stdout.strip().splitlines()[-1])
+        built = sum(summary["runs"][p] for p in ("train", "val", "test"))
+
+        reloaded = server.graphql(RELOAD, {"name": location["name"]})["reloadRepositoryLocation"]
+        assert reloaded["__typename"] == "WorkspaceLocationEntry", reloaded
+        server.wait_for_location(420)
+
+        def shown():
+            data = server.graphql(OWN_DATA, {"manifest": {"path": ["my_line", "dataset_manifest"]},
+                                             "windows": {"path": ["my_line", "run_windows"]}})
+            return data if data["manifest"]["__typename"] == "AssetNode" else None
+
+        data = wait_for(shown, timeout=120, what="the asset group my_line in the UI", diagnostics=server.diagnostics)
+    [materialization] = data["manifest"]["assetMaterializations"]
+    sha = {e["label"]: e.get("text") for e in materialization["metadataEntries"]}["sha256"]
+    assert sha == summary["sha256"]
+    stats = data["windows"]["partitionStats"]
+    assert stats["numMaterialized"] == stats["numPartitions"] >= built > 0, stats

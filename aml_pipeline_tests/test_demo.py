@@ -69,7 +69,8 @@ def test_demo_records_its_materialisations_in_the_persistent_instance(tmp_path, 
     smaller = json.loads(again.stdout.strip().splitlines()[-1])
     assert sum(smaller["runs"].values()) == 3 and smaller["current"]
     assert "val and test have no runs: the chronological split of 3 runs gives floor(3 x 0.15) = 0 for val" in again.stderr
-    assert "7 finished runs give each at least one (--runs 8" in again.stderr
+    assert "(docs/spec.md, split); 7 runs with windows give each at least one" in again.stderr
+    assert "--runs 8 seeds 7 finished runs" in again.stderr
     with open_tsdb(f"duckdb://{tmp_path / '.aml' / 'tsdb.duckdb'}") as db:
         assert len(db.list_runs(None, finished_only=False)) == 4
 

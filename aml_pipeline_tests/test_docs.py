@@ -270,9 +270,11 @@ def test_the_docs_check_can_fail(tmp_path):
 
 def test_no_doc_runs_a_bare_aml_pipeline():
     """After the documented set-up the command is .venv/bin/aml-pipeline; it is on PATH only in an
-    activated environment, which the docs do not assume."""
+    activated environment, which the docs do not assume. (docs/dagster.md is the exception: there
+    the package is installed into the plant's own Dagster project, whose environment `dg` runs in.)"""
     fenced, _ = doc_command_lines()
-    bare = [f"{where}: {line}" for where, line in fenced if re.match(r"(?:\$\s+)?(?:\S+=\S*\s+)*aml-pipeline", line)]
+    bare = [f"{where}: {line}" for where, line in fenced if re.match(r"(?:\$\s+)?(?:\S+=\S*\s+)*aml-pipeline", line)
+            and not where.startswith("docs/dagster.md:")]
     assert not bare, "\n".join(bare)
 
 
