@@ -372,8 +372,13 @@ def documented_variables() -> set[str]:
     return names
 
 
+# Variables Dagster itself sets for the code it loads, read to learn how the code is run: no
+# user sets them, so they are not settings.
+SET_BY_DAGSTER = {"DAGSTER_IS_DEFS_VALIDATION_CLI"}
+
+
 def test_every_environment_variable_the_code_and_tests_read_is_documented():
-    read = variables_read()
+    read = {name: where for name, where in variables_read().items() if name not in SET_BY_DAGSTER}
     assert {"AML_HOME", "AML_TSDB_URL", "AML_MEMORY_MB", "AML_TEST_PG_URL", "PORT", "DAGSTER_HOME"} <= set(read)
     missing = sorted(f"{name} (read in {', '.join(sorted(where)[:3])})" for name, where in read.items()
                      if name not in documented_variables())

@@ -24,7 +24,7 @@ import pytest
 from aml_pipeline.config import REPO_ROOT
 from aml_pipeline.sources import open_source
 from aml_pipeline.sources.backend import NO_END
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.port import PointColumns, Run
 from aml_pipeline_tests.sources import layouts
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
