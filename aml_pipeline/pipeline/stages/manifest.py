@@ -39,7 +39,7 @@ from aml_pipeline.pipeline.stages.base import Stage, inputs_key
 from aml_pipeline.pipeline.stages.norm import Normalization
 from aml_pipeline.pipeline.stages.split import DatasetPlan
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.snapshot.layout import DIGEST_FILE, SPLITS
+from aml_pipeline.snapshot.layout import DIGEST_FILE, SERIES_ARRAYS, SERIES_LAYOUT, SPLITS
 from aml_pipeline.spec import DatasetSpec
 
 
@@ -145,6 +145,11 @@ def file_keys(store: DatasetStore, plan: DatasetPlan, norm: Normalization) -> di
     spec = store.spec
     stats = norm.to_json(spec)
     base = (MANIFEST.algorithm, plan.key())
+    if spec.layout == SERIES_LAYOUT:
+        # The window index depends on the runs' windows alone, each row file also on its statistics.
+        keys = {SERIES_ARRAYS[k][0]: inputs_key(k, *base, stats[g]) for k, g in (("xRows", "x"), ("uRows", "u"), ("yRows", "y"))}
+        keys[SERIES_ARRAYS["segments"][0]] = inputs_key("segments", *base, spec.stride)
+        return keys
     keys = {array_name(k): inputs_key(k, *base, stats[k]) for k in ("x", "u", "y")}
     if spec.extras is not None:
         keys.update({array_name(k): inputs_key(k, *base) for k in ("timestamps", "mask")})
@@ -235,10 +240,16 @@ def _publishing(spec_dir: Path, wait_s: float = 300.0) -> Iterator[None]:
 
 
 def snapshot_bytes(plan: DatasetPlan, spec: DatasetSpec) -> int:
-    """About how many bytes a snapshot of ``plan`` takes (its arrays)."""
+    """About how many bytes a snapshot of ``plan`` takes (its arrays; the series layout's at
+    most, every window starting a segment)."""
     n = sum(int(plan.split[p]) for p in ("train", "val", "test"))
-    H, F = spec.history_steps, spec.horizon_steps
-    per_window = 4 * (H * len(spec.nodes) + F * (len(spec.control_ids) + len(spec.target_ids)))
+    H, F, stride = spec.history_steps, spec.horizon_steps, spec.stride
+    future_cols = len(spec.control_ids) + len(spec.target_ids)
+    if spec.layout == SERIES_LAYOUT:
+        runs = len(plan.runs)
+        rows = 4 * (min(stride, H) * len(spec.nodes) + min(stride, F) * future_cols)
+        return n * rows + runs * 4 * (H * len(spec.nodes) + F * future_cols)
+    per_window = 4 * (H * len(spec.nodes) + F * future_cols)
     if spec.extras is not None:
         per_window += 12 * (H + F)
     return n * per_window
