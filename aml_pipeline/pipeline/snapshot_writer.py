@@ -42,8 +42,9 @@ from aml_pipeline.snapshot.layout import (
     SEGMENT_FIELDS,
     SERIES_ARRAYS,
     SERIES_LAYOUT,
+    MANIFEST_FILE,
     SIDECAR_FILE,
-    SnapshotHasher,
+    SPEC_FILE,
 )
 from aml_pipeline.spec import DatasetSpec
 
@@ -274,20 +275,6 @@ class _Syncer:
             raise self._errors[0]
 
 
-def _write_file(path: Path, data: bytes, syncer: _Syncer, hasher: SnapshotHasher | None = None, name: str = "") -> None:
-    f = open(path, "wb", buffering=0)
-    try:
-        _write_all(f, memoryview(data))
-    except BaseException:
-        f.close()
-        raise
-    syncer.close(f)
-    if hasher is not None:
-        hasher.begin(name)
-        hasher.update(data)
-        hasher.end()
-
-
 def array_name(kind: str) -> str:
     """The snapshot file of an array kind (``x`` -> ``arrays/x.f32``)."""
     return ARRAYS[kind][0]
@@ -344,18 +331,12 @@ def write_snapshot_files(
     if series is not None:
         manifest = series_manifest(manifest, stride=spec.stride, x_rows=series.x_rows,
                                    future_rows=series.future_rows, segments=series.segments)
-    hasher = BackgroundSnapshotHasher(spec_json)
-    syncer = _Syncer()
-    try:
-        _write_file(staging / "spec.json", spec_json, syncer)
-        _write_file(staging / "manifest.json", to_json_bytes(manifest), syncer, hasher, "manifest.json")
-
+    with StagedFiles(staging, spec_json, linked) as files:
+        files.write(MANIFEST_FILE, to_json_bytes(manifest))
         run_order = [r for _, r in plan.ordered_runs()]
         report = _ReportBuilder(spec, cols)
-        linked = dict(linked or {})
-        writer = _ArrayWriter(staging, hasher, syncer, linked)
         report_file = array_name("x") if series is None else SERIES_ARRAYS["xRows"][0]
-        if report_file in linked:
+        if report_file in files.linked:
             for run_id in run_order:  # the report is otherwise built while that file is written
                 report.add_run(RunWindows(store, run_id, plan.runs[run_id]), plan)
 
@@ -370,7 +351,7 @@ def write_snapshot_files(
             kinds = ["x", "u", "y"] + (["timestamps", "mask"] if extras is not None else [])
             for kind in kinds:
                 name = array_name(kind)
-                written = writer.stream(name, ARRAYS[kind][1], (
+                written = files.stream(name, ARRAYS[kind][1], (
                     block for run in runs(name) for block in window_blocks(kind, run, spec, cols, norm)))
                 if written is not None and written != manifest["shapes"]["x"][0]:
                     raise BuildError(
@@ -380,57 +361,88 @@ def write_snapshot_files(
         else:
             for group, key in (("x", "xRows"), ("u", "uRows"), ("y", "yRows")):
                 name, dtype = SERIES_ARRAYS[key]
-                written = writer.stream(name, dtype, (
+                written = files.stream(name, dtype, (
                     block for run in runs(name) for block in series_row_blocks(group, run, spec, cols, norm)))
                 if written is not None and written != manifest["shapes"][key][0]:
                     raise BuildError(
                         f"spec {spec.id!r}: stored windows changed while writing {name} "
                         f"({written} rows, the window index says {manifest['shapes'][key][0]})"
                     )
-            writer.positioned(SERIES_ARRAYS["segments"][0], lambda f: series.write_segments(store, plan, f))
+            files.positioned(SERIES_ARRAYS["segments"][0], lambda f: series.write_segments(store, plan, f))
         if extras is not None:
-            sidecar = to_json_bytes(build_sidecar(extras, plan.split, watermark))
-            _write_file(staging / SIDECAR_FILE, sidecar, syncer, hasher, SIDECAR_FILE)
+            files.write(SIDECAR_FILE, to_json_bytes(build_sidecar(extras, plan.split, watermark)))
         report_json = report.result(plan)
-        _write_file(staging / "report.json", to_json_bytes(report_json), syncer)
-        digest = hasher.hexdigest()
-        if wait_durable:
-            syncer.wait()
-    except BaseException:
-        for finish in (hasher.close, syncer.wait):
+        files.write("report.json", to_json_bytes(report_json), hashed=False)
+        digest = files.finish(wait_durable=wait_durable)
+    return SnapshotFiles(staging, manifest, digest, dict(files.hasher.files), report_json, files.syncer.wait)
+
+
+class StagedFiles:
+    """A snapshot's files written into ``directory`` in hash order (``spec.json`` first, then
+    each hashed file), each hashed as written (the snapshot hash and per-file digests, in
+    background threads) and fsynced in the background. Array files named in ``linked`` are
+    hard links to the earlier snapshot's identical file, hashed by reading them.
+
+    Used as a context manager: an error leaves the threads stopped, and the caller removes the
+    directory. :meth:`finish` returns the hash once every byte is hashed (and, with
+    ``wait_durable``, fsynced).
+    """
+
+    def __init__(self, directory: Path, spec_json: bytes, linked: Mapping[str, Path] | None = None) -> None:
+        self.dir = directory
+        self.linked = dict(linked or {})
+        self.hasher = BackgroundSnapshotHasher(spec_json)
+        self.syncer = _Syncer()
+        try:
+            self.write(SPEC_FILE, spec_json, hashed=False)
+        except BaseException:
+            self._stop()
+            raise
+
+    def __enter__(self) -> StagedFiles:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self._stop()
+
+    def _stop(self) -> None:
+        for finish in (self.hasher.close, self.syncer.wait):
             try:
                 finish()
             except BaseException:  # noqa: BLE001 - the original error is the one to report
                 pass
-        raise
-    return SnapshotFiles(staging, manifest, digest, dict(hasher.files), report_json, syncer.wait)
 
-
-class _ArrayWriter:
-    """Array files of the snapshot written in hash order: streamed blocks hashed as written,
-    fsynced in the background, flushed early while large; or hard-linked from the previous
-    snapshot (``linked``) and hashed by reading them."""
-
-    def __init__(self, staging: Path, hasher: BackgroundSnapshotHasher, syncer: _Syncer,
-                 linked: Mapping[str, Path]) -> None:
-        self.staging, self.hasher, self.syncer, self.linked = staging, hasher, syncer, linked
+    def write(self, name: str, data: bytes, *, hashed: bool = True) -> None:
+        """A small file, whole (hashed next unless ``hashed`` is False, e.g. report.json)."""
+        f = open(self.dir / name, "wb", buffering=0)
+        try:
+            _write_all(f, memoryview(data))
+        except BaseException:
+            f.close()
+            raise
+        self.syncer.close(f)
+        if hashed:
+            self.hasher.begin(name)
+            self.hasher.update(data)
+            self.hasher.end()
 
     def _link(self, name: str) -> bool:
         if name not in self.linked:
             return False
-        os.link(self.linked[name], self.staging / name)
-        self.hasher.add_file(name, self.staging / name)
+        os.link(self.linked[name], self.dir / name)
+        self.hasher.add_file(name, self.dir / name)
         crash_point("publish.array_written")
         return True
 
     def stream(self, name: str, dtype: str, blocks: Iterator[np.ndarray]) -> int | None:
-        """Write ``blocks`` (each a C-ordered array of rows) as ``name``; returns the rows
-        written (None when the file was linked)."""
+        """Write ``blocks`` (arrays of rows, not modified afterwards) as ``name``; returns the
+        rows written (None when the file was linked)."""
         if self._link(name):
             return None
         rows = 0
         self.hasher.begin(name)
-        f = open(self.staging / name, "wb", buffering=0)
+        f = open(self.dir / name, "wb", buffering=0)
         try:
             unsynced = 0
             for block in blocks:
@@ -456,15 +468,21 @@ class _ArrayWriter:
         """A file written at known offsets by ``write(f)`` (not in order), then hashed by reading it."""
         if self._link(name):
             return
-        f = open(self.staging / name, "wb+", buffering=0)
+        f = open(self.dir / name, "wb+", buffering=0)
         try:
             write(f)
         except BaseException:
             f.close()
             raise
         self.syncer.close(f)
-        self.hasher.add_file(name, self.staging / name)
+        self.hasher.add_file(name, self.dir / name)
         crash_point("publish.array_written")
+
+    def finish(self, *, wait_durable: bool = True) -> str:
+        digest = self.hasher.hexdigest()
+        if wait_durable:
+            self.syncer.wait()
+        return digest
 
 
 class _ReportBuilder:
