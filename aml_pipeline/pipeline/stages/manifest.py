@@ -39,7 +39,7 @@ from aml_pipeline.pipeline.stages.base import Stage, inputs_key
 from aml_pipeline.pipeline.stages.norm import Normalization
 from aml_pipeline.pipeline.stages.split import DatasetPlan
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.snapshot.layout import DIGEST_FILE, SERIES_ARRAYS, SERIES_LAYOUT, SPLITS
+from aml_pipeline.snapshot.layout import DIGEST_FILE, SERIES_ARRAYS, SERIES_LAYOUT, SPLITS, manifest_layout
 from aml_pipeline.spec import DatasetSpec
 
 
@@ -81,6 +81,7 @@ class PublishedDataset:
             "snapshotDir": str(self.snapshot_dir),
             "sha256": self.sha256,
             "manifestVersion": self.manifest["version"],
+            "layout": manifest_layout(self.manifest),
             "windows": {p: split[p] for p in SPLITS},
             "runs": {
                 "train": len(split["trainRunIds"]),
@@ -114,6 +115,7 @@ class PublishedDataset:
             "sha256": self.sha256,
             "published": self.published,
             "manifest_version": m["version"],
+            "layout": summary["layout"],
             "current": self.current,
             "lineage_verified": m.get("lineageVerified", 0),
             "lineage": lineage_summary(store, plan),
@@ -240,8 +242,9 @@ def _publishing(spec_dir: Path, wait_s: float = 300.0) -> Iterator[None]:
 
 
 def snapshot_bytes(plan: DatasetPlan, spec: DatasetSpec) -> int:
-    """About how many bytes a snapshot of ``plan`` takes (its arrays; the series layout's at
-    most, every window starting a segment)."""
+    """About how many bytes a snapshot of ``plan`` takes (its arrays; the series layout's rows:
+    at most ``min(stride, H)`` history and ``min(stride, F)`` future rows a window, plus a
+    window's whole rows per run)."""
     n = sum(int(plan.split[p]) for p in ("train", "val", "test"))
     H, F, stride = spec.history_steps, spec.horizon_steps, spec.stride
     future_cols = len(spec.control_ids) + len(spec.target_ids)
