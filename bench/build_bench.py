@@ -44,7 +44,7 @@ def e2e_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, 
         published = build_dataset(spec, db, store_root=out / "store", datasets_root=out / "datasets")
     seconds = time.perf_counter() - t0
     arrays = published.snapshot_dir / "arrays"
-    sizes = {p.name: p.stat().st_size for p in sorted(arrays.iterdir()) if p.suffix in (".f32", ".f64")}
+    sizes = {p.name: p.stat().st_size for p in sorted(arrays.iterdir()) if p.suffix != ".json"}
     return {
         "seconds": seconds,
         "sha256": published.sha256,

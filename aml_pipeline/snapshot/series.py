@@ -18,16 +18,18 @@ first rows), never a Python loop per window.
 from __future__ import annotations
 
 import os
+from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from .layout import SEGMENT_FIELDS, SnapshotError
 
 # Segments validated per slice at open (bounded memory whatever the index's size).
 _VALIDATE_SEGMENTS = 1 << 18
+# An index of at most this many segments is also held as Python lists (a few MB at most).
+_LIST_SEGMENTS = 1 << 15
 
 
 class SeriesIndex:
@@ -38,11 +40,18 @@ class SeriesIndex:
         if segments.ndim != 2 or segments.shape[0] != len(SEGMENT_FIELDS):
             raise ValueError(f"segments must be [{len(SEGMENT_FIELDS)}, K], got shape {segments.shape}")
         self.segments = segments
-        self.run, self.window, self.start, self.start_ms, self.x_row, self.future_row = segments
+        # Plain ndarray views of the fields (a memmap's own indexing costs microseconds a call).
+        self.run, self.window, self.start, self.start_ms, self.x_row, self.future_row = segments.view(np.ndarray)
         self.n_windows, self.H, self.F = int(windows), int(history), int(horizon)
         self.stride, self.beat_ms = int(stride), int(beat_ms)
         # Rows between consecutive windows of a segment, among the stored history / future rows.
         self.x_step, self.future_step = min(self.stride, self.H), min(self.stride, self.F)
+        # A small index is also kept as Python lists: finding the segments of a block of windows
+        # (once per array and block read) is then a bisect, not a numpy call.
+        self._lists = None
+        self._last_pieces: tuple[tuple[str, int, int], list[tuple[int, int, int]]] | None = None
+        if self.segments.shape[1] <= _LIST_SEGMENTS:
+            self._lists = (self.window.tolist(), self.x_row.tolist(), self.future_row.tolist())
 
     def __len__(self) -> int:
         return int(self.segments.shape[1])
@@ -63,6 +72,30 @@ class SeriesIndex:
         """Epoch ms of each window's row t (its first future row), int64."""
         k, j = self.locate(windows)
         return self.start_ms[k] + j * (self.stride * self.beat_ms)
+
+    def pieces(self, group: str, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """Windows ``start:stop`` as ``(first window, last window + 1, first stored row)`` per
+        segment they fall in: inside a piece, window ``i`` reads from row ``first row +
+        (i - first window) * min(stride, steps)``."""
+        key = (group, start, stop)
+        if self._last_pieces is not None and self._last_pieces[0] == key:  # u after y, say: the same rows
+            return self._last_pieces[1]
+        if self._lists is not None:
+            window, x_row, future_row = self._lists
+            k0, k1 = bisect_right(window, start) - 1, bisect_right(window, stop - 1) - 1
+        else:
+            window, x_row, future_row = self.window, self.x_row, self.future_row
+            k0, k1 = (int(k) - 1 for k in np.searchsorted(window, (start, stop - 1), side="right"))
+        first_row, step = (x_row, self.x_step) if group == "x" else (future_row, self.future_step)
+        firsts = list(window[k0 : k1 + 1])
+        bounds = firsts[1:] + [stop]
+        rows = list(first_row[k0 : k1 + 1])
+        out, a = [], start
+        for b, row, w0 in zip(bounds, rows, firsts, strict=True):
+            out.append((a, b, int(row + (a - w0) * step)))
+            a = b
+        self._last_pieces = (key, out)
+        return out
 
     def runs_and_starts(self, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each window's run (position in the snapshot's run order) and start row t in that run."""
@@ -232,26 +265,44 @@ class RowWindows(WindowArray):
         super().__init__(name, (index.n_windows, steps, rows.shape[1]), rows.dtype)
         self.index, self.rows, self._file, self.steps = index, rows, fd, steps
         self.group = "x" if name == "x" else "future"
+        self.step = index.x_step if self.group == "x" else index.future_step
+        self._row_bytes = rows.shape[1] * rows.dtype.itemsize
 
-    def _blocks(self, rows: np.ndarray) -> np.ndarray:
-        """The zero-copy view of every ``[steps, cols]`` block of consecutive rows."""
-        return sliding_window_view(rows, (self.steps, rows.shape[1]))[:, 0]
+    def _windows_at(self, rows: np.ndarray, first_row: int, count: int, step: int) -> np.ndarray:
+        """The zero-copy ``[count, steps, cols]`` view of the windows whose rows start at
+        ``first_row``, ``first_row + step``, ... of ``rows`` (a C-ordered row array)."""
+        return np.ndarray((count, self.steps, self.shape[2]), dtype=self.dtype, buffer=rows,
+                          offset=first_row * self._row_bytes,
+                          strides=(step * self._row_bytes, self._row_bytes, self.itemsize))
 
     def _cut(self, windows: np.ndarray) -> np.ndarray:
         if windows.size == 0 or self.shape[2] == 0:
             return np.empty((windows.size, *self.shape[1:]), dtype=self.dtype)
-        return self._blocks(self.rows)[self.index.rows(self.group, windows)]
+        # Every block of `steps` consecutive rows, as a view; the windows' first rows index it.
+        blocks = self._windows_at(self.rows, 0, self.rows.shape[0] - self.steps + 1, 1)
+        return blocks[self.index.rows(self.group, windows)]
 
     def read(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
         """Windows ``start:stop``: the rows they read, ``pread`` from the verified file into a
-        buffer of about their size (not through the map), cut into ``out``."""
+        buffer of about their size (not through the map), then each segment's windows copied
+        into ``out`` as one strided view of those rows (a gather when segments are many)."""
         if stop <= start or self.shape[2] == 0:
             return out
-        first = self.index.rows(self.group, np.arange(start, stop, dtype=np.int64))
-        lo, hi = int(first.min()), int(first.max()) + self.steps
+        pieces = self.index.pieces(self.group, start, stop)
+        if len(pieces) == 1:
+            a, b, lo = pieces[0]
+            hi = lo + (b - a - 1) * self.step + self.steps
+        else:
+            lo = min(row for _, _, row in pieces)
+            hi = max(row + (b - a - 1) * self.step for a, b, row in pieces) + self.steps
         rows = np.empty((hi - lo, self.shape[2]), dtype=self.dtype)
-        _pread_into(self._file, memoryview(rows.reshape(-1).view(np.uint8)), lo * self.shape[2] * self.itemsize, self.name)
-        out[...] = self._blocks(rows)[first - lo]
+        _pread_into(self._file, memoryview(rows.reshape(-1).view(np.uint8)), lo * self._row_bytes, self.name)
+        if len(pieces) > max(8, (stop - start) // 8):  # many short segments: one gather
+            first = self.index.rows(self.group, np.arange(start, stop, dtype=np.int64)) - lo
+            out[...] = self._windows_at(rows, 0, rows.shape[0] - self.steps + 1, 1)[first]
+            return out
+        for a, b, row in pieces:
+            out[a - start : b - start] = self._windows_at(rows, row - lo, b - a, self.step)
         return out
 
 
