@@ -114,6 +114,12 @@ def windows_reference(
     return starts, xs, us, ys
 
 
+def window_timestamps_reference(grid_ts: Sequence[int], starts: Sequence[int], history: int, horizon: int) -> np.ndarray:
+    """The grid timestamps of rows ``t-H..t+F-1`` of every window start ``t``: ``[N, H+F]``."""
+    rows = [[int(grid_ts[t + i]) for i in range(-history, horizon)] for t in starts]
+    return np.array(rows, dtype=np.int64).reshape(len(rows), history + horizon)
+
+
 def window_mean_std_reference(windows: Sequence[np.ndarray], n_cols: int) -> tuple[np.ndarray, np.ndarray]:
     """Population mean/std per column over explicitly materialised ``[steps, cols]`` windows."""
     rows = [w.reshape(-1, n_cols) for w in windows]

@@ -2,7 +2,7 @@
 
 Inputs are what the pipeline hands to Hampel: every measured node (targets, features) of every
 run of the workload, after the rules that precede Hampel (non-finite, state, range, duplicates),
-one series per (run, node), as ``clean_series`` calls it. Every implementation gets exactly
+one series per (run, node), as ``SeriesCleaner`` calls it. Every implementation gets exactly
 these series, one call per series (the pipeline's use), in the same alternating repetitions
 (``bench.timing.side_by_side``), and its flags are compared with ours element for element.
 
@@ -24,6 +24,7 @@ reference. sktime's ``HampelFilter`` is not compared: see bench/README.md.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -39,11 +40,12 @@ _ROWS_PER_CHUNK = 1 << 16  # bounds the numpy reference's temporaries for long s
 
 def hampel_inputs(tsdb_url: str, spec_dict: dict[str, Any], max_runs: int | None = None) -> list[np.ndarray]:
     """The Hampel input series of every (run, measured node) of the workload."""
-    from aml_pipeline.core.clean import clean_series
     from aml_pipeline.pipeline.plan import run_scope
+    from aml_pipeline.pipeline.stages.grid import node_grid_params
     from aml_pipeline.pipeline.stages.raw import run_bounds
     from aml_pipeline.spec import parse_spec
     from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline_tests.core.whole_series import clean_series
     from aml_pipeline_tests.tsdb.series import fetch_node_series
 
     spec = parse_spec(spec_dict)
@@ -54,16 +56,13 @@ def hampel_inputs(tsdb_url: str, spec_dict: dict[str, Any], max_runs: int | None
         for run in runs:
             lo, hi = run_bounds(spec, run)
             for node in spec.nodes:
-                k = spec.cleaning.hampel_k if node.hampel_k is None else node.hampel_k
-                if k == 0:
+                c = catalog[node.node_id]
+                params = node_grid_params(spec, node, (c.range_lo, c.range_hi))
+                if params.hampel_k == 0:
                     continue  # setpoints logged on change: Hampel is off for them
                 s = fetch_node_series(db, node.node_id, run.run_id, lo, hi)
-                c = catalog[node.node_id]
-                rng = node.range if node.range is not None else (c.range_lo, c.range_hi)
-                kept = clean_series(
-                    s.ts, s.value, s.state, good_states=spec.cleaning.good_states,
-                    range_lo=rng[0], range_hi=rng[1], hampel_k=0, hampel_sigma=SIGMA, hampel_min_dev=MIN_DEV,
-                )
+                # Every rule before Hampel: what the cleaner hands the filter.
+                kept = clean_series(s.ts, s.value, s.state, dataclasses.replace(params, hampel_k=0))
                 series.append(np.ascontiguousarray(kept.value))
     return series
 

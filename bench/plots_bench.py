@@ -168,30 +168,25 @@ def _build_event_log_bytes(workload, plots: bool, directory: Path, pg_base_url: 
 def plant_run_traces(plant, spec, run, *, chunk: int = 20_000):
     """A run's traces, fed as the streaming stages feed them: each node's raw points in chunks,
     then its cleaned and aligned values and the points the Hampel filter removed."""
-    from aml_pipeline.core.clean import clean_series
-    from aml_pipeline.core.grid import align, grid_times
     from aml_pipeline.core.traces import TraceAccumulator
+    from aml_pipeline.pipeline.stages.grid import node_grid_params
+    from aml_pipeline_tests.core.whole_series import align, clean_series, grid_times
 
     points = plant.points
     nodes = {n.node_id: n for n in plant.nodes}
     mine = points.run_id == run.run_id
     acc = TraceAccumulator(run.started_at, run.ended_at, spec.node_ids)
     grid_ts = grid_times(run.started_at, run.ended_at, spec.beat_ms)
-    c = spec.cleaning
     for j, node in enumerate(spec.nodes):
         at = np.flatnonzero(mine & (points.node_id == node.node_id))
         at = at[np.argsort(points.ts[at], kind="stable")]  # (ts, seq): ingestion order breaks ties
         ts, value, state = points.ts[at], points.value[at], points.state[at]
         for i in range(0, ts.size, chunk):
             acc.add_raw(j, ts[i : i + chunk], value[i : i + chunk])
-        lo, hi = node.range or (nodes[node.node_id].range_lo, nodes[node.node_id].range_hi)
-        cleaned = clean_series(
-            ts, value, state, good_states=c.good_states, range_lo=lo, range_hi=hi,
-            hampel_k=c.hampel_k if node.hampel_k is None else node.hampel_k, hampel_sigma=c.hampel_sigma,
-            hampel_min_dev=c.hampel_min_dev if node.hampel_min_dev is None else node.hampel_min_dev,
-        )
-        max_interp = spec.max_interp_ms if node.max_interp_ms is None else node.max_interp_ms
-        acc.add_grid(j, grid_ts, align(cleaned.ts, cleaned.value, grid_ts, interp=node.interp, max_interp_ms=max_interp))
+        params = node_grid_params(spec, node, (nodes[node.node_id].range_lo, nodes[node.node_id].range_hi))
+        cleaned = clean_series(ts, value, state, params)
+        acc.add_grid(j, grid_ts, align(cleaned.ts, cleaned.value, grid_ts, interp=params.interp,
+                                       max_interp_ms=params.max_interp_ms))
         acc.add_removed(j, cleaned.outlier_ts, cleaned.outlier_value)
     return acc.result()
 

@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import dagster as dg
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from aml_pipeline import config
@@ -143,19 +144,30 @@ attributes:
     lineId: L1
     productId: P100
     recipeId: R7
-    beatMs: 1000                  # grid period
-    maxInterpMs: 5000             # longest gap bridged
-    historySteps: 60              # H
-    horizonSteps: 30              # F
-    stride: 1
+    beatMs: {beatMs}                  # grid period
+    maxInterpMs: {maxInterpMs}             # longest gap bridged
+    historySteps: {historySteps}              # H
+    horizonSteps: {horizonSteps}              # F
+    stride: {stride}
     nodes:                        # order = x column order
       - {{nodeId: TI101, role: target}}
       - {{nodeId: FIC200_SP, role: control, interp: hold, hampelK: 0}}
       - {{nodeId: TI900, role: feature}}
-    cleaning: {{hampelK: 5, hampelSigma: 3.0, hampelMinDev: 0.0, goodStates: [0]}}
-    split: {{method: chronological, train: 0.7, val: 0.15, test: 0.15, seed: 0}}
+    cleaning: {cleaning}
+    split: {split}
     # schedule: "15 * * * *"      # the rebuild schedule (default hourly at :15)
 """
+
+
+def starter_defs_yaml(type_name: str, spec_id: str) -> str:
+    """The scaffolded ``defs.yaml``: a commented starter spec whose settings are the spec model's
+    defaults, so they never disagree with it and a new cleaning or split key shows by itself."""
+    defaults = DatasetSpec(id="starter", line_id="L1", product_id="P100", recipe_id="R7",
+                           nodes=({"node_id": "TI101", "role": "target"},)).to_json_dict()
+    flow = {k: yaml.safe_dump(defaults[k], default_flow_style=True, sort_keys=False, width=1 << 16).strip()
+            for k in ("cleaning", "split")}
+    shown = {k: defaults[k] for k in ("beatMs", "maxInterpMs", "historySteps", "horizonSteps", "stride")}
+    return STARTER.format(type_name=type_name, spec_id=spec_id, **shown, **flow)
 
 
 class AmlDatasetScaffolder(dg.Scaffolder):
@@ -166,7 +178,7 @@ class AmlDatasetScaffolder(dg.Scaffolder):
         target = Path(request.target_path)
         target.mkdir(parents=True, exist_ok=True)
         spec_id = "".join(c if c.isalnum() else "_" for c in target.name.lower()).strip("_") or "my_dataset"
-        (target / "defs.yaml").write_text(STARTER.format(type_name=request.type_name, spec_id=spec_id))
+        (target / "defs.yaml").write_text(starter_defs_yaml(request.type_name, spec_id))
 
 
 @dg.scaffold_with(AmlDatasetScaffolder)

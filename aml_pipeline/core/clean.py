@@ -6,62 +6,14 @@ rule that removed it, so the counts always add up: ``input == sum(causes) + kept
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from aml_pipeline.core.grid_params import NodeGridParams
 from aml_pipeline.core.hampel import hampel_outliers
 
 CLEAN_CAUSES: tuple[str, ...] = ("non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier")
-
-
-@dataclass(frozen=True, eq=False)  # eq on numpy fields would be ambiguous
-class CleanedSeries:
-    ts: np.ndarray  # int64, strictly increasing
-    value: np.ndarray  # float64, finite
-    counts: dict[str, int]  # "input", each of CLEAN_CAUSES, "kept"
-    outlier_ts: np.ndarray  # int64: the points Hampel removed (for raw-vs-cleaned plots)
-    outlier_value: np.ndarray  # float64
-
-
-def clean_series(
-    ts: np.ndarray,
-    value: np.ndarray,
-    state: np.ndarray,
-    *,
-    good_states: Sequence[int],
-    range_lo: float | None,
-    range_hi: float | None,
-    hampel_k: int,
-    hampel_sigma: float,
-    hampel_min_dev: float,
-) -> CleanedSeries:
-    """Clean one node's points, given in ``(ts, seq)`` ascending order.
-
-    Order: non-finite value; state not in ``good_states``; outside the inclusive
-    ``[range_lo, range_hi]`` (None = unbounded on that side); duplicate timestamps (the last of
-    each equal-ts group survives, i.e. the highest seq); Hampel outliers over what remains.
-    The one-chunk form of :class:`SeriesCleaner`.
-    """
-    cleaner = SeriesCleaner(
-        good_states=good_states,
-        range_lo=range_lo,
-        range_hi=range_hi,
-        hampel_k=hampel_k,
-        hampel_sigma=hampel_sigma,
-        hampel_min_dev=hampel_min_dev,
-    )
-    first = cleaner.feed(ts, value, state)
-    last = cleaner.finish()
-    return CleanedSeries(
-        ts=np.concatenate([first.ts, last.ts]),
-        value=np.concatenate([first.value, last.value]),
-        counts=cleaner.counts,
-        outlier_ts=np.concatenate([first.outlier_ts, last.outlier_ts]),
-        outlier_value=np.concatenate([first.outlier_value, last.outlier_value]),
-    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,10 +31,14 @@ _NO_VALUE = np.empty(0, dtype=np.float64)
 
 
 class SeriesCleaner:
-    """:func:`clean_series` over a series fed in chunks of any size, with bounded memory.
+    """One node's points cleaned by its :class:`~aml_pipeline.core.grid_params.NodeGridParams`, fed
+    in chunks of any size, with bounded memory.
 
-    Each chunk's points must follow the previous chunk's in ``(ts, seq)`` order. The rules that
-    look beyond one point carry exactly the state they need across a chunk boundary:
+    Order: non-finite value; state not in ``good_states``; outside the inclusive ``valid_range``;
+    duplicate timestamps (the last of each equal-ts group survives, i.e. the highest seq); Hampel
+    outliers over what remains. Each chunk's points must follow the previous chunk's in
+    ``(ts, seq)`` order. The rules that look beyond one point carry exactly the state they need
+    across a chunk boundary:
 
     * duplicate timestamps: the last survivor of a chunk is held back until a later survivor
       shows whether it is the last of its timestamp group (one point);
@@ -92,34 +48,16 @@ class SeriesCleaner:
       is clipped by the true start of the series); :meth:`finish` resolves the rest against the
       true end.
 
-    So the kept points, the outliers and the counts are identical to the one-chunk result,
+    So the kept points, the outliers and the counts are those of the whole series fed at once,
     wherever the chunks are cut (the tests cut at duplicates, outliers, bad states and every
     single point).
     """
 
-    def __init__(
-        self,
-        *,
-        good_states: Sequence[int],
-        range_lo: float | None,
-        range_hi: float | None,
-        hampel_k: int,
-        hampel_sigma: float,
-        hampel_min_dev: float,
-    ) -> None:
-        good = np.asarray(list(good_states))
-        if good.size == 0:
-            raise ValueError("clean_series: good_states is empty, so every point would be dropped")
-        if not np.issubdtype(good.dtype, np.integer):
-            raise ValueError(f"clean_series: good_states must be integers, got {list(good_states)!r}")
-        self._good = good
-        self._lo = _bound("range_lo", range_lo)
-        self._hi = _bound("range_hi", range_hi)
-        if self._lo is not None and self._hi is not None and self._lo > self._hi:
-            raise ValueError(f"clean_series: range_lo ({self._lo}) is greater than range_hi ({self._hi})")
-        # Validates k, sigma and min_dev once, with hampel_outliers' own messages.
-        hampel_outliers(np.empty(0), hampel_k, hampel_sigma, hampel_min_dev)
-        self._k, self._sigma, self._min_dev = int(hampel_k), float(hampel_sigma), float(hampel_min_dev)
+    def __init__(self, params: NodeGridParams) -> None:
+        self.params = params
+        self._good = np.asarray(params.good_states)
+        self._lo, self._hi = params.valid_range
+        self._k, self._sigma, self._min_dev = params.hampel_k, params.hampel_sigma, params.hampel_min_dev
         self.counts: dict[str, int] = {"input": 0, **dict.fromkeys(CLEAN_CAUSES, 0), "kept": 0}
         self._last_ts: int | None = None  # last timestamp fed (order check across chunks)
         self._held_ts, self._held_value = _NO_TS, _NO_VALUE  # at most one survivor held back
@@ -131,7 +69,7 @@ class SeriesCleaner:
     def feed(self, ts: np.ndarray, value: np.ndarray, state: np.ndarray) -> CleanedChunk:
         """Clean the next chunk; returns the points whose fate this chunk decided."""
         if self._finished:
-            raise ValueError("clean_series: the series was already finished")
+            raise ValueError("SeriesCleaner: the series was already finished")
         ts, value, state = self._checked(ts, value, state)
         n = int(ts.size)
         self.counts["input"] += n
@@ -175,7 +113,7 @@ class SeriesCleaner:
     def finish(self) -> CleanedChunk:
         """End of the series: resolve the held point and the Hampel tail."""
         if self._finished:
-            raise ValueError("clean_series: the series was already finished")
+            raise ValueError("SeriesCleaner: the series was already finished")
         self._finished = True
         self._push(self._held_ts, self._held_value)
         self._held_ts, self._held_value = _NO_TS, _NO_VALUE
@@ -186,26 +124,26 @@ class SeriesCleaner:
         value = np.asarray(value, dtype=np.float64)
         state = np.asarray(state)
         if ts.ndim != 1 or value.ndim != 1 or state.ndim != 1:
-            raise ValueError("clean_series: ts, value and state must be 1-D")
+            raise ValueError("SeriesCleaner: ts, value and state must be 1-D")
         if not (ts.size == value.size == state.size):
             raise ValueError(
-                f"clean_series: ts, value and state differ in length ({ts.size}, {value.size}, {state.size})"
+                f"SeriesCleaner: ts, value and state differ in length ({ts.size}, {value.size}, {state.size})"
             )
         if ts.size and not np.issubdtype(ts.dtype, np.integer):
-            raise ValueError(f"clean_series: ts must be integer epoch ms, got dtype {ts.dtype}")
+            raise ValueError(f"SeriesCleaner: ts must be integer epoch ms, got dtype {ts.dtype}")
         if state.size and not np.issubdtype(state.dtype, np.integer):
-            raise ValueError(f"clean_series: state must be integer, got dtype {state.dtype}")
+            raise ValueError(f"SeriesCleaner: state must be integer, got dtype {state.dtype}")
         ts = ts.astype(np.int64, copy=False)
         back = np.flatnonzero(np.diff(ts) < 0)
         if back.size:
             i = int(back[0]) + 1
             raise ValueError(
-                f"clean_series: timestamps must be ordered by (ts, seq); ts decreases at index {i} "
+                f"SeriesCleaner: timestamps must be ordered by (ts, seq); ts decreases at index {i} "
                 f"({int(ts[i - 1])} -> {int(ts[i])})"
             )
         if ts.size and self._last_ts is not None and int(ts[0]) < self._last_ts:
             raise ValueError(
-                "clean_series: timestamps must be ordered by (ts, seq) across chunks; a chunk starts "
+                "SeriesCleaner: timestamps must be ordered by (ts, seq) across chunks; a chunk starts "
                 f"at {int(ts[0])}, before the previous chunk's last point at {self._last_ts}"
             )
         if ts.size:
@@ -240,11 +178,3 @@ class SeriesCleaner:
         self._context = end - drop
         return chunk
 
-
-def _bound(name: str, v: float | None) -> float | None:
-    if v is None:
-        return None
-    f = float(v)
-    if math.isnan(f):
-        raise ValueError(f"clean_series: {name} must be a number or None, got NaN")
-    return f

@@ -13,21 +13,14 @@ from collections.abc import Iterator
 import numpy as np
 
 from aml_pipeline.core.args import as_int
-
-INTERP_METHODS: tuple[str, ...] = ("linear", "hold")
-
-
-def grid_times(start_ms: int, end_ms: int, beat_ms: int) -> np.ndarray:
-    """Grid timestamps (int64 epoch ms) within the inclusive ``[start_ms, end_ms]``."""
-    first, count = grid_span(start_ms, end_ms, beat_ms)
-    return first + beat_ms * np.arange(count, dtype=np.int64)
+from aml_pipeline.core.grid_params import NodeGridParams
 
 
 def grid_span(start_ms: int, end_ms: int, beat_ms: int) -> tuple[int, int]:
     """First grid time ``ceil(start / beat) * beat`` and the number of grid times up to ``end_ms``."""
     start, end, beat = as_int("start_ms", start_ms), as_int("end_ms", end_ms), as_int("beat_ms", beat_ms)
     if beat < 1:
-        raise ValueError(f"grid_times: beat_ms must be >= 1, got {beat}")
+        raise ValueError(f"grid_span: beat_ms must be >= 1, got {beat}")
     first = -(-start // beat) * beat  # exact integer ceil, also for negative start
     return first, (0 if first > end else (end - first) // beat + 1)
 
@@ -79,55 +72,46 @@ def _hold(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_age: int) -> 
     return out
 
 
-def align(
-    ts: np.ndarray, value: np.ndarray, grid: np.ndarray, *, interp: str, max_interp_ms: int
-) -> np.ndarray:
-    """Dispatch on the node's ``interp`` ("linear" or "hold")."""
-    if interp == "linear":
-        return align_linear(ts, value, grid, max_interp_ms)
-    if interp == "hold":
-        return align_hold(ts, value, grid, max_interp_ms)
-    raise ValueError(f"align: interp must be one of {INTERP_METHODS}, got {interp!r}")
-
-
 class GridAligner:
-    """:func:`align` onto a run's regular grid, fed the kept points in chunks (bounded memory).
+    """One node's kept points aligned onto a run's regular grid by the node's ``interp`` and
+    ``max_interp_ms`` (:class:`~aml_pipeline.core.grid_params.NodeGridParams`), fed in chunks
+    (bounded memory).
 
     The grid is ``first_ms + r * beat_ms`` for rows ``r = 0 .. n_rows - 1``. A row's value is final
     once a kept point at or after its time has been seen: linear interpolation then knows both
     neighbours and hold the last point before it. So each :meth:`feed` emits the rows up to its last
     point, carrying only that point (the left neighbour / held value) to the next chunk, and
     :meth:`finish` emits the rest (hold may still fill them; linear never extrapolates). Values are
-    exactly :func:`align`'s on the whole series, emitted in blocks of at most ``block_rows`` rows.
+    exactly :func:`align_linear`'s or :func:`align_hold`'s on the whole series, emitted in blocks of
+    at most ``block_rows`` rows.
     """
 
     def __init__(
-        self, first_ms: int, beat_ms: int, n_rows: int, *, interp: str, max_interp_ms: int, block_rows: int = 1 << 16
+        self, first_ms: int, beat_ms: int, n_rows: int, params: NodeGridParams, *, block_rows: int = 1 << 16
     ) -> None:
-        if interp not in INTERP_METHODS:
-            raise ValueError(f"align: interp must be one of {INTERP_METHODS}, got {interp!r}")
+        self.params = params
         self.first = as_int("first_ms", first_ms)
         self.beat = as_int("beat_ms", beat_ms)
         self.n_rows = as_int("n_rows", n_rows)
-        self.interp = interp
-        self.max_interp = as_int("max_interp_ms", max_interp_ms)
         self.block_rows = as_int("block_rows", block_rows)
-        if self.beat < 1 or self.n_rows < 0 or self.max_interp < 0 or self.block_rows < 1:
+        if self.beat < 1 or self.n_rows < 0 or self.block_rows < 1:
             raise ValueError(
-                f"GridAligner: need beat_ms >= 1, n_rows >= 0, max_interp_ms >= 0, block_rows >= 1 "
-                f"(got {self.beat}, {self.n_rows}, {self.max_interp}, {self.block_rows})"
+                f"GridAligner: need beat_ms >= 1, n_rows >= 0, block_rows >= 1 "
+                f"(got {self.beat}, {self.n_rows}, {self.block_rows})"
             )
+        self.max_interp = params.max_interp_ms
+        self._kernel = _linear if params.interp == "linear" else _hold
         self.next_row = 0  # first row not emitted yet
         self._prev_ts = np.empty(0, dtype=np.int64)  # the last kept point seen (0 or 1 of it)
         self._prev_value = np.empty(0, dtype=np.float64)
 
     def feed(self, ts: np.ndarray, value: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         """``(first row, values)`` blocks of the rows this chunk's points make final."""
-        seg_ts = np.concatenate([self._prev_ts, _int_array("align", "ts", ts)])
+        seg_ts = np.concatenate([self._prev_ts, _int_array("GridAligner", "ts", ts)])
         seg_value = np.concatenate([self._prev_value, np.asarray(value, dtype=np.float64)])
         if seg_ts.size == self._prev_ts.size:
             return
-        _check("align", seg_ts, seg_value, np.empty(0, np.int64), self.max_interp)  # strictly increasing
+        _check("GridAligner", seg_ts, seg_value, np.empty(0, np.int64), self.max_interp)  # strictly increasing
         last = int(seg_ts[-1])
         stop = min(self.n_rows, max(0, (last - self.first) // self.beat + 1))
         yield from self._emit(stop, seg_ts, seg_value)
@@ -138,7 +122,7 @@ class GridAligner:
         yield from self._emit(self.n_rows, self._prev_ts, self._prev_value)
 
     def _emit(self, stop: int, seg_ts: np.ndarray, seg_value: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-        kernel = _linear if self.interp == "linear" else _hold
+        kernel = self._kernel
         while self.next_row < stop:
             a = self.next_row
             b = min(stop, a + self.block_rows)

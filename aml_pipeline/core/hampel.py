@@ -154,7 +154,7 @@ def _network_program(w: int) -> tuple[tuple[tuple[bool, int, int, int], ...], tu
         return w + n_scratch - 1
 
     steps: list[tuple[bool, int, int, int]] = []
-    for i, j in _merge_exchange(w):
+    for i, j in sorting_network(w):
         ra, rb = reg[i], reg[j]
         lo = take()
         steps.append((True, ra, rb, lo))

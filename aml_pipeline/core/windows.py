@@ -16,25 +16,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 from aml_pipeline.core.args import as_int, positive_int, window_spans
 
 
-def window_starts(
-    grid: np.ndarray,
-    history: int,
-    horizon: int,
-    stride: int,
-    control_cols: Sequence[int],
-    target_cols: Sequence[int],
-) -> np.ndarray:
-    """Start rows ``t = H, H+stride, ... <= T-F`` of the complete windows (int64, ascending).
-
-    The one-block form of :class:`StartFinder`.
-    """
-    grid = _grid(grid)
-    finder = StartFinder(grid.shape[0], grid.shape[1], history, horizon, stride, control_cols, target_cols)
-    return np.concatenate([finder.feed(grid), finder.finish()])
-
-
 class StartFinder:
-    """:func:`window_starts` over a run's grid fed in row blocks of any size (bounded memory).
+    """Start rows ``t = H, H+stride, ... <= T-F`` of the complete windows (int64, ascending), over
+    a run's grid fed in row blocks of any size (bounded memory).
 
     A start ``t`` is decided once rows up to ``t+F-1`` are in; it needs rows ``t-H..t+F-1``, so at
     most the last ``H + F - 1`` rows' "has a missing value" flags are carried to the next block.
@@ -123,20 +107,10 @@ def window_block(values: np.ndarray, starts: np.ndarray, lo: int, hi: int) -> np
     return blocks[starts + lo]
 
 
-def window_timestamps(grid_ts: np.ndarray, starts: np.ndarray, history: int, horizon: int) -> np.ndarray:
-    """Grid timestamps of rows ``t-H..t+F-1`` for every window: ``[N, H+F]``."""
-    grid_ts = np.asarray(grid_ts)
-    if grid_ts.ndim != 1:
-        raise ValueError(f"window_timestamps: grid_ts must be 1-D, got shape {grid_ts.shape}")
-    H, F = positive_int("history", history), positive_int("horizon", horizon)
-    starts = _starts(starts, grid_ts.size, H, F)
-    return grid_ts[starts[:, None] + np.arange(-H, F, dtype=np.int64)]
-
-
 def explain_no_windows(
     n_rows: int, history: int, horizon: int, missing_rows: Sequence[int], node_ids: Sequence[str]
 ) -> str:
-    """One line saying why a run yields no window (meant for runs where window_starts is empty).
+    """One line saying why a run yields no window (meant for runs where StartFinder found no start).
 
     ``missing_rows``: per node, how many of the run's ``n_rows`` grid rows are missing (counted
     while the grid streams past, so the grid itself is not needed).
@@ -189,18 +163,3 @@ def _cols(name: str, cols: Sequence[int], n_nodes: int) -> np.ndarray:
             f"{name}: column index {int(bad[0])} is out of range for a grid with {n_nodes} columns"
         )
     return arr.astype(np.int64)
-
-
-def _starts(starts: np.ndarray, T: int, H: int, F: int) -> np.ndarray:
-    starts = np.asarray(starts)
-    if starts.ndim != 1:
-        raise ValueError(f"starts must be 1-D, got shape {starts.shape}")
-    if starts.size == 0:
-        return np.empty(0, dtype=np.int64)
-    if not np.issubdtype(starts.dtype, np.integer):
-        raise ValueError(f"starts must be integer grid rows, got dtype {starts.dtype}")
-    starts = starts.astype(np.int64, copy=False)
-    bad = starts[(starts < H) | (starts > T - F)]
-    if bad.size:
-        raise ValueError(f"window start {int(bad[0])} is outside [H={H}, T-F={T - F}] for a grid of {T} rows")
-    return starts

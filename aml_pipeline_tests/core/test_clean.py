@@ -3,19 +3,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aml_pipeline.core.clean import CLEAN_CAUSES, CleanedSeries, clean_series
+from aml_pipeline.core.clean import CLEAN_CAUSES
+from aml_pipeline_tests.core.whole_series import CleanedSeries, clean_series, node_params
 from aml_pipeline_tests.reference import hampel_reference
-
-DEFAULTS = dict(
-    good_states=[0], range_lo=None, range_hi=None, hampel_k=0, hampel_sigma=3.0, hampel_min_dev=0.0
-)
 
 
 def _clean(ts, value, state=None, **overrides) -> CleanedSeries:
     ts = np.asarray(ts, dtype=np.int64)
     value = np.asarray(value, dtype=np.float64)
     state = np.zeros(ts.size, dtype=np.int32) if state is None else np.asarray(state, dtype=np.int32)
-    return clean_series(ts, value, state, **{**DEFAULTS, **overrides})
+    return clean_series(ts, value, state, node_params(**overrides))
 
 
 def _assert_counts_add_up(c: CleanedSeries) -> None:
@@ -37,7 +34,7 @@ def test_each_cause_counts_a_point_once_in_rule_order() -> None:
     ts = [0, 1, 2, 3, 4, 5, 6, 7]
     value = [np.nan, np.inf, 5.0, 500.0, 500.0, 5.0, -np.inf, 6.0]
     state = [1, 0, 1, 1, 0, 0, 0, 0]
-    c = _clean(ts, value, state, range_lo=0.0, range_hi=100.0)
+    c = _clean(ts, value, state, valid_range=(0.0, 100.0))
     # index 0: NaN and bad state -> non_finite only; 1, 6: +-inf -> non_finite;
     # 2: bad state; 3: bad state and out of range -> bad_state only; 4: out of range.
     assert c.counts["non_finite"] == 3
@@ -50,11 +47,11 @@ def test_each_cause_counts_a_point_once_in_rule_order() -> None:
 def test_range_is_inclusive_and_none_is_unbounded() -> None:
     ts = [0, 1, 2, 3, 4]
     value = [-0.001, 0.0, 50.0, 100.0, 100.001]
-    c = _clean(ts, value, range_lo=0.0, range_hi=100.0)
+    c = _clean(ts, value, valid_range=(0.0, 100.0))
     assert c.value.tolist() == [0.0, 50.0, 100.0]
     assert c.counts["out_of_range"] == 2
-    assert _clean(ts, value, range_lo=0.0, range_hi=None).value.tolist() == [0.0, 50.0, 100.0, 100.001]
-    assert _clean(ts, value, range_lo=None, range_hi=100.0).value.tolist() == [-0.001, 0.0, 50.0, 100.0]
+    assert _clean(ts, value, valid_range=(0.0, None)).value.tolist() == [0.0, 50.0, 100.0, 100.001]
+    assert _clean(ts, value, valid_range=(None, 100.0)).value.tolist() == [-0.001, 0.0, 50.0, 100.0]
 
 
 def test_good_states_may_list_several_codes() -> None:
@@ -106,7 +103,7 @@ def test_hampel_k_zero_keeps_setpoint_steps() -> None:
 
 
 def test_all_points_bad_gives_an_empty_series_whose_counts_add_up() -> None:
-    c = _clean([0, 1, 2, 3], [np.nan, 1.0, 200.0, 3.0], [0, 9, 0, 9], range_hi=100.0, hampel_k=5)
+    c = _clean([0, 1, 2, 3], [np.nan, 1.0, 200.0, 3.0], [0, 9, 0, 9], valid_range=(None, 100.0), hampel_k=5)
     assert c.ts.size == 0 and c.value.size == 0 and c.outlier_ts.size == 0
     assert c.counts == {
         "input": 4,
@@ -120,7 +117,7 @@ def test_all_points_bad_gives_an_empty_series_whose_counts_add_up() -> None:
 
 
 def test_empty_input() -> None:
-    c = clean_series(np.empty(0, np.int64), np.empty(0), np.empty(0, np.int32), **{**DEFAULTS, "hampel_k": 5})
+    c = clean_series(np.empty(0, np.int64), np.empty(0), np.empty(0, np.int32), node_params(hampel_k=5))
     assert c.counts == {"input": 0, **{k: 0 for k in CLEAN_CAUSES}, "kept": 0}
     assert c.ts.dtype == np.int64
 
@@ -132,7 +129,7 @@ def test_random_counts_always_add_up() -> None:
     value = np.round(rng.normal(50, 10, n))
     value[rng.random(n) < 0.02] = np.nan
     state = (rng.random(n) < 0.05).astype(np.int32)
-    c = _clean(ts, value, state, range_lo=20.0, range_hi=80.0, hampel_k=4, hampel_min_dev=1.0)
+    c = _clean(ts, value, state, valid_range=(20.0, 80.0), hampel_k=4, hampel_min_dev=1.0)
     _assert_counts_add_up(c)
     assert np.all(np.diff(c.ts) > 0)
     assert np.isfinite(c.value).all() and c.value.min() >= 20.0 and c.value.max() <= 80.0
@@ -147,8 +144,8 @@ def test_decreasing_timestamps_are_rejected_naming_the_index() -> None:
     ("kwargs", "message"),
     [
         ({"good_states": []}, "good_states"),
-        ({"range_lo": 10.0, "range_hi": 0.0}, "range_lo"),
-        ({"range_lo": float("nan")}, "range_lo"),
+        ({"valid_range": (10.0, 0.0)}, "range_lo"),
+        ({"valid_range": (float("nan"), None)}, "range_lo"),
         ({"hampel_k": -1}, "k must be"),
     ],
 )
@@ -159,9 +156,9 @@ def test_bad_arguments(kwargs: dict, message: str) -> None:
 
 def test_mismatched_lengths_and_float_timestamps_are_rejected() -> None:
     with pytest.raises(ValueError, match="length"):
-        clean_series(np.arange(3), np.zeros(2), np.zeros(3, np.int32), **DEFAULTS)
+        clean_series(np.arange(3), np.zeros(2), np.zeros(3, np.int32), node_params())
     with pytest.raises(ValueError, match="integer"):
-        clean_series(np.arange(3.0), np.zeros(3), np.zeros(3, np.int32), **DEFAULTS)
+        clean_series(np.arange(3.0), np.zeros(3), np.zeros(3, np.int32), node_params())
 
 
 # ---- streaming: the same result wherever a series is cut ----------------------------------------
@@ -170,8 +167,8 @@ from aml_pipeline.core.clean import SeriesCleaner  # noqa: E402
 
 
 def _stream(ts, value, state, cuts, **kw) -> CleanedSeries:
-    """clean_series by SeriesCleaner, fed the pieces between ``cuts``."""
-    cleaner = SeriesCleaner(**kw)
+    """The series cleaned by SeriesCleaner, fed the pieces between ``cuts``."""
+    cleaner = SeriesCleaner(node_params(**kw))
     parts = []
     bounds = [0, *sorted(cuts), len(ts)]
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -203,14 +200,14 @@ def _adversarial_series(seed: int = 3, n: int = 400):
     return ts, value, state
 
 
-CLEAN_KW = dict(good_states=[0], range_lo=-100.0, range_hi=100.0, hampel_k=5, hampel_sigma=3.0, hampel_min_dev=0.0)
+CLEAN_KW = dict(good_states=[0], valid_range=(-100.0, 100.0), hampel_k=5, hampel_sigma=3.0, hampel_min_dev=0.0)
 
 
 @pytest.mark.parametrize("k", [0, 1, 5, 20])
 def test_streaming_equals_whole_for_every_single_cut(k) -> None:
     ts, value, state = _adversarial_series()
     kw = {**CLEAN_KW, "hampel_k": k}
-    whole = clean_series(ts, value, state, **kw)
+    whole = clean_series(ts, value, state, node_params(**kw))
     assert whole.counts["duplicate_ts"] and whole.counts["bad_state"] and whole.counts["out_of_range"]
     if k:
         assert whole.counts["hampel_outlier"]
@@ -220,7 +217,7 @@ def test_streaming_equals_whole_for_every_single_cut(k) -> None:
 
 def test_streaming_equals_whole_in_chunks_of_one_point_and_random_chunks() -> None:
     ts, value, state = _adversarial_series(seed=9, n=300)
-    whole = clean_series(ts, value, state, **CLEAN_KW)
+    whole = clean_series(ts, value, state, node_params(**CLEAN_KW))
     _assert_same(_stream(ts, value, state, list(range(1, len(ts))), **CLEAN_KW), whole)
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -243,14 +240,14 @@ def test_cut_at_an_outlier_and_at_a_bad_state() -> None:
     value[14] = 50.0  # spike
     state = np.zeros(30, np.int32)
     state[15] = 7  # bad state right after it
-    whole = clean_series(ts, value, state, **{**CLEAN_KW, "hampel_k": 3})
+    whole = clean_series(ts, value, state, node_params(**{**CLEAN_KW, "hampel_k": 3}))
     assert whole.outlier_ts.tolist() == [14_000] and whole.counts["bad_state"] == 1
     for cut in (13, 14, 15, 16):
         _assert_same(_stream(ts, value, state, [cut], **{**CLEAN_KW, "hampel_k": 3}), whole)
 
 
 def test_chunks_out_of_order_are_refused() -> None:
-    cleaner = SeriesCleaner(**CLEAN_KW)
+    cleaner = SeriesCleaner(node_params(**CLEAN_KW))
     cleaner.feed(np.array([5000], np.int64), np.array([1.0]), np.array([0], np.int32))
     with pytest.raises(ValueError, match="across chunks"):
         cleaner.feed(np.array([4000], np.int64), np.array([1.0]), np.array([0], np.int32))

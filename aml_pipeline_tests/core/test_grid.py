@@ -3,7 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aml_pipeline.core.grid import align, align_hold, align_linear, grid_times, missing_ratio
+from aml_pipeline.core.grid import GridAligner, align_hold, align_linear, grid_span, missing_ratio
+from aml_pipeline_tests.core.whole_series import align, grid_times, node_params
 from aml_pipeline_tests.reference import align_hold_reference, align_linear_reference
 
 # --- grid_times ---------------------------------------------------------------------------------
@@ -131,11 +132,14 @@ def test_hold_matches_reference_on_random_data() -> None:
 
 
 def test_align_dispatches_on_interp() -> None:
-    g = np.array([2000])
-    assert align(TS, VAL, g, interp="linear", max_interp_ms=5000).tolist() == [2.0]
-    assert align(TS, VAL, g, interp="hold", max_interp_ms=5000).tolist() == [1.0]
+    def at_2000(interp: str) -> list[float]:  # a grid of one row, at 2000
+        aligner = GridAligner(2000, 1000, 1, node_params(interp=interp, max_interp_ms=5000))
+        return [v for _, block in [*aligner.feed(TS, VAL), *aligner.finish()] for v in block.tolist()]
+
+    assert at_2000("linear") == [2.0]
+    assert at_2000("hold") == [1.0]
     with pytest.raises(ValueError, match="interp"):
-        align(TS, VAL, g, interp="cubic", max_interp_ms=5000)
+        node_params(interp="cubic")
 
 
 @pytest.mark.parametrize("fn", [align_linear, align_hold])
@@ -161,11 +165,10 @@ def test_missing_ratio() -> None:
 
 # ---- streaming alignment ---------------------------------------------------------------------------
 
-from aml_pipeline.core.grid import GridAligner, grid_span  # noqa: E402
 
 
 def _stream_align(ts, value, first, beat, rows, cuts, *, interp, max_interp_ms, block_rows=7):
-    aligner = GridAligner(first, beat, rows, interp=interp, max_interp_ms=max_interp_ms, block_rows=block_rows)
+    aligner = GridAligner(first, beat, rows, node_params(interp=interp, max_interp_ms=max_interp_ms), block_rows=block_rows)
     out = []
     bounds = [0, *sorted(cuts), len(ts)]
     for a, b in zip(bounds[:-1], bounds[1:]):

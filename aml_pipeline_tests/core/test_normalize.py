@@ -12,7 +12,7 @@ from aml_pipeline.core.normalize import (
     apply_norm,
     window_row_weights,
 )
-from aml_pipeline.core.windows import window_starts
+from aml_pipeline_tests.core.whole_series import window_starts
 from aml_pipeline_tests.reference import window_mean_std_reference, windows_reference
 
 # --- MomentAccumulator --------------------------------------------------------------------------

@@ -3,13 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aml_pipeline.core.windows import (
-    explain_no_windows,
-    window_block,
-    window_starts,
-    window_timestamps,
-)
-from aml_pipeline_tests.reference import windows_reference
+from aml_pipeline.core.windows import StartFinder, explain_no_windows, window_block
+from aml_pipeline_tests.core.whole_series import window_starts
+from aml_pipeline_tests.reference import window_timestamps_reference, windows_reference
 
 # Columns: 0 = feature, 1 = control, 2 = target.
 CTRL, TGT = [1], [2]
@@ -141,10 +137,11 @@ def test_random_grids_match_the_reference() -> None:
 
 
 def test_window_timestamps() -> None:
+    # As the snapshot writer cuts them: the grid's timestamps as a column, through window_block.
     grid_ts = np.arange(10, dtype=np.int64) * 1000 + 5000
-    ts = window_timestamps(grid_ts, np.array([3, 5]), 3, 2)
+    ts = window_block(grid_ts[:, None], np.array([3, 5]), -3, 2)[:, :, 0]
     assert ts.tolist() == [[5000, 6000, 7000, 8000, 9000], [7000, 8000, 9000, 10000, 11000]]
-    assert window_timestamps(grid_ts, np.empty(0, np.int64), 3, 2).shape == (0, 5)
+    assert window_block(grid_ts[:, None], np.empty(0, np.int64), -3, 2)[:, :, 0].shape == (0, 5)
 
 
 @pytest.mark.parametrize(
@@ -169,7 +166,7 @@ def test_windows_outside_the_grid_and_bad_grids_are_refused() -> None:
     with pytest.raises(ValueError, match=r"\[t\+0, t\+2\) falls outside the 10 grid rows"):
         gather_windows(_grid(10), np.array([9]), 3, 2, CTRL, TGT)
     with pytest.raises(ValueError, match="2-D"):
-        window_starts(np.zeros(10), 3, 2, 1, CTRL, TGT)
+        StartFinder(10, 3, 3, 2, 1, CTRL, TGT).feed(np.zeros(10))
     with pytest.raises(ValueError, match="node ids"):
         _explain(_grid(10), ["a"])
 
@@ -183,7 +180,7 @@ def test_window_block_cuts_rows_around_each_start() -> None:
     grid_ts = np.arange(10, dtype=np.int64) * 1000
     starts = np.array([3, 6])
     assert np.array_equal(
-        window_block(grid_ts[:, None], starts, -3, 2)[:, :, 0], window_timestamps(grid_ts, starts, 3, 2)
+        window_block(grid_ts[:, None], starts, -3, 2)[:, :, 0], window_timestamps_reference(grid_ts, starts, 3, 2)
     )
 
 
@@ -197,9 +194,6 @@ def test_window_block_validates() -> None:
         window_block(values, np.array([9]), 0, 2)
     with pytest.raises(ValueError, match="2-D"):
         window_block(np.zeros(10), np.array([3]), 0, 1)
-
-
-from aml_pipeline.core.windows import StartFinder  # noqa: E402
 
 
 @pytest.mark.parametrize("stride", [1, 2, 5])

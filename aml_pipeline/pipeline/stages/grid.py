@@ -8,14 +8,16 @@ bounded by the budget, not by the run's length, and the bytes do not depend on t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic.alias_generators import to_snake
 
 from aml_pipeline.core.clean import CLEAN_CAUSES, SeriesCleaner
 from aml_pipeline.core.grid import GridAligner, grid_span
+from aml_pipeline.core.grid_params import NodeGridParams
 from aml_pipeline.core.traces import RunTraces, TraceAccumulator
 from aml_pipeline.pipeline.chunks import (
     clean_chunk_points,
@@ -26,18 +28,65 @@ from aml_pipeline.pipeline.metadata import Markdown, Table
 from aml_pipeline.pipeline.stages.base import Stage, derived_stage_summary
 from aml_pipeline.pipeline.stages.raw import RAW
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.spec import DatasetSpec
+from aml_pipeline.spec import DatasetSpec, NodeSpec
 
-NODE_SETTINGS = ("nodeId", "interp", "range", "hampelK", "hampelMinDev", "maxInterpMs")
+# Where each field of the core's NodeGridParams comes from: the node's own key in its ``nodes``
+# entry when the node sets it, else the spec-wide key (a dotted path in spec.json); a node without
+# a ``range`` takes its catalog range. node_grid_params builds the object from this table and the
+# stage's version covers exactly these keys, so a new field of the object is one row here.
+FROM_SPEC: dict[str, tuple[str | None, str | None]] = {
+    # field            node key         spec-wide key
+    "good_states":    (None,           "cleaning.goodStates"),
+    "valid_range":    ("range",        None),
+    "hampel_k":       ("hampelK",      "cleaning.hampelK"),
+    "hampel_sigma":   (None,           "cleaning.hampelSigma"),
+    "hampel_min_dev": ("hampelMinDev", "cleaning.hampelMinDev"),
+    "interp":         ("interp",       None),
+    "max_interp_ms":  ("maxInterpMs",  "maxInterpMs"),
+}
+
+
+def node_grid_params(spec: DatasetSpec, node: NodeSpec, catalog_range: Sequence[float | None]) -> NodeGridParams:
+    """How ``node``'s points are cleaned and aligned: its own settings over the spec's, per
+    :data:`FROM_SPEC`; ``catalog_range`` is the node catalog's ``(range_lo, range_hi)``."""
+    fields: dict[str, Any] = {}
+    for name, (node_key, spec_key) in FROM_SPEC.items():
+        value = None if node_key is None else getattr(node, to_snake(node_key))
+        if value is None and spec_key is not None:
+            value = _attribute(spec, spec_key)
+        fields[name] = value
+    if fields["valid_range"] is None:
+        fields["valid_range"] = tuple(catalog_range)
+    return NodeGridParams(**fields)
+
+
+def _attribute(model: Any, path: str) -> Any:
+    for key in path.split("."):
+        model = getattr(model, to_snake(key))
+    return model
 
 
 def _covers(spec: DatasetSpec, j: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "beatMs": j["beatMs"],
-        "maxInterpMs": j["maxInterpMs"],
-        "cleaning": j["cleaning"],
-        "nodes": [{k: n[k] for k in NODE_SETTINGS} for n in j["nodes"]],
-    }
+    """The grid's period and every key of :data:`FROM_SPEC`, spec-wide and per node (the node id
+    keeps the column order). A key spec.json leaves out is left out here too, so a field added to
+    the spec later and written to spec.json only when it is set keeps the stored grids of specs
+    that do not set it."""
+    covers: dict[str, Any] = {"beatMs": j["beatMs"]}
+    for _, spec_key in FROM_SPEC.values():
+        if spec_key is None:
+            continue
+        *parents, last = spec_key.split(".")
+        source = j
+        for key in parents:
+            source = source.get(key, {})
+        if last in source:
+            target = covers
+            for key in parents:
+                target = target.setdefault(key, {})
+            target[last] = source[last]
+    node_keys = ("nodeId", *(k for k, _ in FROM_SPEC.values() if k is not None))
+    covers["nodes"] = [{k: n[k] for k in node_keys if k in n} for n in j["nodes"]]
+    return covers
 
 
 GRID = Stage(
@@ -111,31 +160,15 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
     first, rows = grid_span(meta["fromMs"], meta["toMs"], spec.beat_ms)
     block_rows = grid_block_rows(len(spec.nodes))
     offsets = meta["offsets"]
-    cleaning = spec.cleaning
     counts: dict[str, dict[str, int]] = {}
     missing: dict[str, float] = {}
     traces = TraceAccumulator(meta["fromMs"], meta["toMs"], spec.node_ids)
     with store.stage_writer(run_id, GRID) as writer:
         values = writer.array("values", "<f8", (rows,))
         for j, node in enumerate(spec.nodes):
-            catalog_lo, catalog_hi = meta["catalogRange"][node.node_id]
-            lo, hi = node.range if node.range is not None else (catalog_lo, catalog_hi)
-            cleaner = SeriesCleaner(
-                good_states=cleaning.good_states,
-                range_lo=lo,
-                range_hi=hi,
-                hampel_k=cleaning.hampel_k if node.hampel_k is None else node.hampel_k,
-                hampel_sigma=cleaning.hampel_sigma,
-                hampel_min_dev=cleaning.hampel_min_dev if node.hampel_min_dev is None else node.hampel_min_dev,
-            )
-            aligner = GridAligner(
-                first,
-                spec.beat_ms,
-                rows,
-                interp=node.interp,
-                max_interp_ms=spec.max_interp_ms if node.max_interp_ms is None else node.max_interp_ms,
-                block_rows=block_rows,
-            )
+            params = node_grid_params(spec, node, meta["catalogRange"][node.node_id])
+            cleaner = SeriesCleaner(params)
+            aligner = GridAligner(first, spec.beat_ms, rows, params, block_rows=block_rows)
             nan_rows = 0
 
             def emit(blocks, j=j) -> None:
