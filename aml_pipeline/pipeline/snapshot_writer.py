@@ -39,10 +39,10 @@ from aml_pipeline.pipeline.stages.windows import Columns, RunWindows
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.snapshot.layout import (
     ARRAYS,
+    MANIFEST_FILE,
     SEGMENT_FIELDS,
     SERIES_ARRAYS,
     SERIES_LAYOUT,
-    MANIFEST_FILE,
     SIDECAR_FILE,
     SPEC_FILE,
 )

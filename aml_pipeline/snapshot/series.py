@@ -78,8 +78,9 @@ class SeriesIndex:
         segment they fall in: inside a piece, window ``i`` reads from row ``first row +
         (i - first window) * min(stride, steps)``."""
         key = (group, start, stop)
-        if self._last_pieces is not None and self._last_pieces[0] == key:  # u after y, say: the same rows
-            return self._last_pieces[1]
+        last = self._last_pieces  # read once: another thread may replace it
+        if last is not None and last[0] == key:  # y after u: the same rows
+            return last[1]
         if self._lists is not None:
             window, x_row, future_row = self._lists
             k0, k1 = bisect_right(window, start) - 1, bisect_right(window, stop - 1) - 1
