@@ -1,7 +1,9 @@
 """The ``aml-pipeline`` command line; :func:`build_parser` declares its subcommands and flags.
 
 User errors print one line ``CODE: message`` on stderr and exit 2 (1 for a failed
-verification); they never print a traceback.
+verification); they never print a traceback. An operating-system error no command expected is
+one line naming the file (``FILE_ERROR``), and anything else (a bug) one ``UNEXPECTED`` line with
+the traceback saved to a file, both exit 2.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import warnings
@@ -16,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aml_pipeline import config
-from aml_pipeline.errors import AmlError
+from aml_pipeline.errors import AmlError, cut
 from aml_pipeline.progress import progress_bars
 
 
@@ -26,14 +29,29 @@ def _progress(total: int, desc: str, unit: str = "it"):
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False, disable=None)
 
 
+def _home(args: argparse.Namespace) -> Path:
+    """``--home DIR`` where the command has it, else ``AML_HOME``: like the variable, the flag moves
+    the default TSDB, the intermediates and the published datasets."""
+    given = getattr(args, "home", None)
+    return config.usable_home(Path(given).resolve(), "--home") if given else config.aml_home()
+
+
+def _tsdb_url(args: argparse.Namespace) -> str:
+    """``--tsdb URL``, else ``AML_TSDB_URL``, else the embedded file in the command's home."""
+    return args.tsdb or config.tsdb_url(_home(args))
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     from aml_pipeline.tsdb.ingest import ingest_into
+    from aml_pipeline.tsdb_open import open_tsdb
 
     if not (args.points or args.runs or args.nodes):
         args.subparser.error("nothing to ingest: give at least one of --points, --runs, --nodes")
     if args.replace_run and not args.points:
         args.subparser.error("--replace-run replaces the points of the runs in --points: give --points")
-    url = args.tsdb or config.tsdb_url()
+    if not (args.lock_timeout_s >= 0 and math.isfinite(args.lock_timeout_s)):
+        raise AmlError(f"--lock-timeout-s {args.lock_timeout_s:g}: must be a number of seconds >= 0", code="USAGE")
+    url = _tsdb_url(args)
     with _progress(0, "ingest", "step") as bar:
 
         def progress(done: int, total: int) -> None:
@@ -43,7 +61,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
         summary = ingest_into(
             url, points=args.points, runs=args.runs, nodes=args.nodes, progress=progress,
-            replace_runs=args.replace_run, lock_timeout_s=args.lock_timeout_s,
+            replace_runs=args.replace_run, lock_timeout_s=args.lock_timeout_s, opener=open_tsdb,
         )
     print(json.dumps(summary))
     return 0
@@ -56,8 +74,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     # A source description named relative to here must still be found by Dagster's workers.
-    url = absolute_source_url(args.tsdb or config.tsdb_url())
-    home = Path(args.home).resolve() if args.home else config.aml_home()
+    url = absolute_source_url(_tsdb_url(args))
+    home = _home(args)
     with progress_bars():
         summary = materialize_dataset(
             spec,
@@ -85,6 +103,13 @@ def _instance(args: argparse.Namespace):
     """The persistent instance when DAGSTER_HOME is set (the UI then shows this build)."""
     if os.environ.get("DAGSTER_HOME") and not getattr(args, "ephemeral", False):
         import dagster as dg
+
+        if not Path(os.environ["DAGSTER_HOME"]).is_dir():
+            raise AmlError(
+                f"DAGSTER_HOME={cut(os.environ['DAGSTER_HOME'], 300)} is not a directory: it holds the Dagster instance "
+                "(dagster.yaml); create it, or unset DAGSTER_HOME to record the command nowhere",
+                code="CONFIG_INVALID",
+            )
 
         from aml_pipeline.runner.instance import instance_failures
 
@@ -134,7 +159,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from aml_pipeline.spec import load_spec
 
     spec = load_spec(args.spec)
-    home = Path(args.home).resolve() if args.home else config.aml_home()
+    home = _home(args)
     png = stored_run_figure_png(DatasetStore(config.store_dir(home), spec), args.run)
     out = Path(args.out) if args.out else Path(f"{spec.id}-{args.run}.png")
     atomic_write_bytes(out, png)
@@ -219,7 +244,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from aml_pipeline.pipeline.retention import collect_garbage
     from aml_pipeline.spec import discover_specs
 
-    home = Path(args.home).resolve() if args.home else config.aml_home()
+    if args.keep < 0:
+        raise AmlError(f"--keep {args.keep}: the non-current snapshots to keep per spec must be >= 0", code="USAGE")
+    home = _home(args)
     root = Path(args.root).resolve() if args.root else config.datasets_dir(home)
     specs, errors = discover_specs(config.specs_dir())
     for path, message in errors:
@@ -247,7 +274,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     spec_path = Path(args.spec) if args.spec else DEMO_SPEC
     with progress_bars():
         summary = run_demo(
-            home=Path(args.home).resolve() if args.home else config.aml_home(),
+            home=_home(args),
             spec_path=spec_path,
             runs=args.runs,
             instance=_instance(args),
@@ -271,6 +298,9 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     from aml_pipeline.spec import load_spec
     from aml_pipeline.training import ridge_baseline
 
+    bad = [a for a in args.alphas or () if not (a > 0 and math.isfinite(a))]
+    if bad:
+        raise AmlError(f"--alphas {bad[0]:g}: a ridge penalty must be a number > 0", code="USAGE")
     spec = load_spec(args.spec)
     root = Path(args.root) if args.root else config.datasets_dir()
     snapshot = Path(args.snapshot) if args.snapshot else current_snapshot(root, spec.id)
@@ -336,6 +366,8 @@ def cmd_env_status(args: argparse.Namespace) -> int:
 def cmd_env_rebuild(args: argparse.Namespace) -> int:
     from aml_pipeline.envs import rebuild_shared_env
 
+    if not (args.wait_s >= 0 and math.isfinite(args.wait_s)):
+        raise AmlError(f"--wait-s {args.wait_s:g}: must be a number of seconds >= 0", code="USAGE")
     build = rebuild_shared_env(
         _env_settings(args),
         holder="aml-pipeline env rebuild",
@@ -361,7 +393,7 @@ columns (snake_case or camelCase; other columns are ignored):
           state              integer quality code; the spec's goodStates (default [0]) are good
           (the file's row order is the ingestion order: of duplicate timestamps the last wins)
   runs    run_id, line_id, product_id, recipe_id   required
-          started_at, ended_at                     epoch ms or ISO-8601; empty ended_at = running
+          started_at, ended_at                     required; epoch ms or ISO-8601; an empty ended_at = running
           recipe_version, recipe_content_hash      optional (manifest v2 lineage)
           evidence_source                          simulation | real | unassessed (default)
           context_confirmed                        true/false (default false)
@@ -407,14 +439,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace all stored points of every run in --points by the file's points (one transaction); "
         "without it, points already stored are skipped",
     )
-    i.add_argument("--lock-timeout-s", type=float, default=10.0, help="wait this long for readers of an embedded TSDB file (default 10)")
+    i.add_argument("--lock-timeout-s", type=float, default=10.0, help="wait this long for the TSDB before TSDB_BUSY: for readers of the embedded file to close it, "
+                   "for another ingest into PostgreSQL to commit (default 10)")
     i.set_defaults(func=cmd_ingest, subparser=i)
 
     b = sub.add_parser("build", help="build and publish a dataset snapshot through its Dagster assets")
     b.add_argument("spec", help="dataset spec (YAML)")
     b.add_argument("--tsdb", help="TSDB URL or source description (plant.yaml) (default: $AML_TSDB_URL or the embedded file in AML_HOME)")
     b.add_argument("--out", help="datasets root to publish into (default: $AML_HOME/datasets)")
-    b.add_argument("--home", help="AML_HOME for intermediate artifacts (default: $AML_HOME or ./.aml)")
+    b.add_argument("--home", help="AML_HOME: the default TSDB file, intermediates and datasets root (default: $AML_HOME or ./.aml)")
     b.add_argument("--json", action="store_true", help="print only the JSON summary")
     b.add_argument("--ephemeral", action="store_true", help="do not record in $DAGSTER_HOME's instance")
     b.add_argument("--full", action="store_true", help="rebuild every run partition, not only missing or stale ones")
@@ -556,19 +589,51 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except AmlError as e:
         if e.code == "NO_RUNS" and args.command == "build":
-            e = AmlError(f"{e.message}; {_runs_in_tsdb(args.tsdb or config.tsdb_url())}", code=e.code)
+            e = AmlError(f"{e.message}; {_runs_in_tsdb(_tsdb_url(args))}", code=e.code)
         print(e.one_line(), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a file or directory the command could not use, named
+        print(_os_error_line(e), file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug, not the user's input: still one line; the traceback goes to a file
+        print(_unexpected_line(e, sys.argv[1:] if argv is None else argv), file=sys.stderr)
+        return 2
+
+
+def _os_error_line(e: OSError) -> str:
+    from aml_pipeline.errors import disk_full
+
+    where = cut(e.filename, 300) if e.filename is not None else "a file"
+    full = disk_full(e, where)
+    return full.one_line() if full is not None else f"FILE_ERROR: {where}: {e.strerror or e}"
+
+
+def _unexpected_line(e: Exception, argv: list[str]) -> str:
+    """One line for an exception no command expects, and where its traceback was saved: the
+    line for the user, the file for a bug report."""
+    import tempfile
+    import traceback
+
+    first = (str(e).strip().splitlines() or [""])[0]
+    try:
+        fd, path = tempfile.mkstemp(prefix="aml-pipeline-", suffix=".traceback")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"aml-pipeline {' '.join(argv)}\n")
+            traceback.print_exception(e, file=f)
+        saved = f"; its traceback is in {path}"
+    except OSError:
+        saved = ""
+    return f"UNEXPECTED: {type(e).__name__}: {cut(first, 300)} (a bug in aml-pipeline, not in the input{saved})"
 
 
 def _runs_in_tsdb(url: str, limit: int = 4) -> str:
     """What the TSDB does hold, by line, product and recipe (for a NO_RUNS message)."""
     from collections import Counter
 
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline.urls import redact_url
 
     try:
@@ -580,7 +645,7 @@ def _runs_in_tsdb(url: str, limit: int = 4) -> str:
         return f"{redact_url(url)} holds no runs at all (ingest them with `aml-pipeline ingest`)"
     groups = Counter((r.line_id, r.product_id, r.recipe_id, r.finished) for r in runs)
     shown = [
-        f"{n} {'finished' if finished else 'running'} of line {line}, product {product}, recipe {recipe}"
+        f"{n} {'finished' if finished else 'running'} of line {cut(line)}, product {cut(product)}, recipe {cut(recipe)}"
         for (line, product, recipe, finished), n in groups.most_common(limit)
     ]
     more = f" and {len(groups) - limit} more groups" if len(groups) > limit else ""

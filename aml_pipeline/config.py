@@ -13,15 +13,31 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def aml_home() -> Path:
-    return Path(os.environ.get("AML_HOME") or Path.cwd() / ".aml").resolve()
+    configured = os.environ.get("AML_HOME")
+    return usable_home(Path(configured or Path.cwd() / ".aml").resolve(), "AML_HOME" if configured else "the default home")
+
+
+def usable_home(home: Path, what: str) -> Path:
+    """``home``, unless it or the nearest of its parents that exists is not a directory: then a
+    CONFIG_INVALID error naming ``what`` (the variable or the flag), before anything is written."""
+    for path in (home, *home.parents):
+        if path.exists():
+            if not path.is_dir():
+                from aml_pipeline.errors import AmlError
+
+                raise AmlError(f"{what} {home}: {path} is a file, not a directory", code="CONFIG_INVALID")
+            break
+    return home
 
 
 def default_tsdb_url(home: Path | None = None) -> str:
     return f"duckdb:///{(home or aml_home()) / 'tsdb.duckdb'}"
 
 
-def tsdb_url() -> str:
-    return os.environ.get("AML_TSDB_URL") or default_tsdb_url()
+def tsdb_url(home: Path | None = None) -> str:
+    """``AML_TSDB_URL``, else the embedded file in ``home`` (default ``AML_HOME``): whatever moves
+    the home moves the default TSDB with it."""
+    return os.environ.get("AML_TSDB_URL") or default_tsdb_url(home)
 
 
 def specs_dir() -> Path:

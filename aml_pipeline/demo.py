@@ -19,7 +19,7 @@ from typing import Any
 from aml_pipeline import config
 from aml_pipeline.errors import AmlError
 from aml_pipeline.spec import DatasetSpec, load_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.urls import redact_url
 
 DEMO_SPEC = config.REPO_ROOT / "specs" / "reactor_a.yaml"

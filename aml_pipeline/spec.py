@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSche
 from pydantic.alias_generators import to_camel
 
 from aml_pipeline.core.units import UnitTransform, check_unit_contract
-from aml_pipeline.errors import AmlError, InvalidIdError, SpecError, UnitContractError
+from aml_pipeline.errors import AmlError, InvalidIdError, SpecError, UnitContractError, cut
 from aml_pipeline.ids import check_external_id, check_spec_id
 
 Role = Literal["feature", "control", "target"]
@@ -240,13 +241,28 @@ def read_yaml(path: Path, *, what: str, error: type[AmlError]) -> Any:
     """The YAML (or JSON) document in ``path``; a file that cannot be read or parsed is one
     ``error`` naming the file and ``what`` it was to be."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as e:
         raise error(f"{path}: cannot read {what} ({e.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: cannot read {what}: {_not_utf8(data, e)}") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise error(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+
+
+def _not_utf8(data: bytes, e: UnicodeDecodeError) -> str:
+    """Where a file stops being UTF-8: the line, the key that line holds, the byte."""
+    line_start = data.rfind(b"\n", 0, e.start) + 1
+    line = data[line_start:data.find(b"\n", e.start) if b"\n" in data[e.start:] else len(data)]
+    key = re.match(r"\s*(?:-\s+)?([\w.-]+)\s*:", line.decode("utf-8", errors="replace"))
+    line_no = data.count(b"\n", 0, e.start) + 1
+    in_key = f", in key {cut(key.group(1))}" if key else ""
+    return (f"line {line_no} is not UTF-8 text (byte 0x{data[e.start]:02x}{in_key}; the file is in another "
+            "encoding, e.g. Latin-1); save it as UTF-8")
 
 
 def load_spec(path: str | Path) -> DatasetSpec:

@@ -35,7 +35,7 @@ def _spec(spec_dict: dict[str, Any]):
 def e2e_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, Any]:
     """``build_dataset`` into fresh directories under ``out``; wall seconds and the summary."""
     from aml_pipeline.pipeline.build import build_dataset
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     spec = _spec(spec_dict)
     fresh_dir(out)
@@ -79,7 +79,7 @@ def staged_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[st
     import aml_pipeline.pipeline.build as build_mod
     import aml_pipeline.pipeline.runs as runs_mod
     import aml_pipeline.pipeline.stages.raw as raw_mod
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     spec = _spec(spec_dict)
     fresh_dir(out)
@@ -152,7 +152,7 @@ def io_floor(spec_dict: dict[str, Any], tsdb_url: str, array_bytes: dict[str, in
     import duckdb
 
     from aml_pipeline.pipeline.plan import run_scope
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline.tsdb.duckdb import parse_duckdb_url
 
     spec = _spec(spec_dict)

@@ -97,8 +97,8 @@ GOALS = (
 PARTS = ("build", "hampel", "windows", "snapshot", "series", "plots", "dagster", "incremental", "parallel",
          "orchestration", "run_figures", "rss", "pg", "sources")
 
-# A Dagster build of the 2,000 small runs takes about 10 min on the 2-core machine today, so that
-# figure gets one repetition in the full run (raise orchestration_repeat where time allows).
+# The Dagster build of the 2,000 small runs is the longest side of the full run, so that figure
+# gets one repetition there (raise orchestration_repeat where time allows).
 FULL = dict(runs=32, minutes=120.0, repeat=5, build_repeat=3, pf_runs=8,
             rss_piece_minutes=1440.0, rss_pieces=(2, 16),
             orchestration_runs=2000, orchestration_minutes=3.0, orchestration_repeat=1,

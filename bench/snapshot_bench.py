@@ -128,7 +128,7 @@ def train_epoch(snap: Any, epoch: int) -> tuple[int, int, float]:
 
 
 def build_standard_snapshot(directory: Path) -> Path:
-    """The benchmark workload (32 runs x 120 min, ~600 MB of arrays) built by the library build."""
+    """The benchmark workload (32 runs x 120 min, 616 MB of arrays) built by the library build."""
     from bench.build_bench import e2e_build
     from bench.workload import make_workload
 

@@ -93,7 +93,7 @@ def make_workload(
     import numpy as np
 
     from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from aml_pipeline import config
 from aml_pipeline.components.assets import dataset_assets
 from aml_pipeline.components.baseline import baseline_assets
-from aml_pipeline.components.maintenance import gc_job, gc_schedule
+from aml_pipeline.components.maintenance import gc_job, gc_schedule, register_spec
 from aml_pipeline.components.resources import plant_resources
 from aml_pipeline.components.schedules import build_job, rebuild_job, rebuild_schedule, runs_job, verify_job, verify_schedule
 from aml_pipeline.components.sensors import new_run_sensor
@@ -39,6 +39,7 @@ def dataset_definitions(spec: DatasetSpec, versions: StageVersions | None = None
     """Everything one dataset spec contributes (its plant part aside: :func:`plant_definitions`);
     ``versions``: the spec's stage versions when the caller has them already."""
     versions = versions or StageVersions.of(spec)
+    register_spec(spec)
     rebuild, verify = rebuild_job(spec), verify_job(spec)
     return dg.Definitions(
         assets=[*dataset_assets(spec, versions), *baseline_assets(spec)],

@@ -31,7 +31,7 @@ from aml_pipeline.demo import DEMO_SPEC, seed_plant
 from aml_pipeline.pipeline.plan import run_scope
 from aml_pipeline.pipeline.registry import DATASET_ASSETS, RUN_ASSETS
 from aml_pipeline.spec import load_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.browser import browser_page, dismiss_dialogs
 from aml_pipeline_tests.dagster_server import (
     DagsterDev,

@@ -18,7 +18,7 @@ from aml_pipeline.pipeline.stages.raw import fetch_run
 from aml_pipeline.pipeline.stages.split import plan_dataset
 from aml_pipeline.pipeline.stages.windows import window_run
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 def _digest(path) -> str:

@@ -17,7 +17,7 @@ from aml_pipeline.errors import DiskFullError
 from aml_pipeline.faults import TRACE_ENV
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import traced
 from aml_pipeline_tests.small_fs import fill, small_filesystem
 from aml_pipeline_tests.thin_fs import thin_ext4

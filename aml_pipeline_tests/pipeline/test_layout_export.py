@@ -14,7 +14,7 @@ from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.layout_export import export_windows_layout
 from aml_pipeline.snapshot import open_snapshot
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 CLI = [sys.executable, "-m", "aml_pipeline.cli"]
 

@@ -22,7 +22,7 @@ from aml_pipeline.pipeline.snapshot_writer import write_snapshot_files
 from aml_pipeline.pipeline.stages.norm import fit_normalization
 from aml_pipeline.pipeline.stages.split import DatasetPlan, load_plan
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import count_phases, last_point, traced
 
 
@@ -119,7 +119,7 @@ import json, os, sys
 from pathlib import Path
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 spec = json.loads(sys.argv[2])
 trace = os.environ["AML_FAULT_TRACE"]
 with open_tsdb(sys.argv[1]) as db:

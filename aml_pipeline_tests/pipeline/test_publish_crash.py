@@ -15,7 +15,7 @@ import pytest
 from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import armed, kill_stopped, wait_stopped
 
 BUILD = """
@@ -23,7 +23,7 @@ import json, sys
 from pathlib import Path
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 spec = parse_spec(json.loads(sys.argv[2]))
 with open_tsdb(sys.argv[1]) as db:
     out = build_dataset(spec, db, store_root=Path(sys.argv[3]), datasets_root=Path(sys.argv[4]))

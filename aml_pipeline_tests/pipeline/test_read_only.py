@@ -25,7 +25,7 @@ from aml_pipeline.fsutil import READ_ONLY_DIR, READ_ONLY_FILE, remove_tree
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import remove_abandoned_staging
 from aml_pipeline.snapshot import SnapshotError, open_snapshot
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 NOBODY = 65534
 

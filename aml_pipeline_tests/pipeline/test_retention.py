@@ -20,7 +20,7 @@ from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.pipeline.retention import collect_garbage
 from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import armed, count_phases, kill_stopped, last_point, traced, wait_stopped
 
 
@@ -188,7 +188,7 @@ from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import current_snapshot
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 spec, stop = json.loads(sys.argv[2]), Path(sys.argv[5])
 with open_tsdb(sys.argv[1]) as db:
     i = 0

@@ -23,7 +23,7 @@ from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.registry import STAGES, StageVersions
 from aml_pipeline.simulate.plant import plant_spec_dict
 from aml_pipeline.spec import load_spec, parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 ROOT = Path(__file__).resolve().parents[2]
 

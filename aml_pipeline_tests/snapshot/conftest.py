@@ -11,7 +11,7 @@ from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.stages.manifest import PublishedDataset
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 @pytest.fixture(scope="session")

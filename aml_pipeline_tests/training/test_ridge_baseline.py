@@ -112,7 +112,7 @@ def test_both_layouts_give_the_same_model(tmp_path, monkeypatch):
     from aml_pipeline.training import ridge_baseline
     from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
     from aml_pipeline.spec import parse_spec
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     plant = simulate_plant(n_runs=6, run_minutes=8, seed=5)
     url = f"duckdb://{tmp_path / 'tsdb.duckdb'}"
