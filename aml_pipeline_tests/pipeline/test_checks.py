@@ -12,8 +12,8 @@ from aml_pipeline_tests.snapshot.support import rehash, write_series_snapshot
 
 
 def test_the_checks_read_a_series_snapshot_in_bounded_memory(tmp_path):
-    """tracemalloc sees numpy's allocations: both checks read 70 MB of stored rows (windows that
-    would take 3 GB cut) allocating a small fraction of them."""
+    """tracemalloc sees numpy's allocations: both checks read stored rows several times their
+    bound (windows that would take forty times more, cut), allocating a fraction of them."""
     root = write_series_snapshot(tmp_path / "s", runs=(1_200_000, 100_000, 100_000), H=60, F=10,
                                  nodes=tuple(f"N{i}" for i in range(12)), controls=("N0",), targets=("N1",))
     manifest = json.loads((root / "manifest.json").read_text())

@@ -189,7 +189,7 @@ def test_an_index_that_does_not_describe_the_windows_is_invalid(fresh_series_v2,
 
 def test_reading_is_bounded_by_a_batch_not_by_the_windows(tmp_path):
     """tracemalloc sees numpy's allocations: iterating every window of a series snapshot whose
-    windows, cut, would take 300 MB, in order and shuffled with a 1 MiB buffer, allocates about
+    windows, cut, would be hundreds of times the buffer, in order and shuffled, allocates about
     the buffer and a few batches."""
     snap = open_snapshot(write_series_snapshot(tmp_path / "s", runs=(60_000, 30_000, 30_000), H=60, F=10,
                                                nodes=tuple(f"N{i}" for i in range(12)), controls=("N0",), targets=("N1",)))
