@@ -209,6 +209,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from aml_pipeline.snapshot import SnapshotError, open_snapshot
     from aml_pipeline.snapshot.export import export_parquet
 
+    if args.layout is not None:
+        return _export_layout(args)
+
     bars: list[Any] = []  # opened on the first run written, after every check has passed
 
     def progress(done: int, total: int) -> None:
@@ -230,6 +233,26 @@ def cmd_export(args: argparse.Namespace) -> int:
             bar.close()
     print(json.dumps({k: summary[k] for k in ("outDir", "format", "sha256", "verified", "splits", "rows")}
                      | {"files": len(summary["files"])}))
+    return 0
+
+
+def _export_layout(args: argparse.Namespace) -> int:
+    """``export SNAPSHOT --layout windows``: the snapshot rewritten in the windows layout."""
+    from aml_pipeline.errors import disk_full
+    from aml_pipeline.pipeline.layout_export import export_windows_layout
+    from aml_pipeline.snapshot import SnapshotError, open_snapshot
+
+    if args.split:
+        raise AmlError("--split selects runs of a Parquet export; --layout writes the whole snapshot", code="USAGE")
+    try:
+        summary = export_windows_layout(open_snapshot(args.snapshot_dir, verify=not args.no_verify), args.out)
+    except SnapshotError as e:
+        raise AmlError(str(e), code=e.code) from None
+    except FileExistsError as e:
+        raise AmlError(str(e), code="EXPORT_EXISTS") from None
+    except OSError as e:
+        raise (disk_full(e, args.out) or AmlError(f"{args.out}: {e}", code="EXPORT_FAILED")) from None
+    print(json.dumps(summary))
     return 0
 
 
@@ -493,9 +516,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", help="PNG file to write (default: ./<spec>-<run>.png)")
     pl.set_defaults(func=cmd_plot)
 
-    x = sub.add_parser("export", help="write a snapshot's model-unit grid per run for dataframe tools (docs/consumers.md)")
+    x = sub.add_parser("export", help="write a snapshot's model-unit grid per run for dataframe tools, or the "
+                                      "snapshot in the windows layout (docs/consumers.md)")
     x.add_argument("snapshot_dir")
-    x.add_argument("--format", choices=("parquet",), default="parquet", help="output format (default parquet)")
+    form = x.add_mutually_exclusive_group()
+    form.add_argument("--format", choices=("parquet",), default="parquet", help="output format (default parquet)")
+    form.add_argument("--layout", choices=("windows",),
+                      help="write the snapshot itself in this layout instead (docs/snapshot.md)")
     x.add_argument("--out", required=True, help="directory to create (must not exist, or be empty)")
     x.add_argument("--split", action="append", choices=("train", "val", "test"), help="only this split (repeatable)")
     x.add_argument("--no-verify", action="store_true", help="skip the hash check (the export then records verified=false)")

@@ -143,6 +143,10 @@ class DatasetSpec(_Model):
     split: SplitSpec = SplitSpec()
     note: str = ""
     extras: ExtrasSpec | None = None
+    # How the snapshot stores its windows (docs/snapshot.md): "windows" (the predecessor's
+    # x/u/y arrays) or "series" (each grid row once, windows cut on read). The default is left
+    # out of spec.json, so a spec that does not choose keeps today's bytes and hash.
+    layout: Literal["windows", "series"] = "windows"
     # Operational, not part of the dataset's identity: excluded from spec.json and the hash.
     schedule: str | None = None
 
@@ -193,7 +197,8 @@ class DatasetSpec(_Model):
         )
 
     def to_json_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude={"schedule"})
+        exclude = {"schedule"} | ({"layout"} if self.layout == "windows" else set())
+        return self.model_dump(mode="json", by_alias=True, exclude=exclude)
 
     def to_json_bytes(self) -> bytes:
         """The exact bytes of ``spec.json`` (the first input of the snapshot hash)."""

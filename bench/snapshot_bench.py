@@ -103,12 +103,8 @@ def run(snapshot_dir: Path, repeat: int = 5) -> dict[str, Any]:
 
     speeds, epochs = [], []
     for epoch in range(repeat):
-        t = time.perf_counter()
-        nbytes = windows = 0
-        for batch in snap.iter_batches("train", 256, shuffle=True, seed=0, epoch=epoch):
-            nbytes += batch["x"].nbytes + batch["u"].nbytes + batch["y"].nbytes
-            windows += batch["index"].shape[0]
-        speeds.append(nbytes / (time.perf_counter() - t) / 1e9)
+        nbytes, windows, seconds = train_epoch(snap, epoch)
+        speeds.append(nbytes / seconds / 1e9)
         epochs.append(windows)
     assert all(w == snap.counts["train"] for w in epochs), epochs
     res["iter_batches_gb_per_s"] = statistics.median(speeds)
@@ -119,6 +115,16 @@ def run(snapshot_dir: Path, repeat: int = 5) -> dict[str, Any]:
         for key, (target, op) in GOALS.items()
     }
     return res
+
+
+def train_epoch(snap: Any, epoch: int) -> tuple[int, int, float]:
+    """Every train window in shuffled batches of 256 (x, u, y): bytes yielded, windows, seconds."""
+    t = time.perf_counter()
+    nbytes = windows = 0
+    for batch in snap.iter_batches("train", 256, shuffle=True, seed=0, epoch=epoch):
+        nbytes += batch["x"].nbytes + batch["u"].nbytes + batch["y"].nbytes
+        windows += batch["index"].shape[0]
+    return nbytes, windows, time.perf_counter() - t
 
 
 def build_standard_snapshot(directory: Path) -> Path:

@@ -25,6 +25,7 @@ from aml_pipeline.errors import AmlError
 from aml_pipeline.faults import crash_point
 from aml_pipeline.fsutil import fsync_dir, make_read_only, process_alive, remove_tree
 from aml_pipeline.ids import check_spec_id
+from aml_pipeline.snapshot.layout import manifest_layout
 
 CATALOG_FILE = "catalog.sqlite"
 CURRENT_LINK = "current"
@@ -118,6 +119,7 @@ class CatalogEntry:
     current: bool
     build_key: str | None = None  # what it was built from (spec stages, runs and their data versions)
     checks: dict[str, Any] | None = None  # the blocking checks' outcomes at publication
+    layout: str = "windows"  # how the snapshot stores its windows (docs/snapshot.md)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -130,6 +132,7 @@ class CatalogEntry:
             "runs": self.runs,
             "lineageVerified": self.lineage_verified,
             "current": self.current,
+            "layout": self.layout,
         }
 
 
@@ -146,14 +149,16 @@ CREATE TABLE IF NOT EXISTS snapshots (
     current INTEGER NOT NULL DEFAULT 0,
     build_key TEXT,
     checks TEXT,
+    layout TEXT,
     PRIMARY KEY (spec_id, sha256)
 )
 """
-# Columns added after the first catalogs were written (added in place to an older catalog).
-_ADDED_COLUMNS = (("build_key", "TEXT"), ("checks", "TEXT"))
+# Columns added after the first catalogs were written (added in place to an older catalog; a
+# snapshot recorded before there was a layout column has the windows layout).
+_ADDED_COLUMNS = (("build_key", "TEXT"), ("checks", "TEXT"), ("layout", "TEXT"))
 _COLUMNS = (
     "spec_id, sha256, path, manifest_version, created_at, windows_train, windows_val, windows_test, "
-    "runs_train, runs_val, runs_test, runs_excluded, lineage_verified, current, build_key, checks"
+    "runs_train, runs_val, runs_test, runs_excluded, lineage_verified, current, build_key, checks, layout"
 )
 
 
@@ -217,12 +222,13 @@ class Catalog:
             int(current),
             build_key,
             None if checks is None else json.dumps(checks),
+            manifest_layout(manifest),
         )
         with self._connect() as conn, conn:
             if current:
                 conn.execute("UPDATE snapshots SET current = 0 WHERE spec_id = ?", (spec_id,))
             conn.execute(
-                f"INSERT INTO snapshots ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                f"INSERT INTO snapshots ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
                 "ON CONFLICT (spec_id, sha256) DO UPDATE SET path = excluded.path, "
                 "current = excluded.current, build_key = excluded.build_key, checks = excluded.checks",
                 row,
@@ -289,4 +295,5 @@ def _entry(r: tuple) -> CatalogEntry:
         current=bool(r[13]),
         build_key=r[14],
         checks=None if r[15] is None else json.loads(r[15]),
+        layout=r[16] or "windows",
     )

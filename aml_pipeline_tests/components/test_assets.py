@@ -388,3 +388,37 @@ def test_a_split_with_val_or_test_empty_is_a_warning_in_the_run_log_naming_the_r
                 if e.level == logging.WARNING and "no runs" in e.user_message]
     assert any(f"the chronological split of {n} runs gives floor({n} x 0.15) = 0 for val" in w
                and "(docs/spec.md, split)" in w for w in warnings), warnings
+
+
+def test_a_series_dataset_has_the_windows_datasets_figures_and_checks(dagster_spec, instance, resources, tmp_path):
+    """The same spec in the series layout through Dagster: its blocking checks pass on its own
+    files, its metadata (windows, runs, statistics, lag correlations) is the windows layout's,
+    and the verify job names a tampered row file."""
+    from aml_pipeline.components.resources import StoreResource
+
+    series_spec = parse_spec({**dagster_spec.to_json_dict(), "layout": "series"})
+    figures = {}
+    for spec, home in ((dagster_spec, tmp_path / "w"), (series_spec, tmp_path / "s")):
+        store = StoreResource(home=str(home))
+        summary = materialize_dataset(spec, tsdb_url=resources["tsdb"].url, home=home, instance=instance)
+        assert summary["checks"] == dict.fromkeys(MANIFEST_CHECKS, True) and summary["current"]
+        m = latest(instance, dg.AssetKey([spec.id, "dataset_manifest"]))
+        figures[spec.layout] = {k: m.metadata[k].value for k in ("lag_cross_correlation", "norm", "windows_train",
+                                                                  "windows_val", "windows_test", "runs_train")}
+        snapshot = Path(summary["snapshotDir"])
+    assert figures["series"] == figures["windows"]
+    assert figures["series"]["lag_cross_correlation"].records  # there are lag figures to compare
+    assert json.loads((snapshot / "manifest.json").read_text())["layout"] == "series"
+
+    all_resources = {**plant_resources(), **resources, "store": store}
+    defs = dg.Definitions.merge(dataset_definitions(series_spec), dg.Definitions(resources=all_resources))
+    verify = defs.resolve_job_def(f"{series_spec.id}__verify")
+    assert all(e.passed for e in verify.execute_in_process(instance=instance).get_asset_check_evaluations())
+    rows = snapshot / "arrays" / "x_rows.f32"
+    os.chmod(rows, 0o644)
+    data = bytearray(rows.read_bytes())
+    data[100] ^= 1
+    rows.write_bytes(bytes(data))
+    checks = {e.check_name: e for e in verify.execute_in_process(instance=instance, raise_on_error=False)
+              .get_asset_check_evaluations()}
+    assert not checks["hash_verifies"].passed and "arrays/x_rows.f32" in checks["hash_verifies"].description
