@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from aml_pipeline.errors import PaginationError, TruncationError
+from aml_pipeline.errors import PaginationError, TruncationError, cut
 from aml_pipeline.faults import crash_point
 
 EvidenceSource = Literal["simulation", "real", "unassessed"]
@@ -102,7 +102,7 @@ class RunScope:
         def when(ms: int) -> str:
             return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
-        parts = [f"{name} {value}" for name, value in
+        parts = [f"{name} {cut(value)}" for name, value in
                  (("line", self.line_id), ("product", self.product_id), ("recipe", self.recipe_id)) if value is not None]
         if self.from_ms is None and self.to_ms is None:
             parts.append("any time")

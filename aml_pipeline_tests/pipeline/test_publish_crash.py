@@ -51,13 +51,14 @@ def assert_consistent(datasets: Path, spec_id: str) -> None:
         assert verify_snapshot(path).ok, f"{path} is visible but not a complete snapshot"
 
 
-@pytest.mark.parametrize("point", STAGED + PLACED + CURRENT)
-def test_a_build_killed_at_each_step_of_publication(point, make_spec, plant_url, roots, tmp_path):
-    datasets, spec = roots["datasets_root"], make_spec(note="before")
+@pytest.mark.parametrize("point,layout", [*((p, "windows") for p in STAGED + PLACED + CURRENT),
+                                          *((p, "series") for p in ("publish.array_written", "publish.renamed"))])
+def test_a_build_killed_at_each_step_of_publication(point, layout, make_spec, plant_url, roots, tmp_path):
+    datasets, spec = roots["datasets_root"], make_spec(note="before", layout=layout)
     with open_tsdb(plant_url) as db:
         before = build_dataset(spec, db, **roots)
     # The edited note changes the manifest, so this build publishes a new snapshot.
-    edited = make_spec(note="after")
+    edited = make_spec(note="after", layout=layout)
     env = armed(point, tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-c", BUILD, plant_url, json.dumps(edited.to_json_dict()), str(roots["store_root"]), str(datasets)],

@@ -114,6 +114,7 @@ CHANGES: dict[str, Change] = {
     "split.test": _all(_set("split.train", 0.55), _set("split.test", 0.3)),
     "split.seed": _all(_set("split.method", "hashed"), _set("split.seed", 5)),
     "note": _set("note", "another note"),
+    "layout": _set("layout", "series"),
     "schedule": _set("schedule", "0 * * * *"),
     "extras.specRef": _set("extras.specRef", "specs/other.yaml"),
     "extras.specVersion": _set("extras.specVersion", 2),

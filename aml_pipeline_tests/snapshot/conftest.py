@@ -55,3 +55,19 @@ def v1(plant, plant_url, tmp_path_factory) -> PublishedDataset:
 @pytest.fixture
 def fresh_v2(plant, plant_url, tmp_path) -> PublishedDataset:
     return publish(plant, plant_url, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def series_v2(plant, plant_url, tmp_path_factory) -> PublishedDataset:
+    """The v2 dataset in the series layout (same spec and data as ``v2``)."""
+    return publish(plant, plant_url, tmp_path_factory.mktemp("series-v2"), layout="series")
+
+
+@pytest.fixture(scope="session")
+def series_v1(plant, plant_url, tmp_path_factory) -> PublishedDataset:
+    return publish(plant, plant_url, tmp_path_factory.mktemp("series-v1"), extras=False, layout="series")
+
+
+@pytest.fixture
+def fresh_series_v2(plant, plant_url, tmp_path) -> PublishedDataset:
+    return publish(plant, plant_url, tmp_path, layout="series")

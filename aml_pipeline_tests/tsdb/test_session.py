@@ -354,5 +354,5 @@ def test_a_brief_handle_ends_its_hold_even_when_every_chunk_starts_with_a_prefet
         chunks += 1
     session.close()
     assert chunks >= 8
-    # One hold per about 0.2 s of the second: not one hold for all of it.
+    # One hold per hold_s of the second: not one hold for all of it.
     assert session.opens >= 3, session.opens
