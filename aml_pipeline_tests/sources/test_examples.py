@@ -110,6 +110,25 @@ def test_the_influxdb_example_reads_the_plant(plant, influx_url, tmp_path, monke
         layouts.influx_query(influx_url, 'DROP DATABASE "plant"')
 
 
+def test_the_opcua_example_reads_the_plant(plant, reference, tmp_path, monkeypatch):
+    """The OPC UA example against the test historian: a signed and encrypted channel (this
+    client's certificate and key where the example names them), the user and password it names,
+    the nodes by NodeId and by browse path."""
+    from aml_pipeline_tests import opcua_server
+
+    base = tmp_path / "historian"
+    layouts.opcua_history(base, plant)
+    server_cert, server_key = opcua_server.make_certificate(tmp_path / "server-pki", "server", opcua_server.SERVER_URI,
+                                                            server=True)
+    opcua_server.make_certificate(tmp_path / "pki", "aml-client", "urn:aml-pipeline:example-client")
+    layouts._runs_file(plant, tmp_path / "mes" / "batches.csv")
+    security = {"policy": "Basic256Sha256_SignAndEncrypt", "certificate": str(server_cert), "private_key": str(server_key)}
+    with opcua_server.running(base, users={"aml_reader": "example-secret"}, security=security) as server:
+        env = {"PLANT_OPCUA": server.url, "OPC_PASSWORD": "example-secret"}
+        check_reads_the_plant(example("opcua.yaml", tmp_path), env, reference.url, plant, monkeypatch)
+        assert server.stats()["open"] == 0 and server.stats()["writes"] == 0
+
+
 def renamed_points(plant, runs: list[Run]) -> PointColumns:
     """The plant's points, each given the run (of ``runs``, sorted by start) whose time holds it."""
     starts = np.array([r.started_at for r in runs])
