@@ -3,7 +3,10 @@
 Contract (docs/spec.md, cleaning): for point ``i`` the window is indices ``max(0, i-k)..min(n-1, i+k)`` (it
 shrinks at the ends), ``m_i`` = median of the window (even counts average the middle two),
 ``MAD_i`` = median of ``|x_j - m_i|`` over the same window, and ``i`` is an outlier iff
-``|x_i - m_i| > max(sigma * 1.4826 * MAD_i, min_dev)``.
+``|x_i - m_i| > max(sigma * 1.4826 * MAD_i, min_dev)``. The *trailing* window (a causal
+dataset's, docs/spec.md) is the point and the ``2k`` before it, ``max(0, i-2k)..i``: the same
+``2k+1`` points as the centred window of ``i-k``, so both share the interior kernels below and
+differ only in the point compared with the window's median and in the start edge (no end edge).
 
 The flags must be bit-identical to a straightforward per-point implementation, so nothing here
 approximates: every value that reaches a comparison is produced by the same IEEE operations the
@@ -85,12 +88,19 @@ def _merge_exchange(n: int) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def hampel_outliers(x: np.ndarray, k: int, sigma: float, min_dev: float = 0.0) -> np.ndarray:
+def hampel_outliers(
+    x: np.ndarray, k: int, sigma: float, min_dev: float = 0.0, *, trailing: bool = False,
+    starts: np.ndarray | None = None,
+) -> np.ndarray:
     """Boolean mask of Hampel outliers (True = outlier) of the 1-D finite series ``x``.
 
     ``k`` is the half window (0 disables the filter), ``sigma`` the threshold in robust standard
     deviations, ``min_dev`` an absolute floor on the threshold (quantised sensors have MAD 0 on
-    plateaus and would otherwise flag every single step).
+    plateaus and would otherwise flag every single step). ``trailing``: judge each point against
+    itself and the ``2k`` points before it (nothing after it), so a flag never depends on a later
+    point. ``starts``: ``x`` holds several series back to back, each beginning at one of these
+    ascending indices (the first 0); windows never reach across from one to the next, so the flags
+    are each series' own (several short series in one call cost about what one long one does).
     """
     x = np.ascontiguousarray(x, dtype=np.float64)
     if x.ndim != 1:
@@ -117,18 +127,56 @@ def hampel_outliers(x: np.ndarray, k: int, sigma: float, min_dev: float = 0.0) -
     flags = np.zeros(n, dtype=bool)
     if k == 0 or n == 0:
         return flags
+    bounds = _segment_bounds(starts, n)
 
     # Python evaluates `sigma * 1.4826 * mad` as `(sigma * 1.4826) * mad`; multiplying by this
     # product keeps the threshold bit-identical to the reference.
     scale = sigma * MAD_SCALE
+    # The full windows are centred on k..n-k-1; a trailing window's point is its last, k further on.
+    shift = k if trailing else 0
     if n > 2 * k:
         w = 2 * k + 1
         if w <= _NETWORK_MAX_WINDOW and n - 2 * k >= _NETWORK_MIN_POINTS_PER_W2 * w * w:
-            _interior_network(x, k, scale, min_dev, flags)
+            _interior_network(x, k, scale, min_dev, flags, shift)
         else:
-            _interior_sorted(x, k, scale, min_dev, flags)
-    _edges(x, k, scale, min_dev, flags)
+            _interior_sorted(x, k, scale, min_dev, flags, shift)
+    # The points whose window a series' start or end cuts short (all windows that reach across
+    # from one series to the next among them) are judged again on their own windows.
+    _edges(x, *_edge_windows(bounds, k, trailing), scale, min_dev, flags)
     return flags
+
+
+def _segment_bounds(starts: np.ndarray | None, n: int) -> np.ndarray:
+    """``[s0 = 0, s1, ..., n]``: where each series of ``x`` begins, and its end."""
+    if starts is None:
+        return np.array([0, n])
+    b = np.asarray(starts)
+    if b.ndim != 1 or (b.size and not np.issubdtype(b.dtype, np.integer)):
+        raise ValueError("hampel_outliers: starts must be a 1-D array of integer indices")
+    b = b.astype(np.int64)
+    if b.size == 0 or b[0] != 0 or np.any(np.diff(b) < 0) or b[-1] > n:
+        raise ValueError(f"hampel_outliers: starts must ascend from 0 and stay within the {n} points")
+    return np.append(b, n)
+
+
+def _edge_windows(bounds: np.ndarray, k: int, trailing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Points whose window is cut short by their series' ends, with each window's first and last
+    index: centred, a series' first and last ``k`` (all of it when it has ``2k`` points or fewer);
+    trailing, its first ``2k``, whose window is everything before them."""
+    idx, lo, hi = [], [], []
+    for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist()):  # one step per series, not per point
+        if e <= s:
+            continue
+        if trailing:
+            i = np.arange(s, min(e, s + 2 * k))
+            idx.append(i), lo.append(np.full(i.size, s)), hi.append(i)
+            continue
+        i = np.arange(s, e) if e - s <= 2 * k else np.concatenate([np.arange(s, s + k), np.arange(e - k, e)])
+        idx.append(i), lo.append(np.maximum(i - k, s)), hi.append(np.minimum(i + k, e - 1))
+    if not idx:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, empty
+    return np.concatenate(idx), np.concatenate(lo), np.concatenate(hi)
 
 
 # --- interior: sorting network over shifted views ---------------------------------------------
@@ -177,7 +225,7 @@ def _network_program(w: int) -> tuple[tuple[tuple[bool, int, int, int], ...], tu
     return tuple(steps), tuple(reg), n_scratch
 
 
-def _interior_network(x: np.ndarray, k: int, scale: float, min_dev: float, flags: np.ndarray) -> None:
+def _interior_network(x: np.ndarray, k: int, scale: float, min_dev: float, flags: np.ndarray, shift: int) -> None:
     n, w = x.size, 2 * k + 1
     steps, sorted_reg, n_scratch = _network_program(w)
     first, stop = k, n - k
@@ -212,7 +260,7 @@ def _interior_network(x: np.ndarray, k: int, scale: float, min_dev: float, flags
             np.minimum(mad, left, out=mad)
         np.subtract(m, s[0], out=s[0])
         np.minimum(mad, s[0], out=mad)
-        _flag(x[b0:b1], m, mad, scale, min_dev, dev[:size], flags[b0:b1])
+        _flag(x[b0 + shift : b1 + shift], m, mad, scale, min_dev, dev[:size], flags[b0 + shift : b1 + shift])
 
 
 def _flag(
@@ -236,7 +284,7 @@ def _flag(
 # --- interior: row-wise sort for wide windows -------------------------------------------------
 
 
-def _interior_sorted(x: np.ndarray, k: int, scale: float, min_dev: float, flags: np.ndarray) -> None:
+def _interior_sorted(x: np.ndarray, k: int, scale: float, min_dev: float, flags: np.ndarray, shift: int) -> None:
     w = 2 * k + 1
     windows = sliding_window_view(x, w)  # row r is the window centred on r + k
     rows = max(1, _SORT_CHUNK_ELEMENTS // w)
@@ -248,25 +296,26 @@ def _interior_sorted(x: np.ndarray, k: int, scale: float, min_dev: float, flags:
         right = s[:, 2 * k : k - 1 : -1] - m[:, None]  # column i: s[2k-i] - m
         mad = np.maximum(left, right).min(axis=1)
         dev = np.empty_like(m)
-        _flag(x[r0 + k : r1 + k], m, mad, scale, min_dev, dev, flags[r0 + k : r1 + k])
+        c0, c1 = r0 + k + shift, r1 + k + shift
+        _flag(x[c0:c1], m, mad, scale, min_dev, dev, flags[c0:c1])
 
 
 # --- edges: shrunken windows, possibly of even length -----------------------------------------
 
 
-def _edges(x: np.ndarray, k: int, scale: float, min_dev: float, flags: np.ndarray) -> None:
+def _edges(
+    x: np.ndarray, idx: np.ndarray, first: np.ndarray, last: np.ndarray, scale: float, min_dev: float, flags: np.ndarray
+) -> None:
+    """Flags of the points ``idx``, each judged on its window ``first .. last`` (inclusive)."""
     n = x.size
-    if n <= 2 * k:
-        idx = np.arange(n)
-    else:
-        idx = np.concatenate([np.arange(k), np.arange(n - k, n)])
-    width = min(2 * k + 1, n)
+    if not idx.size:
+        return
+    width = int(min(n, (last - first).max() + 1))
     rows = max(1, _SORT_CHUNK_ELEMENTS // width)
     offsets = np.arange(width)
     for c0 in range(0, idx.size, rows):
         i = idx[c0 : c0 + rows]
-        lo = np.maximum(i - k, 0)
-        hi = np.minimum(i + k, n - 1)
+        lo, hi = first[c0 : c0 + rows], last[c0 : c0 + rows]
         count = hi - lo + 1
         cols = lo[:, None] + offsets
         valid = cols <= hi[:, None]
