@@ -34,6 +34,8 @@ OTHER_VALUE: dict[str, Any] = {
     "hampel_min_dev": 0.5,
     "interp": "hold",
     "max_interp_ms": 1000,
+    "aggregate": "mean",
+    "causal": True,
 }
 
 CATALOG_RANGE = (-100.0, 100.0)  # the first node's catalog range, wider than any value below
@@ -126,3 +128,21 @@ def test_a_key_spec_json_leaves_out_is_left_out_of_the_version(base) -> None:
     expected = copy.deepcopy(full)
     del expected["cleaning"]["hampelSigma"], expected["nodes"][0]["interp"], expected["maxInterpMs"]
     assert GRID.covers(spec, j) == expected
+
+
+def test_the_keys_added_later_are_written_to_spec_json_only_when_set(base) -> None:
+    """``aggregate`` and ``causal`` leave spec.json (and so its hash and every stage version) as it
+    was for a spec that does not set them, and are written when set."""
+    plain = parse_spec(base)
+    assert not {"aggregate", "causal"} & set(plain.to_json_dict())
+    assert all("aggregate" not in n for n in plain.to_json_dict()["nodes"])
+    data = copy.deepcopy(base)
+    data["causal"] = True
+    data["aggregate"] = "mean"
+    data["nodes"][1]["aggregate"] = "point"
+    j = parse_spec(data).to_json_dict()
+    assert j["causal"] is True and j["aggregate"] == "mean"
+    assert j["nodes"][1]["aggregate"] == "point" and "aggregate" not in j["nodes"][0]
+    assert parse_spec(j).to_json_bytes() == parse_spec(data).to_json_bytes()  # spec.json reads back as itself
+    params = [node_grid_params(parse_spec(data), n, CATALOG_RANGE) for n in parse_spec(data).nodes[:2]]
+    assert [(p.aggregate, p.causal) for p in params] == [("mean", True), ("point", True)]
