@@ -189,7 +189,8 @@ class LiveRecipe:
         if node not in self._params:
             raise LiveInputError(
                 f"node {node} sets no range in the spec and the snapshot (built without causal: true) does not record "
-                "the node catalog's range its cleaning used: give node_ranges={node: (lo, hi)} or read from the TSDB",
+                "the node catalog's range its cleaning used: read the points from the TSDB, whose node catalog has it, "
+                "or give it (LiveRecipe(..., node_ranges=...))",
                 code="LIVE_RANGE_UNKNOWN")
         return self._params[node]
 

@@ -256,3 +256,31 @@ def test_a_node_s_catalog_range_comes_from_the_snapshot_the_tsdb_or_the_caller(b
     assert compared
     assert b.snap.manifest.get("nodeRanges") is None
     assert built(causal=True, extras=False).snap.manifest["nodeRanges"]["TI101"] == list(ranges["TI101"])
+
+
+def test_the_worked_example_serves_the_ridge_baseline_as_it_predicts_the_windows(built, plant_url) -> None:
+    """docs/consumers.md's worked example, run as written: at a window's origin with its realised
+    controls, the served forecast is the baseline's prediction for that window, in source units."""
+    import re
+    from pathlib import Path
+
+    from aml_pipeline.pipeline.registry import GRID
+    from aml_pipeline.pipeline.stages.grid import read_grid_rows
+    from aml_pipeline.training import ridge_baseline
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "consumers.md").read_text(encoding="utf-8")
+    section = doc.split("### A worked example", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    scope: dict = {}
+    exec(code, scope)  # noqa: S102 - the documentation's own example, under test
+    b = built(causal=True, extras=True)
+    forecast = scope["serve"](str(b.snap.root), plant_url)
+    fit = ridge_baseline.train_and_evaluate(b.snap)
+    X, _ = ridge_baseline.design(b.snap)
+    nodes, beat, F = b.snap.nodes, b.spec.beat_ms, b.spec.horizon_steps
+    for i, run_id, origin in list(b.windows())[::97]:
+        meta = b.store.read_meta(run_id, GRID)
+        row = (origin - meta["firstMs"]) // beat
+        realised = read_grid_rows(b.store, run_id, len(nodes), meta["rows"], row, row + F)[:, [nodes.index(c) for c in b.snap.controls]]
+        want = ((X[i] - fit["x_mean"]) @ fit["coef"] + fit["y_mean"]).reshape(F, len(b.snap.targets))
+        np.testing.assert_allclose(forecast(origin, realised), b.snap.to_engineering_units("y", want), rtol=1e-12)
