@@ -25,7 +25,9 @@ def _median(values: list[float]) -> float:
 
 def hampel_reference(x: np.ndarray, k: int, sigma: float, min_dev: float = 0.0, *, trailing: bool = False) -> np.ndarray:
     """Per-point Hampel filter: True where ``|x_i - m_i| > max(sigma * 1.4826 * MAD_i, min_dev)``;
-    the window is ``i-k..i+k`` (clipped), or with ``trailing`` ``i-2k..i`` (clipped at 0)."""
+    the window is ``i-k..i+k`` (clipped) and ``m_i`` its median, or with ``trailing`` the window
+    is ``i-2k..i`` (clipped at 0) and ``m_i`` the median of its newest half ``i-k..i`` (at least
+    its newest three points)."""
     xs = [float(v) for v in np.asarray(x, dtype=np.float64)]
     n = len(xs)
     flags = np.zeros(n, dtype=bool)
@@ -34,9 +36,10 @@ def hampel_reference(x: np.ndarray, k: int, sigma: float, min_dev: float = 0.0, 
     for i in range(n):
         if trailing:
             window = xs[max(0, i - 2 * k) : i + 1]
+            m = _median(xs[max(0, i - max(3, k + 1) + 1) : i + 1])
         else:
             window = xs[max(0, i - k) : min(n - 1, i + k) + 1]
-        m = _median(window)
+            m = _median(window)
         mad = _median([abs(v - m) for v in window])
         threshold = max(sigma * 1.4826 * mad, min_dev)
         flags[i] = abs(xs[i] - m) > threshold

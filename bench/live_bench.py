@@ -196,20 +196,16 @@ def _pf_reference(b: _Built, i: int, origin: int, ours_x: np.ndarray) -> dict[st
         run = RunWindows(b.store, run_id, meta)
         return apply_norm(run.grid_rows(0, run.rows), mean, std), int(meta["firstMs"])
 
-    # The training set: the longest stretch of fully observed rows of a train run (PF takes no NaN).
-    g, _ = grid_of(snap.runs("train")[0].run_id)
-    ok = np.isfinite(g).all(axis=1)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], ok.astype(np.int8), [0]])))
-    a, z = max(zip(edges[::2], edges[1::2]), key=lambda se: se[1] - se[0])
-    train = pd.DataFrame(g[a:z], columns=names)
-    train["time_idx"] = np.arange(a, z)
-    train["group"] = "train"
     window_run = next(blk.run_id for blk in snap.runs() if i in blk.windows)
     g, first = grid_of(window_run)
     t = (origin - first) // spec.beat_ms
-    hist = pd.DataFrame(g[t - H : t + F], columns=names)
+    # The window's rows; a pure feature's future may be missing (the window does not use it, PF
+    # takes no NaN), so it holds its last value there. They are PF's training set too (its
+    # normalisers are the identity, so nothing is fitted that the history would not match).
+    hist = pd.DataFrame(g[t - H : t + F], columns=names).ffill()
     hist["time_idx"] = np.arange(t - H, t + F)
-    hist["group"] = "train"  # a group the training set knows (its encoder has no other)
+    hist["group"] = "run"
+    train = hist
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         training = TimeSeriesDataSet(

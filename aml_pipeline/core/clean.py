@@ -72,7 +72,8 @@ class SeriesCleaner:
       are computed on context + chunk, and taken only where the whole window lies inside it (or
       is clipped by the true start of the series); :meth:`finish` resolves the rest against the
       true end. With ``params.causal`` the window is the point and the ``2k`` survivors before
-      it: nothing waits, and ``2k`` resolved points stay as context.
+      it (:func:`~aml_pipeline.core.hampel.hampel_outliers`, ``trailing``): nothing waits, and
+      ``2k`` resolved points stay as context.
 
     So the kept points, the outliers and the counts are those of the whole series fed at once,
     wherever the chunks are cut (the tests cut at duplicates, outliers, bad states and every

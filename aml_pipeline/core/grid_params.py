@@ -35,7 +35,7 @@ class NodeGridParams:
 
     ``causal``: a grid row depends only on points before the next grid time, so a window's
     history depends only on points before its origin: Hampel judges each point by the point and
-    the ``2k`` before it, and linear alignment interpolates only towards a point less than one
+    the ``2k`` before it (about the median of the newest of them), and linear alignment interpolates only towards a point less than one
     beat after the grid time, else holds the last kept value within ``max_interp_ms``
     (docs/spec.md, causal).
     """

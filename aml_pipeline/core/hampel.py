@@ -3,10 +3,16 @@
 Contract (docs/spec.md, cleaning): for point ``i`` the window is indices ``max(0, i-k)..min(n-1, i+k)`` (it
 shrinks at the ends), ``m_i`` = median of the window (even counts average the middle two),
 ``MAD_i`` = median of ``|x_j - m_i|`` over the same window, and ``i`` is an outlier iff
-``|x_i - m_i| > max(sigma * 1.4826 * MAD_i, min_dev)``. The *trailing* window (a causal
-dataset's, docs/spec.md) is the point and the ``2k`` before it, ``max(0, i-2k)..i``: the same
-``2k+1`` points as the centred window of ``i-k``, so both share the interior kernels below and
-differ only in the point compared with the window's median and in the start edge (no end edge).
+``|x_i - m_i| > max(sigma * 1.4826 * MAD_i, min_dev)``.
+
+The *trailing* variant (a causal dataset's, docs/spec.md) judges a point by the point and the
+``2k`` before it only, ``max(0, i-2k)..i``. The median of a window that ends at the point lags a
+drifting value by ``k`` points, so the level is the median of the window's newest half instead,
+the point and the ``k`` before it, at least three points (``max(0, i-h+1)..i`` with
+``h = max(3, k+1)``, so a single spike never moves it), and ``MAD_i`` the median of
+``|x_j - m_i|`` over the whole window. The window holds the same ``2k+1`` points as the centred window of
+``i-k``, so both share the interior kernels below; the trailing variant adds the newest half's
+median, and its start edge is its only one (the first ``2k`` points).
 
 The flags must be bit-identical to a straightforward per-point implementation, so nothing here
 approximates: every value that reaches a comparison is produced by the same IEEE operations the
@@ -20,9 +26,10 @@ How it stays fast without a Python loop per point:
   ``np.minimum``/``np.maximum`` over those columns sorts all windows of the block at once. Blocks
   are sized so the working set stays in L2. The network is compiled once per ``k`` into a fixed
   register program so the per-block cost is just the ufunc calls.
-* MAD needs no second sort: in the sorted window ``s``, the ``k+1`` smallest deviations always
-  come from a run ``s_a..s_{a+k}`` that contains the median, so
-  ``MAD = min_{i=0..k} max(m - s_{k-i}, s_{2k-i} - m)``.
+* MAD needs no second sort: in the sorted window ``s``, the ``k+1`` smallest deviations from any
+  level ``m`` always come from a run ``s_a..s_{a+k}``, so
+  ``MAD = min_{a=0..k} max(m - s_a, s_{a+k} - m)`` (for the window's own median, the run contains
+  it). The trailing level is the middle of the newest ``k+1`` views sorted by a network of its own.
 * Wide windows (where a network would need hundreds of comparators) and short series (where
   the fixed cost of ~100 ufunc calls dominates) use ``np.sort`` over a ``sliding_window_view``
   in blocks, with the same MAD formula.
@@ -142,8 +149,15 @@ def hampel_outliers(
             _interior_sorted(x, k, scale, min_dev, flags, shift)
     # The points whose window a series' start or end cuts short (all windows that reach across
     # from one series to the next among them) are judged again on their own windows.
-    _edges(x, *_edge_windows(bounds, k, trailing), scale, min_dev, flags)
+    idx, first, last = _edge_windows(bounds, k, trailing)
+    _edges(x, idx, first, last, scale, min_dev, flags, np.maximum(first, idx - trailing_level(k) + 1) if trailing else None)
     return flags
+
+
+def trailing_level(k: int) -> int:
+    """How many of a trailing window's newest points give its level: the point and the ``k``
+    before it, at least three (with two, a spike would pull the level halfway to itself)."""
+    return max(3, k + 1)
 
 
 def _segment_bounds(starts: np.ndarray | None, n: int) -> np.ndarray:
@@ -248,6 +262,11 @@ def _interior_network(x: np.ndarray, k: int, scale: float, min_dev: float, flags
             else:
                 np.maximum(regs[a], regs[b], out=regs[out])
         s = [regs[r] for r in sorted_reg]
+        if shift:  # trailing: the level is the newest half's median, the window gives the scale
+            level = _median_of_views([x[b0 - k + j : b1 - k + j] for j in range(w - trailing_level(k), w)])
+            mad = _mad_about(s, level, k, dev[:size])
+            _flag(x[b0 + shift : b1 + shift], level, mad, scale, min_dev, dev[:size], flags[b0 + shift : b1 + shift])
+            continue
         m = s[k]
         # MAD = min over i of max(m - s[k-i], s[2k-i] - m), computed in place in the sorted columns.
         mad = s[2 * k]
@@ -261,6 +280,42 @@ def _interior_network(x: np.ndarray, k: int, scale: float, min_dev: float, flags
         np.subtract(m, s[0], out=s[0])
         np.minimum(mad, s[0], out=mad)
         _flag(x[b0 + shift : b1 + shift], m, mad, scale, min_dev, dev[:size], flags[b0 + shift : b1 + shift])
+
+
+def _median_of_views(views: list[np.ndarray]) -> np.ndarray:
+    """Element-wise median of equally long arrays, as ``np.median`` over them (a new array): a
+    sorting network over the arrays, then the middle one or the mean of the middle two."""
+    w = len(views)
+    if w == 1:
+        return views[0].copy()
+    steps, sorted_reg, n_scratch = _network_program(w)
+    regs: list[np.ndarray] = [*views, *(np.empty(views[0].size) for _ in range(n_scratch))]
+    for is_min, a, b, out in steps:
+        (np.minimum if is_min else np.maximum)(regs[a], regs[b], out=regs[out])
+    s = [regs[r] for r in sorted_reg]
+    if w % 2:
+        return s[w // 2]
+    with np.errstate(over="ignore"):  # np.median overflows alike
+        return (s[w // 2 - 1] + s[w // 2]) / 2.0
+
+
+def _mad_about(s: list[np.ndarray], level: np.ndarray, k: int, tmp: np.ndarray) -> np.ndarray:
+    """``median |s_j - level|`` over sorted columns ``s`` (``2k+1`` of them): the smallest radius
+    around ``level`` that covers ``k+1`` consecutive sorted values. ``s`` is overwritten."""
+    mad = None
+    for a in range(k + 1):
+        left, right = s[a], s[a + k] if a else tmp
+        if not a:
+            np.subtract(s[k], level, out=right)
+        else:
+            np.subtract(right, level, out=right)
+        np.subtract(level, left, out=left)
+        np.maximum(left, right, out=left)
+        if mad is None:
+            mad = left
+        else:
+            np.minimum(mad, left, out=mad)
+    return mad
 
 
 def _flag(
@@ -291,9 +346,14 @@ def _interior_sorted(x: np.ndarray, k: int, scale: float, min_dev: float, flags:
     for r0 in range(0, windows.shape[0], rows):
         r1 = min(r0 + rows, windows.shape[0])
         s = np.sort(windows[r0:r1], axis=1)
-        m = s[:, k].copy()
-        left = m[:, None] - s[:, k::-1]  # column i: m - s[k-i]
-        right = s[:, 2 * k : k - 1 : -1] - m[:, None]  # column i: s[2k-i] - m
+        if shift:  # trailing: the level is the newest half's median
+            m = np.median(windows[r0:r1, w - trailing_level(k) :], axis=1)
+            left = m[:, None] - s[:, : k + 1]  # column a: m - s[a]
+            right = s[:, k:] - m[:, None]  # column a: s[a+k] - m
+        else:
+            m = s[:, k].copy()
+            left = m[:, None] - s[:, k::-1]  # column i: m - s[k-i]
+            right = s[:, 2 * k : k - 1 : -1] - m[:, None]  # column i: s[2k-i] - m
         mad = np.maximum(left, right).min(axis=1)
         dev = np.empty_like(m)
         c0, c1 = r0 + k + shift, r1 + k + shift
@@ -304,9 +364,11 @@ def _interior_sorted(x: np.ndarray, k: int, scale: float, min_dev: float, flags:
 
 
 def _edges(
-    x: np.ndarray, idx: np.ndarray, first: np.ndarray, last: np.ndarray, scale: float, min_dev: float, flags: np.ndarray
+    x: np.ndarray, idx: np.ndarray, first: np.ndarray, last: np.ndarray, scale: float, min_dev: float, flags: np.ndarray,
+    level_first: np.ndarray | None = None,
 ) -> None:
-    """Flags of the points ``idx``, each judged on its window ``first .. last`` (inclusive)."""
+    """Flags of the points ``idx``, each judged on its window ``first .. last`` (inclusive), about
+    the window's median or, with ``level_first``, the median of ``level_first .. last``."""
     n = x.size
     if not idx.size:
         return
@@ -320,7 +382,11 @@ def _edges(
         cols = lo[:, None] + offsets
         valid = cols <= hi[:, None]
         vals = np.where(valid, x[np.minimum(cols, n - 1)], np.nan)
-        m = _padded_median(vals, count)
+        if level_first is None:
+            m = _padded_median(vals, count)
+        else:  # the median of the window's part from level_first on (its newest points)
+            newest = np.where(cols >= level_first[c0 : c0 + rows][:, None], vals, np.nan)
+            m = _padded_median(np.sort(newest, axis=1), hi - level_first[c0 : c0 + rows] + 1)
         mad = _padded_median(np.abs(vals - m[:, None]), count)
         out = np.empty(i.size, dtype=bool)
         _flag(x[i], m, mad, scale, min_dev, np.empty(i.size), out)
