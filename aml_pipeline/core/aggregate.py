@@ -44,84 +44,81 @@ def _mean(
     ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_gap: int, beat: int, causal_beat: int | None,
     *, linear: bool,
 ) -> np.ndarray:
-    out = np.full(grid.size, np.nan)
     n = ts.size
     if n == 0 or grid.size == 0:
-        return out
+        return np.full(grid.size, np.nan)
     a = grid - beat
-    first_of = np.searchsorted(ts, a, side="right") - 1  # P: the last kept point at or before g - beat
-    last_of = np.searchsorted(ts, grid, side="right") - 1  # L: the last kept point at or before g
-    # Gaps longer than max_gap between consecutive points, counted by prefix sums (exact integers).
+    q = np.searchsorted(ts, grid, side="right") - 1  # the last kept point at or before g
+    # The last kept point at or before g - beat: the row before's q where the rows are a beat
+    # apart (consecutive grid rows, nearly always), else looked up.
+    p = np.empty_like(q)
+    p[1:] = q[:-1]
+    looked = np.ones(grid.size, dtype=bool)
+    looked[1:] = grid[:-1] != a[1:]
+    p[looked] = np.searchsorted(ts, a[looked], side="right") - 1
+    ok = p >= 0
+    np.maximum(p, 0, out=p)
+    np.maximum(q, 0, out=q)
     dt = np.diff(ts)
-    long_gaps = np.concatenate([[0], np.cumsum(dt > max_gap)])
-    ok = first_of >= 0
-    p, q = np.maximum(first_of, 0), np.maximum(last_of, 0)
+    # Gaps longer than max_gap between consecutive points, counted by prefix sums (exact integers).
+    long_gaps = np.zeros(n, dtype=np.int64)
+    np.cumsum(dt > max_gap, out=long_gaps[1:])
     ok &= long_gaps[q] == long_gaps[p]
-    t_last, v_last = ts[q], value[q]
-    # The end piece, from max(g - beat, t_L) to g: a line towards R = L + 1, or the held value.
-    r = np.minimum(q + 1, n - 1)
-    has_next = q + 1 < n
-    at_g = t_last == grid
+    t_q, v_q = ts[q], value[q]
+    seg_dt = dt.astype(np.float64)
+    # Every row gets its three pieces computed; rows that are not ok are NaN at the end (cheaper
+    # than gathering the ok rows first, as nearly all are).
     if linear:
-        towards = has_next & (ts[r] - t_last <= max_gap)
+        r = np.minimum(q + 1, n - 1)
+        t_r, v_r = ts[r], value[r]
+        has_next = r > q
+        towards = has_next & (t_r - t_q <= max_gap)
         if causal_beat is not None:
-            soon = has_next & (ts[r] - grid < causal_beat)
-            hold = ~soon & (grid - t_last <= max_gap)
+            soon = has_next & (t_r - grid < causal_beat)
+            ok &= (t_q == grid) | (towards & soon) | (~soon & (grid - t_q <= max_gap))
             towards &= soon
         else:
-            hold = np.zeros(grid.size, dtype=bool)
-        ok &= at_g | towards | hold
-    else:
-        hold = grid - t_last <= max_gap
-        towards = np.zeros(grid.size, dtype=bool)
-        ok &= hold
-    rows = np.flatnonzero(ok)
-    if not rows.size:
-        return out
-    a, g = a[rows], grid[rows]
-    p, q, r = p[rows], q[rows], r[rows]
-    towards, at_g = towards[rows], at_g[rows]
-    t_last, v_last = t_last[rows], v_last[rows]
-    inside = p < q  # a kept point lies in (g - beat, g]
-
-    # Whole segments p+1 .. q-1 (between the interval's kept points), summed per row.
-    seg_dt = dt.astype(np.float64)
-    if linear:
+            ok &= (t_q == grid) | towards
         seg_area = (value[:-1] + value[1:]) * seg_dt * 0.5
     else:
+        ok &= grid - t_q <= max_gap
         seg_area = value[:-1] * seg_dt
-    start, stop = p + 1, q
-    whole = np.zeros(rows.size)
-    some = stop > start
-    if some.any():
-        padded = np.append(seg_area, 0.0)  # reduceat's indices must be < len
-        idx = np.column_stack([start[some], stop[some]]).ravel()
-        whole[some] = np.add.reduceat(padded, idx)[::2]
+    inside = p < q  # a kept point lies in (g - beat, g]
 
-    # From g - beat to the first kept point inside the interval (rows with one).
-    first_piece = np.zeros(rows.size)
-    if inside.any():
-        i = p[inside]
-        t_a, t_b, v_a, v_b = ts[i], ts[i + 1], value[i], value[i + 1]
-        span = (t_b - a[inside]).astype(np.float64)
-        if linear:
-            frac = (a[inside] - t_a).astype(np.float64) / (t_b - t_a).astype(np.float64)
-            f_a = v_a + (v_b - v_a) * frac
-            first_piece[inside] = (f_a + v_b) * span * 0.5
-        else:
-            first_piece[inside] = v_a * span
+    # The whole segments p+1 .. q-1 between the interval's kept points, summed per row (a row
+    # without one sums nothing: reduceat's answer for an empty range is masked).
+    p1 = np.minimum(p + 1, n - 1)
+    idx = np.empty(2 * grid.size, dtype=np.intp)
+    idx[0::2], idx[1::2] = p1, q
+    whole = np.add.reduceat(np.append(seg_area, 0.0), idx)[::2]  # indices must be < len: a zero after
+    whole[q <= p1] = 0.0
 
-    # From max(g - beat, t_L) to g.
-    s0 = np.where(inside, t_last, a)
-    length = (g - s0).astype(np.float64)
+    # From g - beat to the first kept point inside the interval (p < q), on segment p -> p + 1;
+    # rows without one get nothing here (their values are discarded, so no warnings for them).
+    t_a, t_b, v_a, v_b = ts[p], ts[p1], value[p], value[p1]
+    span = (t_b - a).astype(np.float64)
+    span[~inside] = 0.0
     if linear:
-        t_r, v_r = ts[r], value[r]
-        denom = np.where(towards, t_r - t_last, 1).astype(np.float64)
-        slope = np.where(towards, v_r - v_last, 0.0)
-        f_s0 = np.where(towards, v_last + slope * ((s0 - t_last).astype(np.float64) / denom), v_last)
-        f_g = np.where(towards, v_last + slope * ((g - t_last).astype(np.float64) / denom), v_last)
-        end_piece = np.where(at_g, 0.0, (f_s0 + f_g) * length * 0.5)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = (a - t_a).astype(np.float64) / (t_b - t_a).astype(np.float64)
+            first_piece = ((v_a + (v_b - v_a) * frac) + v_b) * span * 0.5
+        first_piece[~inside] = 0.0
     else:
-        end_piece = v_last * length
-    out[rows] = (first_piece + whole + end_piece) / float(beat)
+        first_piece = v_a * span
+
+    # From max(g - beat, t_q) to g: a line towards q + 1, or the held value.
+    s0 = np.where(inside, t_q, a)
+    length = (grid - s0).astype(np.float64)
+    if linear:
+        denom = (t_r - t_q).astype(np.float64)
+        denom[~towards] = 1.0
+        slope = v_r - v_q
+        slope[~towards] = 0.0
+        f_s0 = v_q + slope * ((s0 - t_q).astype(np.float64) / denom)
+        f_g = v_q + slope * ((grid - t_q).astype(np.float64) / denom)
+        end_piece = (f_s0 + f_g) * length * 0.5
+    else:
+        end_piece = v_q * length
+    out = (first_piece + whole + end_piece) / float(beat)
+    out[~ok] = np.nan
     return out

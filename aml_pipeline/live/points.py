@@ -95,11 +95,11 @@ def _ms_array(ts: Any, where: str) -> np.ndarray:
     a = np.asarray(ts)
     if a.ndim != 1:
         raise LiveInputError(f"{where}: ts must be 1-D, got shape {a.shape}")
-    if np.issubdtype(a.dtype, np.datetime64):
+    if a.dtype.kind == "M":  # datetime64
         if a.size and np.isnat(a).any():
             raise LiveInputError(f"{where}: ts has a missing time (NaT) at row {int(np.flatnonzero(np.isnat(a))[0])}")
         return a.astype("datetime64[ms]").astype(np.int64)
-    if a.size and not np.issubdtype(a.dtype, np.integer):
+    if a.size and a.dtype.kind not in "iu":
         raise LiveInputError(f"{where}: ts must be integer epoch milliseconds or datetime64, got dtype {a.dtype}")
     return a.astype(np.int64, copy=False)
 
@@ -111,7 +111,7 @@ def node_points(ts: Any, value: Any, state: Any = None, *, where: str = "points"
     s = np.zeros(t.size, dtype=np.int32) if state is None else np.asarray(state)
     if v.ndim != 1 or s.ndim != 1 or not (t.size == v.size == s.size):
         raise LiveInputError(f"{where}: ts, value and state must be 1-D of one length, got {t.size}, {v.size}, {s.size}")
-    if s.size and not np.issubdtype(s.dtype, np.integer):
+    if s.size and s.dtype.kind not in "iu":
         raise LiveInputError(f"{where}: state must be integer quality codes, got dtype {s.dtype}")
     s = s.astype(np.int32, copy=False)
     if t.size > 1 and bool(np.any(np.diff(t) < 0)):
