@@ -1,7 +1,9 @@
 """The ``aml-pipeline`` command line; :func:`build_parser` declares its subcommands and flags.
 
 User errors print one line ``CODE: message`` on stderr and exit 2 (1 for a failed
-verification); they never print a traceback.
+verification); they never print a traceback. An operating-system error no command expected is
+one line naming the file (``FILE_ERROR``), and anything else (a bug) one ``UNEXPECTED`` line with
+the traceback saved to a file, both exit 2.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import warnings
@@ -16,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aml_pipeline import config
-from aml_pipeline.errors import AmlError
+from aml_pipeline.errors import AmlError, cut
 from aml_pipeline.progress import progress_bars
 
 
@@ -26,14 +29,29 @@ def _progress(total: int, desc: str, unit: str = "it"):
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False, disable=None)
 
 
+def _home(args: argparse.Namespace) -> Path:
+    """``--home DIR`` where the command has it, else ``AML_HOME``: like the variable, the flag moves
+    the default TSDB, the intermediates and the published datasets."""
+    given = getattr(args, "home", None)
+    return config.usable_home(Path(given).resolve(), "--home") if given else config.aml_home()
+
+
+def _tsdb_url(args: argparse.Namespace) -> str:
+    """``--tsdb URL``, else ``AML_TSDB_URL``, else the embedded file in the command's home."""
+    return args.tsdb or config.tsdb_url(_home(args))
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     from aml_pipeline.tsdb.ingest import ingest_into
+    from aml_pipeline.tsdb_open import open_tsdb
 
     if not (args.points or args.runs or args.nodes):
         args.subparser.error("nothing to ingest: give at least one of --points, --runs, --nodes")
     if args.replace_run and not args.points:
         args.subparser.error("--replace-run replaces the points of the runs in --points: give --points")
-    url = args.tsdb or config.tsdb_url()
+    if not (args.lock_timeout_s >= 0 and math.isfinite(args.lock_timeout_s)):
+        raise AmlError(f"--lock-timeout-s {args.lock_timeout_s:g}: must be a number of seconds >= 0", code="USAGE")
+    url = _tsdb_url(args)
     with _progress(0, "ingest", "step") as bar:
 
         def progress(done: int, total: int) -> None:
@@ -43,7 +61,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
         summary = ingest_into(
             url, points=args.points, runs=args.runs, nodes=args.nodes, progress=progress,
-            replace_runs=args.replace_run, lock_timeout_s=args.lock_timeout_s,
+            replace_runs=args.replace_run, lock_timeout_s=args.lock_timeout_s, opener=open_tsdb,
         )
     print(json.dumps(summary))
     return 0
@@ -56,20 +74,27 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     # A source description named relative to here must still be found by Dagster's workers.
-    url = absolute_source_url(args.tsdb or config.tsdb_url())
-    home = Path(args.home).resolve() if args.home else config.aml_home()
+    url = absolute_source_url(_tsdb_url(args))
+    home = _home(args)
+    instance = _instance(args, home)
     with progress_bars():
         summary = materialize_dataset(
             spec,
             tsdb_url=url,
             home=home,
             datasets_dir=Path(args.out).resolve() if args.out else None,
-            instance=_instance(args),
+            instance=instance,
             console_log_level=args.log_level,
             full=args.full,
             workers=args.workers,
         )
     _print_summary(summary, as_json=args.json)
+    from aml_pipeline.pipeline.stages.split import empty_splits
+
+    why = empty_splits(spec, summary["runs"])
+    if why is not None:
+        print(f"warning: {why}", file=sys.stderr)
+    _say_if_not_recorded(args, instance)
     return 0
 
 
@@ -81,16 +106,43 @@ def cmd_source_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _instance(args: argparse.Namespace):
-    """The persistent instance when DAGSTER_HOME is set (the UI then shows this build)."""
-    if os.environ.get("DAGSTER_HOME") and not getattr(args, "ephemeral", False):
-        import dagster as dg
+def _instance(args: argparse.Namespace, home: Path):
+    """The persistent instance the UI shows: ``DAGSTER_HOME``'s, else the repository's when the
+    command runs in the repository with its default home (``config.repository_instance``, what
+    scripts/ui.sh opens); None (an instance of this build only) elsewhere or with --ephemeral."""
+    if getattr(args, "ephemeral", False):
+        return None
+    if not os.environ.get("DAGSTER_HOME"):
+        repository = config.repository_instance(home)
+        if repository is None:
+            return None
+        os.environ["DAGSTER_HOME"] = str(repository)  # as scripts/ui.sh sets it; Dagster's workers inherit it
+    import dagster as dg
 
-        from aml_pipeline.runner.instance import instance_failures
+    if not Path(os.environ["DAGSTER_HOME"]).is_dir():
+        raise AmlError(
+            f"DAGSTER_HOME={cut(os.environ['DAGSTER_HOME'], 300)} is not a directory: it holds the Dagster instance "
+            "(dagster.yaml); create it, or unset DAGSTER_HOME to record the command nowhere",
+            code="CONFIG_INVALID",
+        )
 
-        with instance_failures(f"in {os.environ['DAGSTER_HOME']}"):
-            return dg.DagsterInstance.get()
-    return None
+    from aml_pipeline.runner.instance import instance_failures
+
+    with instance_failures(f"in {os.environ['DAGSTER_HOME']}"):
+        return dg.DagsterInstance.get()
+
+
+def _say_if_not_recorded(args: argparse.Namespace, instance) -> None:
+    """The last line, when the build went into an instance of its own: the UI will not show it."""
+    if instance is not None or getattr(args, "ephemeral", False):
+        return
+    if config.repository_checkout() is not None:
+        how = ("run it from the repository's folder with the default AML_HOME, or with DAGSTER_HOME set to the "
+               "repository (the instance scripts/ui.sh opens)")
+    else:
+        how = "run it again with DAGSTER_HOME set to a folder for the instance, and start `dg dev` with the same DAGSTER_HOME"
+    print(f"not recorded in a Dagster instance (DAGSTER_HOME is unset), so the UI does not show this build; to record it, "
+          f"{how}", file=sys.stderr)
 
 
 def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
@@ -98,7 +150,8 @@ def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         w, r = summary["windows"], summary["runs"]
         print(f"snapshot  {summary['snapshotDir']}")
         print(f"sha256    {summary['sha256']}")
-        print(f"manifest  v{summary['manifestVersion']}  lineageVerified={summary['lineageVerified']}")
+        print(f"manifest  v{summary['manifestVersion']}  lineageVerified={summary['lineageVerified']}  "
+              f"({_lineage_meaning(summary)})")
         print(f"windows   train {w['train']}  val {w['val']}  test {w['test']}")
         print(f"runs      train {r['train']}  val {r['val']}  test {r['test']}  excluded {r['excluded']}")
         if "materialized" in summary:
@@ -108,6 +161,15 @@ def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         if summary.get("published") is False:
             print("published nothing new: the current snapshot already holds these runs and this spec")
     print(json.dumps(summary))
+
+
+def _lineage_meaning(summary: dict[str, Any]) -> str:
+    """What the lineage flag says (docs/lineage.md): v1 assesses no lineage, so its 0 is no failure."""
+    if summary["manifestVersion"] == 1:
+        return "v1: lineage not assessed, not a failure"
+    if summary["lineageVerified"]:
+        return "every run's recipe verified"
+    return "not every run is lineage-verified: the dataset_manifest's lineage says which, docs/lineage.md why"
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -134,7 +196,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from aml_pipeline.spec import load_spec
 
     spec = load_spec(args.spec)
-    home = Path(args.home).resolve() if args.home else config.aml_home()
+    home = _home(args)
     png = stored_run_figure_png(DatasetStore(config.store_dir(home), spec), args.run)
     out = Path(args.out) if args.out else Path(f"{spec.id}-{args.run}.png")
     atomic_write_bytes(out, png)
@@ -146,6 +208,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from aml_pipeline.errors import disk_full
     from aml_pipeline.snapshot import SnapshotError, open_snapshot
     from aml_pipeline.snapshot.export import export_parquet
+
+    if args.layout is not None:
+        return _export_layout(args)
 
     bars: list[Any] = []  # opened on the first run written, after every check has passed
 
@@ -168,6 +233,26 @@ def cmd_export(args: argparse.Namespace) -> int:
             bar.close()
     print(json.dumps({k: summary[k] for k in ("outDir", "format", "sha256", "verified", "splits", "rows")}
                      | {"files": len(summary["files"])}))
+    return 0
+
+
+def _export_layout(args: argparse.Namespace) -> int:
+    """``export SNAPSHOT --layout windows``: the snapshot rewritten in the windows layout."""
+    from aml_pipeline.errors import disk_full
+    from aml_pipeline.pipeline.layout_export import export_windows_layout
+    from aml_pipeline.snapshot import SnapshotError, open_snapshot
+
+    if args.split:
+        raise AmlError("--split selects runs of a Parquet export; --layout writes the whole snapshot", code="USAGE")
+    try:
+        summary = export_windows_layout(open_snapshot(args.snapshot_dir, verify=not args.no_verify), args.out)
+    except SnapshotError as e:
+        raise AmlError(str(e), code=e.code) from None
+    except FileExistsError as e:
+        raise AmlError(str(e), code="EXPORT_EXISTS") from None
+    except OSError as e:
+        raise (disk_full(e, args.out) or AmlError(f"{args.out}: {e}", code="EXPORT_FAILED")) from None
+    print(json.dumps(summary))
     return 0
 
 
@@ -196,7 +281,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from aml_pipeline.pipeline.retention import collect_garbage
     from aml_pipeline.spec import discover_specs
 
-    home = Path(args.home).resolve() if args.home else config.aml_home()
+    if args.keep < 0:
+        raise AmlError(f"--keep {args.keep}: the non-current snapshots to keep per spec must be >= 0", code="USAGE")
+    home = _home(args)
     root = Path(args.root).resolve() if args.root else config.datasets_dir(home)
     specs, errors = discover_specs(config.specs_dir())
     for path, message in errors:
@@ -219,20 +306,24 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from aml_pipeline.demo import DEMO_SPEC, next_steps, run_demo
+    from aml_pipeline.demo import demo_spec, next_steps, run_demo
 
-    spec_path = Path(args.spec) if args.spec else DEMO_SPEC
+    home = _home(args)
+    spec_path = Path(args.spec) if args.spec else demo_spec(home)
+    instance = _instance(args, home)
     with progress_bars():
         summary = run_demo(
-            home=Path(args.home).resolve() if args.home else config.aml_home(),
+            home=home,
             spec_path=spec_path,
             runs=args.runs,
-            instance=_instance(args),
+            instance=instance,
             console_log_level=args.log_level,
         )
     _print_summary(summary, as_json=args.json)
     # as typed, or as the README's commands (run from the repository) name the demo's spec
-    print(next_steps(summary, Path(args.spec) if args.spec else DEMO_SPEC.relative_to(config.REPO_ROOT)), file=sys.stderr)
+    shown = spec_path.relative_to(config.REPO_ROOT) if not args.spec and spec_path.is_relative_to(config.REPO_ROOT) else spec_path
+    print(next_steps(summary, shown, home), file=sys.stderr)
+    _say_if_not_recorded(args, instance)
     return 0
 
 
@@ -248,6 +339,9 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     from aml_pipeline.spec import load_spec
     from aml_pipeline.training import ridge_baseline
 
+    bad = [a for a in args.alphas or () if not (a > 0 and math.isfinite(a))]
+    if bad:
+        raise AmlError(f"--alphas {bad[0]:g}: a ridge penalty must be a number > 0", code="USAGE")
     spec = load_spec(args.spec)
     root = Path(args.root) if args.root else config.datasets_dir()
     snapshot = Path(args.snapshot) if args.snapshot else current_snapshot(root, spec.id)
@@ -388,6 +482,8 @@ def cmd_env_status(args: argparse.Namespace) -> int:
 def cmd_env_rebuild(args: argparse.Namespace) -> int:
     from aml_pipeline.envs import rebuild_shared_env
 
+    if not (args.wait_s >= 0 and math.isfinite(args.wait_s)):
+        raise AmlError(f"--wait-s {args.wait_s:g}: must be a number of seconds >= 0", code="USAGE")
     build = rebuild_shared_env(
         _env_settings(args),
         holder="aml-pipeline env rebuild",
@@ -413,7 +509,7 @@ columns (snake_case or camelCase; other columns are ignored):
           state              integer quality code; the spec's goodStates (default [0]) are good
           (the file's row order is the ingestion order: of duplicate timestamps the last wins)
   runs    run_id, line_id, product_id, recipe_id   required
-          started_at, ended_at                     epoch ms or ISO-8601; empty ended_at = running
+          started_at, ended_at                     required; epoch ms or ISO-8601; an empty ended_at = running
           recipe_version, recipe_content_hash      optional (manifest v2 lineage)
           evidence_source                          simulation | real | unassessed (default)
           context_confirmed                        true/false (default false)
@@ -434,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="seed the simulated plant and build the example dataset through Dagster")
     d.add_argument("--home", help="AML_HOME (default: $AML_HOME or ./.aml)")
-    d.add_argument("--spec", help="spec to build (default specs/reactor_a.yaml)")
+    d.add_argument("--spec", help="spec to build (default: the example, specs/reactor_a.yaml; installed: a copy in <home>/specs)")
     d.add_argument("--runs", type=int, default=12,
                    help="simulated runs to seed (the last one is still in progress); another number than the "
                    "demo's TSDB holds re-seeds it")
@@ -459,14 +555,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace all stored points of every run in --points by the file's points (one transaction); "
         "without it, points already stored are skipped",
     )
-    i.add_argument("--lock-timeout-s", type=float, default=10.0, help="wait this long for readers of an embedded TSDB file (default 10)")
+    i.add_argument("--lock-timeout-s", type=float, default=10.0, help="wait this long for the TSDB before TSDB_BUSY: for readers of the embedded file to close it, "
+                   "for another ingest into PostgreSQL to commit (default 10)")
     i.set_defaults(func=cmd_ingest, subparser=i)
 
     b = sub.add_parser("build", help="build and publish a dataset snapshot through its Dagster assets")
     b.add_argument("spec", help="dataset spec (YAML)")
     b.add_argument("--tsdb", help="TSDB URL or source description (plant.yaml) (default: $AML_TSDB_URL or the embedded file in AML_HOME)")
     b.add_argument("--out", help="datasets root to publish into (default: $AML_HOME/datasets)")
-    b.add_argument("--home", help="AML_HOME for intermediate artifacts (default: $AML_HOME or ./.aml)")
+    b.add_argument("--home", help="AML_HOME: the default TSDB file, intermediates and datasets root (default: $AML_HOME or ./.aml)")
     b.add_argument("--json", action="store_true", help="print only the JSON summary")
     b.add_argument("--ephemeral", action="store_true", help="do not record in $DAGSTER_HOME's instance")
     b.add_argument("--full", action="store_true", help="rebuild every run partition, not only missing or stale ones")
@@ -494,9 +591,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", help="PNG file to write (default: ./<spec>-<run>.png)")
     pl.set_defaults(func=cmd_plot)
 
-    x = sub.add_parser("export", help="write a snapshot's model-unit grid per run for dataframe tools (docs/consumers.md)")
+    x = sub.add_parser("export", help="write a snapshot's model-unit grid per run for dataframe tools, or the "
+                                      "snapshot in the windows layout (docs/consumers.md)")
     x.add_argument("snapshot_dir")
-    x.add_argument("--format", choices=("parquet",), default="parquet", help="output format (default parquet)")
+    form = x.add_mutually_exclusive_group()
+    form.add_argument("--format", choices=("parquet",), default="parquet", help="output format (default parquet)")
+    form.add_argument("--layout", choices=("windows",),
+                      help="write the snapshot itself in this layout instead (docs/snapshot.md)")
     x.add_argument("--out", required=True, help="directory to create (must not exist, or be empty)")
     x.add_argument("--split", action="append", choices=("train", "val", "test"), help="only this split (repeatable)")
     x.add_argument("--no-verify", action="store_true", help="skip the hash check (the export then records verified=false)")
@@ -619,19 +720,51 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except AmlError as e:
         if e.code == "NO_RUNS" and args.command == "build":
-            e = AmlError(f"{e.message}; {_runs_in_tsdb(args.tsdb or config.tsdb_url())}", code=e.code)
+            e = AmlError(f"{e.message}; {_runs_in_tsdb(_tsdb_url(args))}", code=e.code)
         print(e.one_line(), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a file or directory the command could not use, named
+        print(_os_error_line(e), file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug, not the user's input: still one line; the traceback goes to a file
+        print(_unexpected_line(e, sys.argv[1:] if argv is None else argv), file=sys.stderr)
+        return 2
+
+
+def _os_error_line(e: OSError) -> str:
+    from aml_pipeline.errors import disk_full
+
+    where = cut(e.filename, 300) if e.filename is not None else "a file"
+    full = disk_full(e, where)
+    return full.one_line() if full is not None else f"FILE_ERROR: {where}: {e.strerror or e}"
+
+
+def _unexpected_line(e: Exception, argv: list[str]) -> str:
+    """One line for an exception no command expects, and where its traceback was saved: the
+    line for the user, the file for a bug report."""
+    import tempfile
+    import traceback
+
+    first = (str(e).strip().splitlines() or [""])[0]
+    try:
+        fd, path = tempfile.mkstemp(prefix="aml-pipeline-", suffix=".traceback")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"aml-pipeline {' '.join(argv)}\n")
+            traceback.print_exception(e, file=f)
+        saved = f"; its traceback is in {path}"
+    except OSError:
+        saved = ""
+    return f"UNEXPECTED: {type(e).__name__}: {cut(first, 300)} (a bug in aml-pipeline, not in the input{saved})"
 
 
 def _runs_in_tsdb(url: str, limit: int = 4) -> str:
     """What the TSDB does hold, by line, product and recipe (for a NO_RUNS message)."""
     from collections import Counter
 
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline.urls import redact_url
 
     try:
@@ -643,7 +776,7 @@ def _runs_in_tsdb(url: str, limit: int = 4) -> str:
         return f"{redact_url(url)} holds no runs at all (ingest them with `aml-pipeline ingest`)"
     groups = Counter((r.line_id, r.product_id, r.recipe_id, r.finished) for r in runs)
     shown = [
-        f"{n} {'finished' if finished else 'running'} of line {line}, product {product}, recipe {recipe}"
+        f"{n} {'finished' if finished else 'running'} of line {cut(line)}, product {cut(product)}, recipe {cut(recipe)}"
         for (line, product, recipe, finished), n in groups.most_common(limit)
     ]
     more = f" and {len(groups) - limit} more groups" if len(groups) > limit else ""

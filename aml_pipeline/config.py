@@ -13,15 +13,48 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def aml_home() -> Path:
-    return Path(os.environ.get("AML_HOME") or Path.cwd() / ".aml").resolve()
+    configured = os.environ.get("AML_HOME")
+    return usable_home(Path(configured or Path.cwd() / ".aml").resolve(), "AML_HOME" if configured else "the default home")
+
+
+def usable_home(home: Path, what: str) -> Path:
+    """``home``, unless it or the nearest of its parents that exists is not a directory: then a
+    CONFIG_INVALID error naming ``what`` (the variable or the flag), before anything is written."""
+    for path in (home, *home.parents):
+        if path.exists():
+            if not path.is_dir():
+                from aml_pipeline.errors import AmlError
+
+                raise AmlError(f"{what} {home}: {path} is a file, not a directory", code="CONFIG_INVALID")
+            break
+    return home
+
+
+def repository_checkout() -> Path | None:
+    """The repository checkout this code runs from (an editable install, with the repository's
+    scripts beside the package), or None for an installed copy of the package."""
+    return REPO_ROOT if (REPO_ROOT / "scripts" / "ui.sh").is_file() else None
+
+
+def repository_instance(home: Path) -> Path | None:
+    """The Dagster instance of the repository checkout a command runs in, if it builds into that
+    checkout's own ``.aml`` (the default ``AML_HOME`` there): the working directory, when it holds
+    the repository's ``dagster.yaml`` and ``scripts/ui.sh``, which opens the UI on it. A build run
+    from the repository thus records where the UI looks, with no variable to set."""
+    cwd = Path.cwd().resolve()
+    if (cwd / "dagster.yaml").is_file() and (cwd / "scripts" / "ui.sh").is_file() and home.resolve() == cwd / ".aml":
+        return cwd
+    return None
 
 
 def default_tsdb_url(home: Path | None = None) -> str:
     return f"duckdb:///{(home or aml_home()) / 'tsdb.duckdb'}"
 
 
-def tsdb_url() -> str:
-    return os.environ.get("AML_TSDB_URL") or default_tsdb_url()
+def tsdb_url(home: Path | None = None) -> str:
+    """``AML_TSDB_URL``, else the embedded file in ``home`` (default ``AML_HOME``): whatever moves
+    the home moves the default TSDB with it."""
+    return os.environ.get("AML_TSDB_URL") or default_tsdb_url(home)
 
 
 def specs_dir() -> Path:

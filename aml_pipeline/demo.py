@@ -8,8 +8,9 @@ others are left out, what the lineage flag will say, and what to do next.
 
 from __future__ import annotations
 
-import math
+import importlib.resources
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,10 +20,12 @@ from typing import Any
 from aml_pipeline import config
 from aml_pipeline.errors import AmlError
 from aml_pipeline.spec import DatasetSpec, load_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.urls import redact_url
 
-DEMO_SPEC = config.REPO_ROOT / "specs" / "reactor_a.yaml"
+# The example spec over the simulated plant, shipped with the package (the repository's
+# specs/reactor_a.yaml is a link to it).
+DEMO_SPEC = Path(str(importlib.resources.files("aml_pipeline.simulate").joinpath("reactor_a.yaml")))
 
 Say = Callable[[str], None]
 
@@ -124,14 +127,43 @@ def _when(version: str) -> str:
     return f"{_dt.datetime.fromtimestamp(int(version) / 1000, tz=_dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC ({version})"
 
 
-def next_steps(summary: dict[str, Any], spec_path: Path) -> str:
+def demo_spec(home: Path) -> Path:
+    """The spec the demo builds: the repository's ``specs/reactor_a.yaml`` when run from its
+    checkout; for an installed package, a copy of the packaged example in ``<home>/specs`` (made
+    once: an edited copy is what the next demo builds), so a user has a spec file to open, edit
+    and point a Dagster project at."""
+    checkout = config.repository_checkout()
+    if checkout is not None:
+        return checkout / "specs" / DEMO_SPEC.name
+    target = home / "specs" / DEMO_SPEC.name
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.copyfile(DEMO_SPEC, partial)
+        os.replace(partial, target)
+    return target
+
+
+def next_steps(summary: dict[str, Any], spec_path: Path, home: Path) -> str:
+    """What to do next, with the commands the user has: the repository's scripts from its
+    checkout, ``aml-pipeline`` and ``dg dev`` in a Dagster project for an installed package."""
+    spec_id, snapshot = summary["specId"], summary["snapshotDir"]
+    root = "" if home == config.aml_home() else f" --root {home / 'datasets'}"
+    if config.repository_checkout() is not None:
+        return "\n".join([
+            "next:",
+            f"  scripts/ui.sh    the Dagster UI on http://127.0.0.1:3000: asset group {spec_id}, "
+            "its run partitions, plots, checks and lineage",
+            f"  .venv/bin/aml-pipeline verify {snapshot}",
+            f"  .venv/bin/aml-pipeline baseline {spec_path}{root}    (ridge baseline vs persistence on this snapshot)",
+            "  docs/snapshot.md    what the snapshot's files hold",
+        ])
     return "\n".join([
         "next:",
-        f"  scripts/ui.sh    the Dagster UI on http://127.0.0.1:3000: asset group {summary['specId']}, "
-        "its run partitions, plots, checks and lineage",
-        f"  .venv/bin/aml-pipeline verify {summary['snapshotDir']}",
-        f"  .venv/bin/aml-pipeline baseline {spec_path}    (ridge baseline vs persistence on this snapshot)",
-        "  docs/snapshot.md    what the snapshot's files hold",
+        f"  aml-pipeline verify {snapshot}",
+        f"  aml-pipeline baseline {spec_path}{root}    (ridge baseline vs persistence on this snapshot)",
+        f"  dg dev    the Dagster UI, from your Dagster project with an AmlSpecFolder whose path is {spec_path.parent} "
+        f"and AML_HOME={home} (docs/dagster.md, \"Trial data\"): asset group {spec_id}, its runs, plots and checks",
     ])
 
 
@@ -162,7 +194,7 @@ def run_demo(
 
         version = observe_tsdb(instance, url, console_log_level=console_log_level)
         say(f"observed tsdb/points in the Dagster instance: watermark {_when(version)}")
-    spec = load_spec(spec_path or DEMO_SPEC)
+    spec = load_spec(spec_path or demo_spec(home))
     explain_scope(spec, url, say)
     summary = materialize_dataset(spec, tsdb_url=url, home=home, instance=instance, console_log_level=console_log_level)
     explain_empty_splits(spec, summary, say)
@@ -170,15 +202,12 @@ def run_demo(
 
 
 def explain_empty_splits(spec: DatasetSpec, summary: dict[str, Any], say: Say) -> None:
-    """Why a split got no runs, when the chronological rule (floor of n times the share) is the
-    reason, and how many runs would give it one."""
-    runs = summary["runs"]
-    n = runs["train"] + runs["val"] + runs["test"]
-    empty = [p for p in ("val", "test") if runs[p] == 0 and getattr(spec.split, p) > 0]
-    if not empty or spec.split.method != "chronological":
-        return
-    shares = [getattr(spec.split, p) for p in empty]
-    need = next(k for k in range(n + 1, n + 10_000) if all(math.floor(k * share) >= 1 for share in shares))
-    shares = ", ".join(f"floor({n} x {getattr(spec.split, p):g}) = 0 for {p}" for p in empty)
-    say(f"  {' and '.join(empty)} {'has' if len(empty) == 1 else 'have'} no runs: the chronological split of {n} runs "
-        f"gives {shares}; {need} finished runs give each at least one (--runs {need + 1} with the run in progress)")
+    """Why a split got no runs (the split rule), and how many demo runs would give it one."""
+    from aml_pipeline.pipeline.stages.split import empty_splits, runs_for_every_split
+
+    why = empty_splits(spec, summary["runs"])
+    if why is not None:
+        say(f"  {why}")
+        if spec.split.method == "chronological":
+            need = runs_for_every_split(spec)
+            say(f"  --runs {need + 1} seeds {need} finished runs (the simulated plant keeps its last run in progress)")

@@ -2,10 +2,36 @@
 
 Every user-facing failure is an :class:`AmlError` with a stable ``code`` and a one-line message
 that names the problem (file, field, run, node). The CLI prints ``code: message`` without a
-traceback; anything else escaping is a bug and keeps its traceback.
+traceback; anything else escaping is a bug: the CLI prints one ``UNEXPECTED`` line for it and
+keeps its traceback in a file.
 """
 
 from __future__ import annotations
+
+# Longest id or value a message echoes whole: a 10,000-character id from a file or a flag is cut
+# (its start and end, and its length), so the message stays one readable line.
+QUOTE_LIMIT = 100
+LONGEST_WORD = 300
+
+
+def cut(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``str(value)`` for a message, cut in the middle beyond ``limit`` characters (its start,
+    its end and its length): every message that echoes an id or a value of the user's input
+    goes through here or :func:`quote`."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    return f"{text[:head]}…{text[head - limit:]} ({len(text)} characters)"
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for a message, cut as :func:`cut` cuts."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(value)
+    head = limit * 2 // 3
+    return f"{text[:head]!r}…{text[head - limit:]!r} ({len(text)} characters)"
 
 
 class AmlError(Exception):
@@ -23,7 +49,9 @@ class AmlError(Exception):
         return str(self.args[0]) if self.args else ""
 
     def one_line(self) -> str:
-        return f"{self.code}: {' '.join(self.message.split())}"
+        """``CODE: message`` on one line; a word longer than any path or URL a user types (an
+        over-long value echoed by a message that did not :func:`cut` it) is cut too."""
+        return f"{self.code}: {' '.join(cut(word, LONGEST_WORD) for word in self.message.split())}"
 
 
 class SpecError(AmlError, ValueError):

@@ -7,9 +7,11 @@ setting.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSche
 from pydantic.alias_generators import to_camel
 
 from aml_pipeline.core.units import UnitTransform, check_unit_contract
-from aml_pipeline.errors import AmlError, InvalidIdError, SpecError, UnitContractError
+from aml_pipeline.errors import AmlError, InvalidIdError, SpecError, UnitContractError, cut
 from aml_pipeline.ids import check_external_id, check_spec_id
 
 Role = Literal["feature", "control", "target"]
@@ -147,6 +149,10 @@ class DatasetSpec(_Model):
     split: SplitSpec = SplitSpec()
     note: str = ""
     extras: ExtrasSpec | None = None
+    # How the snapshot stores its windows (docs/snapshot.md): "windows" (the predecessor's
+    # x/u/y arrays) or "series" (each grid row once, windows cut on read). The default is left
+    # out of spec.json, so a spec that does not choose keeps today's bytes and hash.
+    layout: Literal["windows", "series"] = "windows"
     # Operational, not part of the dataset's identity: excluded from spec.json and the hash.
     schedule: str | None = None
 
@@ -198,9 +204,12 @@ class DatasetSpec(_Model):
 
     def to_json_dict(self) -> dict[str, Any]:
         """spec.json's content: every field, except ``schedule`` (operational) and the keys added
-        after datasets existed while they are unset (``aggregate``, ``causal``), so the specs that
-        do not use them keep the bytes, hash and stage versions they had."""
+        after datasets existed while they have their default (``layout: windows``, ``aggregate``,
+        ``causal``), so the specs that do not use them keep the bytes, hash and stage versions
+        they had."""
         exclude: dict[str, Any] = {"schedule": True}
+        if self.layout == "windows":
+            exclude["layout"] = True
         if self.aggregate is None:
             exclude["aggregate"] = True
         if not self.causal:
@@ -230,6 +239,33 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts) or "<root>"
 
 
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The spec model whose keys the mapping at ``loc`` holds (list positions skipped)."""
+    model: type[BaseModel] = DatasetSpec
+    for item in loc:
+        if isinstance(item, int):
+            continue
+        annotation = model.model_fields[str(item)].annotation
+        inner = next((t for t in (annotation, *getattr(annotation, "__args__", ()))
+                      if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if inner is None:
+            break
+        model = inner
+    return model
+
+
+def _unknown_key(loc: tuple[Any, ...]) -> str:
+    """What to say of an unknown key: the nearest valid key of the same mapping, if one is near."""
+    given = str(loc[-1])
+    fields = _model_at(loc[:-1]).model_fields
+    names = {to_camel(name): to_camel(name) for name in fields} | {name: to_camel(name) for name in fields}
+    near = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    valid = ", ".join(sorted({to_camel(name) for name in fields}))
+    if near:
+        return f"unknown key; did you mean {names[near[0]]}? (docs/spec.md)"
+    return f"unknown key (the keys here: {valid}; docs/spec.md)"
+
+
 def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
     """Validate a mapping into a :class:`DatasetSpec`; errors name the source and the field."""
     if not isinstance(data, Mapping):
@@ -239,8 +275,12 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
     except ValidationError as e:
         first = e.errors()[0]
         msg = first["msg"].removeprefix("Value error, ")
+        field = _field_path(first["loc"])
+        if first["type"] == "extra_forbidden":  # named as written, with the key meant
+            msg = _unknown_key(first["loc"])
+            field = ".".join(p for p in (_field_path(first["loc"][:-1]).removesuffix("<root>"), str(first["loc"][-1])) if p)
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise SpecError(f"{source}: field {_field_path(first['loc'])}: {msg}{more}") from None
+        raise SpecError(f"{source}: field {field}: {msg}{more}") from None
     try:
         spec.unit_transforms()
     except UnitContractError as e:
@@ -252,13 +292,28 @@ def read_yaml(path: Path, *, what: str, error: type[AmlError]) -> Any:
     """The YAML (or JSON) document in ``path``; a file that cannot be read or parsed is one
     ``error`` naming the file and ``what`` it was to be."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as e:
         raise error(f"{path}: cannot read {what} ({e.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: cannot read {what}: {_not_utf8(data, e)}") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise error(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+
+
+def _not_utf8(data: bytes, e: UnicodeDecodeError) -> str:
+    """Where a file stops being UTF-8: the line, the key that line holds, the byte."""
+    line_start = data.rfind(b"\n", 0, e.start) + 1
+    line = data[line_start:data.find(b"\n", e.start) if b"\n" in data[e.start:] else len(data)]
+    key = re.match(r"\s*(?:-\s+)?([\w.-]+)\s*:", line.decode("utf-8", errors="replace"))
+    line_no = data.count(b"\n", 0, e.start) + 1
+    in_key = f", in key {cut(key.group(1))}" if key else ""
+    return (f"line {line_no} is not UTF-8 text (byte 0x{data[e.start]:02x}{in_key}; the file is in another "
+            "encoding, e.g. Latin-1); save it as UTF-8")
 
 
 def load_spec(path: str | Path) -> DatasetSpec:

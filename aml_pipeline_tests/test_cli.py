@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +63,17 @@ def test_build_verify_and_list_through_the_real_command(small_plant, ingested, t
     snap = Path(summary["snapshotDir"])
     assert snap.parent == out / "cli_ds"
     assert "Traceback" not in build.stderr
+
+    # run elsewhere than the repository without an instance: the last line says the build is not
+    # recorded and how to record it; the v1 lineage flag says what it means; the 4 finished runs leave val
+    # and test empty, and the build says why
+    last = build.stderr.strip().splitlines()[-1]
+    assert last.startswith("not recorded in a Dagster instance") and "DAGSTER_HOME" in last, build.stderr
+    assert "warning: val and test have no runs: the chronological split of 4 runs gives floor(4 x 0.15) = 0 " \
+           "for val, floor(4 x 0.15) = 0 for test (docs/spec.md, split); 7 runs with windows give each at least one" \
+           in build.stderr, build.stderr
+    text = run_cli("build", str(spec), "--tsdb", ingested, "--out", str(out), env=env)
+    assert "manifest  v1  lineageVerified=0  (v1: lineage not assessed, not a failure)" in text.stdout, text.stdout
 
     ok = run_cli("verify", str(snap))
     assert ok.returncode == 0 and summary["sha256"] in ok.stdout
@@ -152,7 +166,7 @@ def test_ingest_rejects_bad_file_naming_row_and_column_and_writes_nothing(small_
     )
     assert "6" in line  # the CSV line number of the bad row
     # Nothing half-ingested: the runs and nodes files of the same call were not written either.
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline.errors import TsdbError
 
     try:
@@ -292,6 +306,182 @@ def test_plot_draws_a_built_runs_chart_as_the_ui_shows_it(small_plant, ingested,
     unfinished = next(r.run_id for r in small_plant.runs if r.ended_at is None)
     expect_user_error(capsys, ["plot", str(spec), unfinished], "NOT_BUILT", repr(unfinished), "build the spec first")
     expect_user_error(capsys, ["plot", str(spec), "../etc"], "INVALID_ID", "run id")
+
+
+def test_an_unexpected_error_is_one_line_and_its_traceback_is_kept_in_a_file(tmp_path, capsys, monkeypatch):
+    """The last resort of ``main``: a bug is still one line, exit 2; the traceback is in a file
+    the line names, for a bug report."""
+    import tempfile
+
+    from aml_pipeline.pipeline.publish import Catalog
+
+    def broken(self, spec_id=None):
+        raise RuntimeError("catalog entries exploded\nwith a second line")
+
+    monkeypatch.setattr(Catalog, "entries", broken)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["datasets", "--root", str(tmp_path / "root")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("UNEXPECTED: RuntimeError: catalog entries exploded (a bug in aml-pipeline"), line
+    [saved] = tmp_path.glob("aml-pipeline-*.traceback")
+    assert str(saved) in line
+    text = saved.read_text()
+    assert text.splitlines()[0] == f"aml-pipeline datasets --root {tmp_path / 'root'}"
+    assert "Traceback" in text and "catalog entries exploded" in text and "def broken" not in line
+
+
+def test_an_os_error_no_command_expected_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    from aml_pipeline.pipeline.publish import Catalog
+
+    def denied(self, spec_id=None):
+        raise PermissionError(13, "Permission denied", str(self.path))
+
+    monkeypatch.setattr(Catalog, "entries", denied)
+    assert main(["datasets", "--root", str(tmp_path / "root")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == f"FILE_ERROR: {tmp_path / 'root' / 'catalog.sqlite'}: Permission denied"
+
+
+# --- Exit codes as docs/cli.md documents them ----------------------------------------------------
+
+
+def documented_exit_codes() -> tuple[set[int], dict[str, set[int]]]:
+    """The exit codes docs/cli.md promises: for every user error (the sentences of its "Errors"
+    paragraph), and per command (its section, ``## verify``, and the Errors sentences that begin
+    with it, "`verify` exits 1 ...")."""
+    doc = (config.REPO_ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    code = re.compile(r"\bexits? (?:status )?(\d+)\b")
+    intro, *sections = re.split(r"^## ", doc, flags=re.M)
+    per_section: dict[str, set[int]] = {}
+    for section in sections:
+        title, _, body = section.partition("\n")
+        per_section[title.strip()] = {int(c) for c in code.findall(" ".join(body.split()))}
+    errors = " ".join(next(p for p in intro.split("\n\n") if p.startswith("**Errors.**")).split())
+    on_error: set[int] = set()
+    for sentence in re.split(r"(?<=\.)\s+", errors):
+        named = re.match(r"`([a-z ]+)`", sentence)
+        target = per_section.setdefault(named.group(1), set()) if named else on_error
+        target.update(int(c) for c in code.findall(sentence))
+    return on_error, per_section
+
+
+def test_every_command_exits_with_the_codes_docs_cli_md_documents(small_plant, ingested, tmp_path, capsys, monkeypatch):
+    from aml_pipeline.cli import build_parser
+    from aml_pipeline_tests.test_docs import parser_tree
+
+    monkeypatch.setenv("AML_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.delenv("AML_TSDB_URL", raising=False)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "catalog.sqlite").write_bytes(b"not a catalog" * 100)
+    spec = write_spec(tmp_path / "cli_ds.yaml", small_plant)
+    assert main(["build", str(spec), "--tsdb", ingested, "--json"]) == 0
+    snapshot = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["snapshotDir"]
+    tampered = tmp_path / "tampered"
+    shutil.copytree(snapshot, tampered)
+    (tampered / "arrays" / "y.f32").chmod(0o644)
+    with open(tampered / "arrays" / "y.f32", "r+b") as f:
+        f.write(b"\x00\x00\x80\x7f")
+
+    t = str(tmp_path)
+    user_errors = {  # one user error per command
+        "demo": ["demo", "--runs", "0", "--home", f"{t}/demo"],
+        "ingest": ["ingest", "--points", f"{t}/missing.csv", "--tsdb", f"duckdb://{t}/t.duckdb"],
+        "build": ["build", f"{t}/missing.yaml"],
+        "source check": ["source", "check", f"{t}/missing.yaml"],
+        "verify": ["verify", f"{t}/nowhere"],
+        "plot": ["plot", str(spec), "NO_SUCH_RUN"],
+        "export": ["export", f"{t}/nowhere", "--out", f"{t}/export"],
+        "datasets": ["datasets", "--root", f"{t}/root"],
+        "gc": ["gc", "--keep", "-1"],
+        "baseline": ["baseline", f"{t}/missing.yaml"],
+        "env status": ["env", "status", "--location", f"{t}/afile"],
+        "env rebuild": ["env", "rebuild", "--wait-s", "-1", "--location", f"{t}/lease", "--venv", f"{t}/venv"],
+    }
+    commands = {" ".join(path) for path, parser in parser_tree(build_parser()) if path and not any(
+        isinstance(a, argparse._SubParsersAction) for a in parser._actions)}
+    assert commands == set(user_errors), "every command has a user error in this table"
+
+    observed: dict[str, set[int]] = {name: set() for name in commands}
+    for name, argv in user_errors.items():
+        code = main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert "Traceback" not in "\n".join(err) and re.match(r"[A-Z_]+: ", err[-1]), (name, err)
+        observed[name].add(code)
+    for argv in (["verify", snapshot], ["verify", str(tampered)]):
+        observed["verify"].add(main(argv))
+        capsys.readouterr()
+
+    on_error, per_section = documented_exit_codes()
+    assert on_error == {2}, "docs/cli.md: a user error exits 2"
+    assert all(codes == on_error for name, codes in observed.items() if name != "verify"), observed
+    assert observed["verify"] == {0, 1, 2}
+    documented = {name: codes for name, codes in per_section.items() if codes}
+    assert documented, "the command sections document their exit codes"
+    for section, codes in documented.items():
+        names = [n for n in commands if n == section or n.startswith(section + " ")]
+        assert names, f"docs/cli.md section {section!r} names no command"
+        assert codes <= set().union(*(observed[n] for n in names)), (section, codes, observed)
+
+
+RELOAD = """mutation Reload($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) {
+  __typename ... on WorkspaceLocationEntry { loadStatus } ... on PythonError { message } } }"""
+OWN_DATA = """query OwnData($manifest: AssetKeyInput!, $windows: AssetKeyInput!) {
+  manifest: assetNodeOrError(assetKey: $manifest) { __typename ... on AssetNode { assetMaterializations(limit: 1) {
+    metadataEntries { label ... on TextMetadataEntry { text } } } } }
+  windows: assetNodeOrError(assetKey: $windows) { __typename ... on AssetNode { partitionStats { numMaterialized numPartitions } } }
+}"""
+
+
+def test_the_readme_own_data_block_ends_with_the_dataset_materialised_in_the_ui(small_plant, tmp_path):
+    """Followed as the README writes it, in a checkout of the repository (its dagster.yaml and
+    scripts/ui.sh), with no variable set: the UI that scripts/ui.sh opens there (DAGSTER_HOME = the
+    checkout) runs already; a spec is added, points ingested, the dataset built; the definitions
+    are reloaded, as the README says for a spec added while the UI runs; the UI shows it built."""
+    from aml_pipeline_tests.dagster_server import DagsterDev, running, wait_for
+
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    (checkout / "specs").mkdir()
+    for name in ("dagster.yaml", "scripts/ui.sh", "specs/reactor_a.yaml"):
+        (checkout / name).write_bytes((config.REPO_ROOT / name).read_bytes())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AML_", "DAGSTER_"))}
+    # what scripts/ui.sh sets; the specs folder is the checkout's (the code location is the installed package's)
+    ui_env = {**env, "DAGSTER_HOME": str(checkout), "AML_SPECS": str(checkout / "specs"), "DAGSTER_DISABLE_TELEMETRY": "1"}
+    server = DagsterDev(module="aml_pipeline.definitions", env=ui_env, cwd=checkout, log_path=tmp_path / "ui.log")
+    with running(server):
+        server.wait_for_graphql(420)
+        location = server.wait_for_location(420)
+
+        # The README's own-data block, in the checkout, as a user types it: no variable set.
+        write_spec(checkout / "specs" / "my_line.yaml", small_plant, id="my_line")
+        files = write_plant_files(small_plant, tmp_path / "files", fmt="parquet")
+        cli = {**env, "AML_SPECS": str(checkout / "specs")}
+        ingest = subprocess.run([*CLI, "ingest", "--points", str(files["points"]), "--runs", str(files["runs"]),
+                                 "--nodes", str(files["nodes"])], cwd=checkout, env=cli, capture_output=True, text=True)
+        assert ingest.returncode == 0, ingest.stderr
+        build = subprocess.run([*CLI, "build", "specs/my_line.yaml"], cwd=checkout, env=cli, capture_output=True, text=True)
+        assert build.returncode == 0, build.stderr
+        assert "not recorded" not in build.stderr, build.stderr
+        summary = json.loads(build.stdout.strip().splitlines()[-1])
+        built = sum(summary["runs"][p] for p in ("train", "val", "test"))
+
+        reloaded = server.graphql(RELOAD, {"name": location["name"]})["reloadRepositoryLocation"]
+        assert reloaded["__typename"] == "WorkspaceLocationEntry", reloaded
+        server.wait_for_location(420)
+
+        def shown():
+            data = server.graphql(OWN_DATA, {"manifest": {"path": ["my_line", "dataset_manifest"]},
+                                             "windows": {"path": ["my_line", "run_windows"]}})
+            return data if data["manifest"]["__typename"] == "AssetNode" else None
+
+        data = wait_for(shown, timeout=120, what="the asset group my_line in the UI", diagnostics=server.diagnostics)
+    [materialization] = data["manifest"]["assetMaterializations"]
+    sha = {e["label"]: e.get("text") for e in materialization["metadataEntries"]}["sha256"]
+    assert sha == summary["sha256"]
+    stats = data["windows"]["partitionStats"]
+    assert stats["numMaterialized"] == stats["numPartitions"] >= built > 0, stats
 
 
 def test_inputs_prints_and_writes_a_causal_window_s_x_and_refuses_bad_input_in_one_line(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import dagster as dg
 
 from aml_pipeline.config import REPO_ROOT
 from aml_pipeline.simulate.plant import simulate_plant
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 def test_demo_records_its_materialisations_in_the_persistent_instance(tmp_path, monkeypatch):
@@ -68,7 +69,8 @@ def test_demo_records_its_materialisations_in_the_persistent_instance(tmp_path, 
     smaller = json.loads(again.stdout.strip().splitlines()[-1])
     assert sum(smaller["runs"].values()) == 3 and smaller["current"]
     assert "val and test have no runs: the chronological split of 3 runs gives floor(3 x 0.15) = 0 for val" in again.stderr
-    assert "7 finished runs give each at least one (--runs 8" in again.stderr
+    assert "(docs/spec.md, split); 7 runs with windows give each at least one" in again.stderr
+    assert "--runs 8 seeds 7 finished runs" in again.stderr
     with open_tsdb(f"duckdb://{tmp_path / '.aml' / 'tsdb.duckdb'}") as db:
         assert len(db.list_runs(None, finished_only=False)) == 4
 
@@ -90,3 +92,72 @@ def test_the_demo_never_reseeds_a_tsdb_that_is_not_its_own(tmp_path):
     assert last.startswith("DEMO_TSDB_IN_USE: ") and "2 runs that are not the demo's" in last
     with open_tsdb(url) as db:
         assert sorted(r.run_id for r in db.list_runs(None, finished_only=False)) == sorted(r.run_id for r in plant.runs)
+
+
+def readme_demo_transcript() -> list[str]:
+    """The lines of the README's "The demo prints" block."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    [block] = re.findall(r"The demo prints[^\n]*\n(?:[^\n]*\n)*?```text\n(.*?)```", readme, flags=re.S)
+    return block.splitlines()
+
+
+def transcript_pattern(line: str) -> re.Pattern[str] | None:
+    """A README line as a pattern of the demo's line: ``…`` in a path and ``...`` stand for
+    anything, a hash (16 or more hex digits) for any hash; None for an elided line (``  ...``)."""
+    if line.strip() in ("", "...", "…"):
+        return None
+    parts = re.split(r"(…|\.\.\.|[0-9a-f]{16,})", re.sub(r"[0-9a-f]+…", "…", line))
+    regex = "".join(".*" if p in ("…", "...") else "[0-9a-f]+" if re.fullmatch(r"[0-9a-f]{16,}", p) else re.escape(p)
+                    for p in parts)
+    return re.compile(regex)
+
+
+def test_the_readme_shows_what_the_demo_prints_and_build_home_reads_the_demo_s_tsdb(tmp_path):
+    """``scripts/demo.sh`` (the demo with DAGSTER_HOME set) prints every line the README shows,
+    in that order; then ``build --home`` naming the demo's home, run from another directory, reads
+    the TSDB the demo seeded there (not that directory's ./.aml) and publishes nothing new (the
+    repository's dagster.yaml keeps the instance relative to the working directory, so the runs
+    are materialised again there, into the same snapshot)."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AML_", "DAGSTER_"))}
+    env.update(DAGSTER_HOME=str(home))
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    demo = subprocess.run([sys.executable, "-m", "aml_pipeline.cli", "demo"],
+                          cwd=here, env=env, capture_output=True, text=True, timeout=600)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    printed = (demo.stderr + demo.stdout).splitlines()
+    # stderr and stdout are captured apart: each README line is matched in order within its stream
+    streams = {"err": demo.stderr.splitlines(), "out": demo.stdout.splitlines()}
+    at = {"err": 0, "out": 0}
+    shown = [line for line in readme_demo_transcript() if transcript_pattern(line) is not None]
+    assert len(shown) >= 12
+    for line in shown:
+        pattern = transcript_pattern(line)
+        for name, lines in streams.items():
+            found = next((i for i in range(at[name], len(lines)) if pattern.fullmatch(lines[i])), None)
+            if found is not None:
+                at[name] = found + 1
+                break
+        else:
+            raise AssertionError(f"the README shows {line!r}; the demo printed:\n" + "\n".join(printed))
+    # and it shows every line the demo prints before its suggestions ("next:", elided there)
+    patterns = [transcript_pattern(line) for line in shown]
+    told = streams["err"][:streams["err"].index("next:")] + streams["out"]
+    missing = [line for line in told if not any(p.fullmatch(line) for p in patterns)]
+    assert not missing, f"the demo prints lines the README does not show: {missing}"
+
+    # the demo's home named from elsewhere: its TSDB, store and datasets, nothing new to publish
+    build = subprocess.run([sys.executable, "-m", "aml_pipeline.cli", "build", str(REPO_ROOT / "specs" / "reactor_a.yaml"),
+                            "--home", str(here / ".aml"), "--json"], cwd=elsewhere, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    summary = json.loads(build.stdout.strip().splitlines()[-1])
+    demo_summary = json.loads(streams["out"][-1])
+    assert summary["published"] is False and summary["snapshotDir"] == demo_summary["snapshotDir"]
+    assert Path(summary["snapshotDir"]).parent == here / ".aml" / "datasets" / "reactor_a"
+    # (the instance's storage is there, as the repository's dagster.yaml says; nothing else)
+    assert not any((elsewhere / ".aml" / name).exists() for name in ("tsdb.duckdb", "store", "datasets"))

@@ -8,7 +8,9 @@ import contextlib
 import io
 import re
 import shlex
+from pathlib import Path
 
+import numpy as np
 import pytest
 from pydantic.alias_generators import to_camel
 
@@ -18,7 +20,7 @@ from aml_pipeline.core.hashing import snapshot_sha256
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import CleaningSpec, DatasetSpec, ExtrasSpec, NodeSpec, SplitSpec, VariableSpec, parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.ingest import NODE_OPTIONAL, NODE_REQUIRED, POINT_COLUMNS, RUN_OPTIONAL, RUN_REQUIRED
 
 DOCS = REPO_ROOT / "docs"
@@ -41,6 +43,59 @@ def test_readme_points_at_docs_in_the_repository_and_runs_commands_that_exist():
             pytest.fail(f"README runs a bare aml-pipeline: {line!r}")
 
 
+def anchors(path) -> dict[str, str]:
+    """The anchors of a markdown file's headings, as GitHub makes them (lower case, punctuation
+    but ``-`` and ``_`` dropped, spaces to ``-``, ``-1``, ``-2``, ... for repeats; code blocks
+    skipped), each with its heading's text."""
+    seen: dict[str, int] = {}
+    out, in_fence = {}, False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+        heading = None if in_fence else re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out[slug if n == 0 else f"{slug}-{n}"] = heading.group(1)
+    return out
+
+
+def markdown_files():
+    return (*DOC_FILES, REPO_ROOT / "bench" / "README.md")
+
+
+def anchor_problems(doc) -> list[str]:
+    """Links of ``doc`` to an anchor no heading has, or whose text is a heading's text but whose
+    anchor is another heading's (two swapped anchors)."""
+    problems = []
+    body = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+    for label, target, anchor in re.findall(r"\[([^\]]*)\]\(([^)#\s:]*)#([^)\s]+)\)", body):
+        file = (doc.parent / target).resolve() if target else doc
+        headings = anchors(file) if file.is_file() else {}
+        named = [a for a, text in headings.items() if text == label]
+        if anchor not in headings:
+            problems.append(f"({target}#{anchor}): no such heading")
+        elif named and anchor not in named:
+            problems.append(f"[{label}]({target}#{anchor}): the heading {label!r} is #{named[0]}")
+    return problems
+
+
+def test_every_anchor_link_resolves_to_its_heading():
+    """``[x](#a)`` and ``[x](other.md#a)`` in the README, docs/ and bench/README.md name a heading
+    that is there, and the heading the link's text names (a renamed heading, two swapped anchors)."""
+    broken = [f"{doc.relative_to(REPO_ROOT)}: {p}" for doc in markdown_files() for p in anchor_problems(doc)]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_anchor_check_knows_repeated_headings_and_sees_a_swap(tmp_path):
+    doc = tmp_path / "a.md"
+    doc.write_text("- [Runs](#runs)\n# `runs`\n## Runs\n```bash\n# not a heading\n```\n### Keeping disk bounded: gc\n"
+                   "[below](#runs-1) [x](#nope)\n")
+    assert anchors(doc) == {"runs": "`runs`", "runs-1": "Runs", "keeping-disk-bounded-gc": "Keeping disk bounded: gc"}
+    assert anchor_problems(doc) == ["[Runs](#runs): the heading 'Runs' is #runs-1", "(#nope): no such heading"]
+
+
 def test_every_doc_link_resolves():
     for doc in DOCS.glob("*.md"):
         for target in re.findall(r"\]\(([^)#:]+\.md)", doc.read_text(encoding="utf-8")):
@@ -60,13 +115,31 @@ def test_ingest_doc_names_every_column():
         assert f"`{column}`" in doc, column
 
 
-@pytest.mark.parametrize("extras", [False, True], ids=["v1", "v2"])
-def test_the_documented_hash_recipe_computes_the_snapshot_hash(tmp_path, extras):
-    plant = simulate_plant(n_runs=3, run_minutes=4, seed=2)
+def test_ingest_doc_says_which_columns_are_required_as_the_reader_does():
+    """Each column table of docs/ingest.md says "required" for exactly the columns the reader
+    requires (a column may be required and still hold empty cells, as `ended_at` does)."""
+    doc = text("ingest.md")
+    for heading, required, optional in (("Points", POINT_COLUMNS, ()), ("Runs", RUN_REQUIRED, RUN_OPTIONAL),
+                                        ("Nodes", NODE_REQUIRED, NODE_OPTIONAL)):
+        section = doc.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+        said = {}
+        for row in re.findall(r"^\| (`[^|]+) \| [^|]+ \| ([^|]+) \|$", section, flags=re.M):
+            for column in re.findall(r"`(\w+)`", row[0]):
+                said[column] = row[1].strip()
+        assert set(said) == {*required, *optional}, heading
+        for column, rules in said.items():
+            assert rules.startswith("required") == (column in required), f"{heading}: {column}: {rules}"
+
+
+@pytest.mark.parametrize("extras,layout", [(False, "windows"), (True, "windows"), (False, "series"), (True, "series")],
+                         ids=["v1", "v2", "series-v1", "series-v2"])
+def test_the_documented_hash_recipe_computes_the_snapshot_hash(tmp_path, extras, layout):
+    plant = simulate_plant(n_runs=3, run_minutes=8, seed=2)
     url = f"duckdb://{tmp_path / 'tsdb.duckdb'}"
     with open_tsdb(url, read_only=False) as db:
         db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
-    spec = parse_spec(plant_spec_dict(plant, "doc_ds", history_steps=10, horizon_steps=5, extras=extras))
+    data = plant_spec_dict(plant, "doc_ds", history_steps=10, horizon_steps=5, extras=extras)
+    spec = parse_spec({**data, "layout": layout})
     with open_tsdb(url) as db:
         published = build_dataset(spec, db, store_root=tmp_path / "store", datasets_root=tmp_path / "datasets")
     doc = text("snapshot.md")
@@ -75,6 +148,13 @@ def test_the_documented_hash_recipe_computes_the_snapshot_hash(tmp_path, extras)
     exec(code, scope)  # noqa: S102 - the documentation's own snippet, under test
     assert scope["snapshot_sha256"](str(published.snapshot_dir)) == published.sha256 == snapshot_sha256(published.snapshot_dir)
     assert published.snapshot_dir.name == published.sha256[:16]  # the layout the doc shows
+    if layout == "series":  # the documented numpy reader cuts the windows the reader serves
+        from aml_pipeline.snapshot import open_snapshot
+
+        [reader] = re.findall(r"With numpy alone:\s*```python\n(.*?)```", doc, flags=re.S)
+        scope = {}
+        exec(reader.replace('".aml/datasets/reactor_a/current"', repr(str(published.snapshot_dir))), scope)  # noqa: S102
+        assert np.array_equal(scope["x"], open_snapshot(published.snapshot_dir).x[100:356])
 
 
 # --- The command line as the docs show it -------------------------------------------------------
@@ -200,9 +280,11 @@ def test_the_docs_check_can_fail(tmp_path):
 
 def test_no_doc_runs_a_bare_aml_pipeline():
     """After the documented set-up the command is .venv/bin/aml-pipeline; it is on PATH only in an
-    activated environment, which the docs do not assume."""
+    activated environment, which the docs do not assume. (docs/dagster.md is the exception: there
+    the package is installed into the plant's own Dagster project, whose environment `dg` runs in.)"""
     fenced, _ = doc_command_lines()
-    bare = [f"{where}: {line}" for where, line in fenced if re.match(r"(?:\$\s+)?(?:\S+=\S*\s+)*aml-pipeline", line)]
+    bare = [f"{where}: {line}" for where, line in fenced if re.match(r"(?:\$\s+)?(?:\S+=\S*\s+)*aml-pipeline", line)
+            and not where.startswith("docs/dagster.md:")]
     assert not bare, "\n".join(bare)
 
 
@@ -214,6 +296,30 @@ def test_help_names_every_subcommand():
             assert path[0] in parser.description and path[0] in text, path
 
 
+def section(doc: str, heading: str) -> str:
+    """The text under ``heading`` (a whole heading line) up to the next heading of its level."""
+    level = heading.split(" ")[0]
+    return doc.split(heading + "\n", 1)[1].split(f"\n{level} ", 1)[0]
+
+
+def test_every_command_is_in_the_readme_s_table_and_has_its_section_in_the_cli_doc():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    table = [line.split("|")[1] for line in section(readme, "## Commands").splitlines() if line.startswith("| `")]
+    shown = [span for cell in table for span in re.findall(r"`([^`]+)`", cell)]
+    cli_doc = text("cli.md")
+    headings = re.findall(r"^## (.+)$", cli_doc, flags=re.M)
+    missing = []
+    for path, parser in parser_tree(build_parser()):
+        if not path or any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+            continue  # the command itself, and groups (`env`, `source`): their commands count
+        name = " ".join(path)
+        if not any(span == name or span.startswith(name + " ") for span in shown):
+            missing.append(f"README.md's command table: {name}")
+        if not any(h == name or name.startswith(h + " ") for h in headings):
+            missing.append(f"docs/cli.md: ## {name}")
+    assert not missing, "\n".join(missing)
+
+
 def test_the_architecture_names_only_modules_that_exist():
     doc = text("architecture.md")
     named = set(re.findall(r"`([\w./-]+(?:\.py|/))`", doc))
@@ -221,7 +327,7 @@ def test_the_architecture_names_only_modules_that_exist():
     package = REPO_ROOT / "aml_pipeline"
     missing = []
     for name in sorted(named):
-        if name.startswith("aml_pipeline/") or name.split("/")[0] in ("bench", "specs", "deploy", "scripts", "aml_pipeline_tests"):
+        if name.startswith("aml_pipeline/") or name.split("/")[0] in ("bench", "specs", "deploy", "scripts", "aml_pipeline_tests", "examples"):
             ok = (REPO_ROOT / name).exists()
         else:  # the map's paths are relative to aml_pipeline/, or a file named in its package's row
             ok = (package / name).exists() or any(package.glob(f"*/{name}")) or any(package.glob(f"*/*/{name}"))
@@ -232,28 +338,156 @@ def test_the_architecture_names_only_modules_that_exist():
 
 # An error code, not a variable.
 NOT_VARIABLES = {"AML_ERROR"}
+# Set by the operating system, the shell or systemd for every program; read, never configured here.
+STANDARD_VARIABLES = {"PATH", "PYTHONPATH", "HOME", "VIRTUAL_ENV", "CREDENTIALS_DIRECTORY"}
+# Where a variable is read: os.environ / os.getenv / dg.EnvVar / the settings helpers in Python, a
+# ${VAR:-default} (or :?, :=, -) expansion in a shell script.
+PY_READ = re.compile(
+    r"""(?:os\.environ(?:\.get|\.setdefault|\.pop)?\(|os\.environ\[|os\.getenv\(|EnvVar(?:\.int|\.bool)?\("""
+    r"""|_env_or\(|whole_number_env\()\s*["']([A-Z][A-Z0-9_]*)["']|["']([A-Z][A-Z0-9_]*)["']\s+(?:not\s+)?in\s+os\.environ""")
+SH_READ = re.compile(r"\$\{([A-Z][A-Z0-9_]*)(?::?[-?=])")
+CODE_DIRS = ("aml_pipeline", "aml_pipeline_tests", "scripts", "bench", "deploy")
 
 
-def test_every_environment_variable_the_code_reads_is_in_the_readme():
+def variables_read() -> dict[str, set[str]]:
+    """Every environment variable the code, the tests, the scripts, the benchmark and the
+    deployment files read, with the files that read it."""
+    found: dict[str, set[str]] = {}
+    for d in CODE_DIRS:
+        for p in (REPO_ROOT / d).rglob("*"):
+            if not p.is_file() or "__pycache__" in p.parts or p == Path(__file__):  # this file: examples
+                continue
+            text = p.read_text(encoding="utf-8", errors="replace")
+            names = set()
+            if p.suffix == ".py":
+                names |= {a or b for a, b in PY_READ.findall(text)}
+            if p.suffix in (".sh", "") and text.startswith("#!"):
+                names |= set(SH_READ.findall(text))
+            if p.suffix in (".py", ".sh", ".yaml", ".example", ".service", ""):
+                names |= set(re.findall(r"\bAML_[A-Z0-9_]*[A-Z0-9]\b", text))
+            for name in names - NOT_VARIABLES - STANDARD_VARIABLES:
+                found.setdefault(name, set()).add(str(p.relative_to(REPO_ROOT)))
+    return found
+
+
+def documented_variables() -> set[str]:
+    """The variables of the README's "Settings" table and of the tables it links for the rest
+    (docs/deployment.md's "Settings")."""
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    sources = [p for d in ("aml_pipeline", "scripts", "deploy", "bench") for p in (REPO_ROOT / d).rglob("*") if p.is_file()
-               and p.suffix in (".py", ".sh", ".yaml", ".example", ".service", "") and "__pycache__" not in p.parts]
-    names = {n for p in sources for n in re.findall(r"\bAML_[A-Z0-9_]*[A-Z0-9]\b", p.read_text(encoding="utf-8", errors="replace"))}
-    names -= NOT_VARIABLES
-    assert {"AML_HOME", "AML_TSDB_URL", "AML_MEMORY_MB"} <= names
-    missing = sorted(n for n in names if f"`{n}" not in readme)
-    assert not missing, f"read by the code, not in README.md: {missing}"
+    assert "docs/deployment.md#settings" in readme
+    names = set()
+    for doc, heading in ((readme, "## Settings"), (text("deployment.md"), "## Settings")):
+        rows = [line.split("|")[1] for line in section(doc, heading).splitlines() if line.startswith("| `")]
+        names |= {n for cell in rows for n in re.findall(r"`([A-Z][A-Z0-9_]*)`", cell)}
+    return names
 
 
-DIARY = re.compile(r"this session|the runs? before\b|in the (?:previous|latest|last|earlier) (?:full )?runs?\b|ad hoc"
-                   r"|patched in|until this run|\bissue \d+", re.I)
+# Variables Dagster itself sets for the code it loads, read to learn how the code is run: no
+# user sets them, so they are not settings.
+SET_BY_DAGSTER = {"DAGSTER_IS_DEFS_VALIDATION_CLI"}
+
+
+def test_every_environment_variable_the_code_and_tests_read_is_documented():
+    read = {name: where for name, where in variables_read().items() if name not in SET_BY_DAGSTER}
+    assert {"AML_HOME", "AML_TSDB_URL", "AML_MEMORY_MB", "AML_TEST_PG_URL", "PORT", "DAGSTER_HOME"} <= set(read)
+    missing = sorted(f"{name} (read in {', '.join(sorted(where)[:3])})" for name, where in read.items()
+                     if name not in documented_variables())
+    assert not missing, "read, not in README.md's Settings table (or docs/deployment.md's):\n" + "\n".join(missing)
+
+
+def test_the_variable_scan_sees_each_way_of_reading_one(tmp_path):
+    py = 'os.environ.get("A_1")\nos.environ["A_2"]\nos.getenv("A_3")\ndg.EnvVar("A_4")\nif "A_5" in os.environ: pass\n'
+    assert {a or b for a, b in PY_READ.findall(py)} == {"A_1", "A_2", "A_3", "A_4", "A_5"}
+    assert set(SH_READ.findall('x=${B_1:-1} ${B_2:?set it} ${B_3} ${b_4:-1}')) == {"B_1", "B_2"}
+
+
+DIARY = re.compile(
+    r"this session|the runs? before\b|in the (?:previous|latest|last|earlier) (?:full )?runs?\b|ad hoc"
+    r"|patched in|until this run|\bissue \d+|not tested here|(?:were|was) tried|we tried|at that commit"
+    r"|\bcommit [0-9a-f]{7,40}\b|\b(?:at|since|before|after) [0-9a-f]{7,40}\b|\b(?:these|they|it)(?: \w+)? (?:were|was) run on"
+    r"|\b(?:January|February|March|April|May|June|July|August|September|October|November|December) 20\d\d\b"
+    r"|\b(?:on|measured|run|ran) 20\d\d-\d\d-\d\d\b",
+    re.I,
+)
 
 
 def test_no_doc_reads_as_a_diary():
+    """README.md, every doc in docs/ and bench/README.md state what is true, not how it was found:
+    no session, commit, date or "was tried"."""
     found = [f"{p.relative_to(REPO_ROOT)}:{no}: {line.strip()}"
-             for p in (*DOC_FILES, REPO_ROOT / "bench" / "README.md")
+             for p in markdown_files()
              for no, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if DIARY.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_the_diary_check_sees_diary_phrases():
+    for line in ("measured at commit 3039ef5", "This was not tested here.", "were tried and did not help",
+                 "at that commit", "These three were run on an export", "measured in March 2025"):
+        assert DIARY.search(line), line
+    for line in ("a commit of the transaction", "run 2025-01-01T00:00:00Z", "`date=2026-01-05/`"):
+        assert not DIARY.search(line), line
+
+
+# A measured figure: a rate, a speed ratio, a duration or a size said to be taken, spent or
+# measured. Constants that are settings ("default 120 s", "at most 64 MiB") do not match.
+NUM = r"\d[\d,.]*"
+MEASURED = re.compile(
+    rf"{NUM}\s?[kMG]?\s?(?:points|rows|windows|runs|series|events|pages|calls|B|bytes)\s?/\s?(?:s|sec|second)\b"
+    rf"|{NUM}\s?[kMG]i?B/s\b"
+    rf"|{NUM}\s?(?:x|times)\s+(?:faster|slower|quicker|as\s+fast|as\s+slow|longer|shorter)\b"
+    rf"|{NUM}\s?%\s+(?:faster|slower|quicker|of\s+the\s+(?:time|build|wall|run))"
+    rf"|\b(?:takes?|took|costs?|spends?|spent|lasts?|in\s+about|about)\s+(?:about\s+)?{NUM}\s?"
+    rf"(?:ms|µs|us|ns|s|sec|seconds|minutes|min)\b"
+    rf"|[~≈]\s*{NUM}\s?(?:ms|µs|us|ns|s|sec|seconds|minutes|min|KB|MB|GB|KiB|MiB|GiB)\b"
+    rf"|\b(?:peak|rss|uses?|used|takes?|took)\s+(?:about\s+)?{NUM}\s?(?:KB|MB|GB|KiB|MiB|GiB)\b"
+    rf"|\bmeasured(?:\s*:|\s+(?:at|on|with|in)\b)[^.]*?{NUM}",
+    re.I,
+)
+# Comments that match but state a setting, not a measurement: "path: the comment's text".
+SETTINGS_NOT_FIGURES: set[str] = set()
+# Their measured figures leave with the read-path work on tsdb/ and sources/ (another branch of
+# the same change); the check covers them once that has landed.
+def comments_and_docstrings(path):
+    """(line, text) of every comment and docstring line of a Python file."""
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text(encoding="utf-8")
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc and isinstance(node.body[0], ast.Expr):
+                for i, line in enumerate(doc.splitlines()):
+                    yield node.body[0].lineno + i, line
+
+
+def test_no_code_comment_states_a_measured_figure():
+    """Figures belong in bench/README.md, with the command that measured them: a comment's figure
+    goes stale with the code and the host. Comments say why."""
+    found = []
+    for d in ("aml_pipeline", "aml_pipeline_tests", "bench"):
+        for path in sorted((REPO_ROOT / d).rglob("*.py")):
+            name = str(path.relative_to(REPO_ROOT))
+            if path == Path(__file__):
+                continue
+            found += [f"{name}:{no}: {line.strip()}" for no, line in comments_and_docstrings(path)
+                      if MEASURED.search(line) and f"{name}: {line.strip()}" not in SETTINGS_NOT_FIGURES]
+    assert not found, "measured figures in comments (move them to bench/README.md):\n" + "\n".join(found)
+
+
+def test_the_figure_check_tells_a_measurement_from_a_setting():
+    for line in ("# the hash runs at 2.3 GB/s", "instead of starting a database each time (~10 ms)",
+                 "(measured: 2.7x slower per-series reads", "a fetch takes about 40 ms", "25.9 M points/s",
+                 "peak RSS 277 MB", "3.4x faster than numpy"):
+        assert MEASURED.search(line), line
+    for line in ("(default 3600 s)", "at most 64 MiB", "controls every 1 s", "every 15 minutes",
+                 "4 MB of float64 per block", "on measured nodes (targets, features)", "wait_s=0.5",
+                 "a gap over 5 s"):
+        assert not MEASURED.search(line), line
 
 
 def test_every_table_row_has_its_header_s_columns():

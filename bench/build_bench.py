@@ -35,7 +35,7 @@ def _spec(spec_dict: dict[str, Any]):
 def e2e_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, Any]:
     """``build_dataset`` into fresh directories under ``out``; wall seconds and the summary."""
     from aml_pipeline.pipeline.build import build_dataset
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     spec = _spec(spec_dict)
     fresh_dir(out)
@@ -44,7 +44,7 @@ def e2e_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, 
         published = build_dataset(spec, db, store_root=out / "store", datasets_root=out / "datasets")
     seconds = time.perf_counter() - t0
     arrays = published.snapshot_dir / "arrays"
-    sizes = {p.name: p.stat().st_size for p in sorted(arrays.iterdir()) if p.suffix in (".f32", ".f64")}
+    sizes = {p.name: p.stat().st_size for p in sorted(arrays.iterdir()) if p.suffix != ".json"}
     return {
         "seconds": seconds,
         "sha256": published.sha256,
@@ -78,7 +78,8 @@ def staged_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[st
     """
     import aml_pipeline.pipeline.build as build_mod
     import aml_pipeline.pipeline.runs as runs_mod
-    from aml_pipeline.tsdb import open_tsdb
+    import aml_pipeline.pipeline.stages.raw as raw_mod
+    from aml_pipeline.tsdb_open import open_tsdb
 
     spec = _spec(spec_dict)
     fresh_dir(out)
@@ -98,10 +99,11 @@ def staged_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[st
         patched.append((module, name, real))
         setattr(module, name, wrapper)
 
-    # Where build_dataset and its run loop (pipeline.runs.build_runs) look the stages up; each
-    # module holds the real function, so a stage called through either is timed once.
+    # Where build_dataset, its run loop (pipeline.runs.build_runs) and the plan's fetcher
+    # (pipeline.stages.raw.run_fetcher) look the stages up; each module holds the real function,
+    # so a stage called through any of them is timed once.
     for name, stage in _STAGE_FUNCTIONS.items():
-        for module in (build_mod, runs_mod):
+        for module in (build_mod, runs_mod, raw_mod):
             if hasattr(module, name):
                 timed(module, name, stage)
     if hasattr(runs_mod, "align"):
@@ -150,7 +152,7 @@ def io_floor(spec_dict: dict[str, Any], tsdb_url: str, array_bytes: dict[str, in
     import duckdb
 
     from aml_pipeline.pipeline.plan import run_scope
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline.tsdb.duckdb import parse_duckdb_url
 
     spec = _spec(spec_dict)

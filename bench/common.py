@@ -72,7 +72,8 @@ def workload_points(tsdb_url: str, spec):
 
     from aml_pipeline.pipeline.plan import run_scope
     from aml_pipeline.pipeline.stages.raw import run_bounds
-    from aml_pipeline.tsdb import PointColumns, open_tsdb
+    from aml_pipeline.tsdb import PointColumns
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline_tests.tsdb.series import fetch_node_series
 
     parts = []

@@ -589,7 +589,7 @@ def run_parallel(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat:
 def _finished_runs(spec_dict: dict[str, Any], tsdb_url: str) -> list[str]:
     from aml_pipeline.pipeline.plan import run_scope
     from aml_pipeline.spec import parse_spec
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     spec = parse_spec(spec_dict)
     with open_tsdb(tsdb_url) as db:
@@ -606,7 +606,7 @@ def library_run_stages(spec_json: str, tsdb_url: str, store_root: str | None, ru
     from aml_pipeline.pipeline.registry import RUN_STAGES
     from aml_pipeline.pipeline.store import DatasetStore
     from aml_pipeline.spec import parse_spec
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT
 
     spec = parse_spec(json.loads(spec_json))

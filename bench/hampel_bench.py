@@ -44,7 +44,7 @@ def hampel_inputs(tsdb_url: str, spec_dict: dict[str, Any], max_runs: int | None
     from aml_pipeline.pipeline.stages.grid import node_grid_params
     from aml_pipeline.pipeline.stages.raw import run_bounds
     from aml_pipeline.spec import parse_spec
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline_tests.core.whole_series import clean_series
     from aml_pipeline_tests.tsdb.series import fetch_node_series
 

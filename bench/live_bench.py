@@ -14,7 +14,7 @@ Measured on the standard workload, built twice by the library build: as it is, a
   before the origin, differs from the history cut from the whole run's grid, without and with
   ``causal``.
 * ``live_inputs_from_points_ms``: ``LiveRecipe.inputs`` at one origin of the causal snapshot
-  (H 60, 16 nodes) from the last 5 minutes of each node's points held in memory, beside PyTorch
+  (H 60, 16 nodes) from each node's points of the last ``HELD_MS`` held in memory, beside PyTorch
   Forecasting's ``TimeSeriesDataSet.from_dataset(training, history, predict=True)`` for the same
   history (its already cleaned grid rows; the sample materialised through its DataLoader).
 * ``live_inputs_from_tsdb_ms`` / ``live_inputs_from_tsdb_pg_ms``: the same, reading the points
@@ -37,6 +37,9 @@ import numpy as np
 
 from bench.timing import side_by_side
 
+# How far back a model server holds each node's points (a rolling buffer) in the latency figure.
+HELD_MS = 300_000
+
 
 @dataclass
 class _Built:
@@ -50,7 +53,7 @@ def _build(spec_dict: dict[str, Any], url: str, root: Path) -> _Built:
     from aml_pipeline.pipeline.store import DatasetStore
     from aml_pipeline.snapshot import open_snapshot
     from aml_pipeline.spec import parse_spec
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     spec = parse_spec(spec_dict)
     with open_tsdb(url) as db:
@@ -73,7 +76,7 @@ def _run_points(url: str, spec: Any, run_ids: set[str]) -> tuple[dict[str, dict[
     """Every point of the spec's nodes in each run (per node, in (ts, seq) order) and each run's start."""
     from aml_pipeline.live.points import NodePoints
     from aml_pipeline.pipeline.stages.raw import run_bounds
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
     from aml_pipeline_tests.tsdb.series import fetch_node_series
 
     points: dict[str, dict[str, Any]] = {}
@@ -234,7 +237,7 @@ def _pf_reference(b: _Built, i: int, origin: int, ours_x: np.ndarray) -> dict[st
 
 def _tsdb_calls(b: _Built, url: str, pg_url: str | None, repeat: int) -> dict[str, Any]:
     from aml_pipeline.live import LiveRecipe
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     # The workload's first two runs (the PostgreSQL copy holds those): train runs, in start order.
     runs = [blk.run_id for blk in b.snap.runs("train")][:2]
@@ -339,7 +342,7 @@ def run(w: Any, work: Path, *, repeat: int, quick: bool) -> dict[str, Any]:
     causal = _build({**copy.deepcopy(w.spec), "id": "live_causal", "causal": True}, w.tsdb_url, work / "causal")
     run_ids = {blk.run_id for blk in causal.snap.runs()} | {blk.run_id for blk in plain.snap.runs()}
     points, starts = _run_points(w.tsdb_url, causal.spec, run_ids)
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     with open_tsdb(w.tsdb_url) as db:
         ranges = {n.node_id: (n.range_lo, n.range_hi) for n in db.list_nodes()}
@@ -349,14 +352,14 @@ def run(w: Any, work: Path, *, repeat: int, quick: bool) -> dict[str, Any]:
         "why": _why(quick),
     }
 
-    # One origin in the middle of the first test run (or the last run): the last 5 minutes held.
+    # One origin in the middle of the first test run (or the last run), the points of HELD_MS before it held.
     from aml_pipeline.live import LiveRecipe
 
     recipe = LiveRecipe(causal.snap)
     blocks = causal.snap.runs("test") or causal.snap.runs()
     block = blocks[0]
     i, run_id, origin = [x for x in _windows(causal) if x[0] in block.windows][len(block) // 2]
-    held = _before(points[run_id], origin, since=origin - 300_000)
+    held = _before(points[run_id], origin, since=origin - HELD_MS)
     ours = recipe.inputs(origin, held)
     sides = {"ours": lambda: recipe.inputs(origin, held)}
     pf = _pf_reference(causal, i, origin, ours.x)

@@ -31,7 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import build_bench, dagster_bench, hampel_bench, memory, pg_bench, sources_bench, windows_bench  # noqa: E402
+from bench import (  # noqa: E402
+    build_bench,
+    dagster_bench,
+    hampel_bench,
+    memory,
+    pg_bench,
+    series_bench,
+    sources_bench,
+    windows_bench,
+)
 from bench.common import remove_tree  # noqa: E402
 from bench.workload import make_workload, make_workload_in_subprocess  # noqa: E402
 
@@ -72,6 +81,15 @@ GOALS = (
     Goal("open_verify_rss_mb", "<=", 150.0, "MB", "peak RSS, open + verify the snapshot", "snapshot"),
     Goal("verify_over_sha256sum", "<=", 1.2, "x", "snapshot verification / sha256sum", "snapshot"),
     Goal("iter_batches_gb_per_s", ">=", 1.0, "GB/s", "train windows in shuffled batches of 256", "snapshot"),
+    Goal("series_bytes_over_grid", "<=", 2.0, "x", "series snapshot's array bytes / the float32 grid", "series"),
+    Goal("series_build_speedup", ">=", 2.5, "x", "build_dataset, windows layout / series layout", "series"),
+    Goal("series_e2e_over_floor", "<=", 3.0, "x", "series build / its I/O floor", "series"),
+    Goal("series_iter_batches_gb_per_s", ">=", 1.0, "GB/s", "series: train windows in shuffled batches of 256", "series"),
+    Goal("series_iter_batches_over_windows", ">=", 0.8, "x", "series / windows layout, shuffled batches", "series"),
+    Goal("series_open_verify_rss_mb", "<=", 150.0, "MB", "series: peak RSS, open + verify", "series"),
+    Goal("series_verify_over_sha256sum", "<=", 1.2, "x", "series: verification / sha256sum", "series"),
+    Goal("series_plant_scale_peak_rss_mb", "<=", 1000.0, "MB",
+         "series, 500 runs x 32 nodes x 30 min through `aml-pipeline build`: peak RSS", "series"),
     Goal("mapped_pg_fetch_over_copy", "<=", 1.5, "x", "mapped PostgreSQL table: run fetch / binary COPY", "sources"),
     Goal("parquet_over_embedded_points_per_s", ">=", 0.8, "x", "Parquet lake points/s / embedded file's", "sources"),
     Goal("mapped_version_over_fetch", "<=", 0.25, "x", "mapped table: per-run version query / run fetch", "sources"),
@@ -81,21 +99,23 @@ GOALS = (
     Goal("live_inputs_from_tsdb_pg_ms", "<=", 25.0, "ms", "live input read from PostgreSQL (p99 of the calls)", "live"),
     Goal("aggregate_mean_mpts_per_s", ">=", 0.8, "x", "grid stage points/s with aggregate: mean / without", "live"),
 )
-PARTS = ("build", "hampel", "windows", "snapshot", "plots", "dagster", "incremental", "parallel",
+PARTS = ("build", "hampel", "windows", "snapshot", "series", "plots", "dagster", "incremental", "parallel",
          "orchestration", "run_figures", "rss", "pg", "sources", "live")
 
-# A Dagster build of the 2,000 small runs takes about 10 min on the 2-core machine today, so that
-# figure gets one repetition in the full run (raise orchestration_repeat where time allows).
+# The Dagster build of the 2,000 small runs is the longest side of the full run, so that figure
+# gets one repetition there (raise orchestration_repeat where time allows).
 FULL = dict(runs=32, minutes=120.0, repeat=5, build_repeat=3, pf_runs=8,
             rss_piece_minutes=1440.0, rss_pieces=(2, 16),
             orchestration_runs=2000, orchestration_minutes=3.0, orchestration_repeat=1,
             lookup_partitions=(300, 2_000, 20_000), lookup_repeat=20,
-            run_figures_partitions=20_000, run_figures_runs=200, run_figures_repeat=2)
+            run_figures_partitions=20_000, run_figures_runs=200, run_figures_repeat=2,
+            series_plant=series_bench.PLANT_SCALE)
 QUICK = dict(runs=4, minutes=10.0, repeat=2, build_repeat=1, pf_runs=2,
              rss_piece_minutes=20.0, rss_pieces=(1, 8),
              orchestration_runs=10, orchestration_minutes=3.0, orchestration_repeat=1,
              lookup_partitions=(10, 300), lookup_repeat=3,
-             run_figures_partitions=100, run_figures_runs=10, run_figures_repeat=1)
+             run_figures_partitions=100, run_figures_runs=10, run_figures_repeat=1,
+             series_plant=dict(runs=10, nodes=8, minutes=5.0))
 
 
 class Results:
@@ -250,6 +270,34 @@ def _snapshot(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path
     res["snapshot"] = out
     for k in keys:
         res.figure(k, out[k])
+
+
+def _series(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
+    w = ctx["w"]
+    _log(f"series layout vs windows layout: builds and the series floor alternating, {cfg['build_repeat']} repetitions; "
+         f"stage table; consumers, {cfg['repeat']} repetitions")
+    out = series_bench.run(w, work / "series", repeat=cfg["repeat"], build_repeat=cfg["build_repeat"])
+    res["series"] = out
+    res.figure("series_bytes_over_grid", out["bytes_over_grid"]["series"])
+    res.figure("series_build_speedup", out["build_speedup"])
+    res.figure("series_e2e_over_floor", out["e2e_over_floor"])
+    ib = out["iter_batches_gb_per_s"]["series"]
+    res.figure("series_iter_batches_gb_per_s", {"value": ib["median"], "min": ib["min"], "max": ib["max"], "repeat": ib["repeat"]})
+    res.figure("series_iter_batches_over_windows", out["iter_batches_over_windows"])
+    res.figure("series_open_verify_rss_mb", out["snapshot"]["open_verify_rss_mb"])
+    res.figure("series_verify_over_sha256sum", out["snapshot"]["verify_over_sha256sum"])
+    res.check("series layout: both builds current, blocking checks pass", out["checks_pass"])
+    res.check("series layout: every window equals the windows layout's, byte for byte", out["same_windows"])
+    res.check("series layout: an epoch serves the same windows in both layouts", out["iter_batches"]["same_windows_per_epoch"])
+    remove_tree(work / "series")
+    p = cfg["series_plant"]
+    _log(f"series layout at plant scale: {p['runs']} runs x {p['nodes']} nodes x {p['minutes']:g} min, stride 1, "
+         "through `aml-pipeline build`")
+    plant = series_bench.plant_scale(work / "series_plant", **p, reuse=a.keep)
+    out["plant_scale"] = plant
+    res.figure("series_plant_scale_peak_rss_mb", plant["peak_rss_mb"])
+    res.check("series layout at plant scale: current, blocking checks pass",
+              bool(plant["current"] and all(plant["checks"].values())))
 
 
 def _plots(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
@@ -442,7 +490,7 @@ def _live(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a:
 
 
 PART_FUNCS = {
-    "build": _build, "hampel": _hampel, "windows": _windows, "snapshot": _snapshot, "plots": _plots,
+    "build": _build, "hampel": _hampel, "windows": _windows, "snapshot": _snapshot, "series": _series, "plots": _plots,
     "dagster": _dagster, "incremental": _incremental, "parallel": _parallel, "orchestration": _orchestration,
     "run_figures": _run_figures, "rss": _rss, "pg": _pg, "sources": _sources, "live": _live,
 }
@@ -570,6 +618,31 @@ def render(d: dict[str, Any]) -> str:
                      f"{pf['value_mismatches']} mismatches")
         else:
             L.append(f"  PyTorch Forecasting: {pf['reason']}")
+    if "series" in d:
+        se = d["series"]
+        t, by = se["timings"], se["bytes"]
+        L.append("")
+        L.append(f"series layout: {by['series'] / 1e6:.1f} MB of arrays = {se['bytes_over_grid']['series']:.2f}x the "
+                 f"{by['grid'] / 1e6:.1f} MB float32 grid (windows layout {by['windows'] / 1e6:.0f} MB, "
+                 f"{se['bytes_over_grid']['windows']:.1f}x)")
+        L.append(f"  build: windows {_t(t['windows'])}, series {_t(t['series'])}, series floor {_t(t['floor'])} "
+                 f"(read {se['floor']['read_seconds']['median']:.3f} s, write & fsync "
+                 f"{se['floor']['write_seconds']['median']:.3f} s)")
+        st = se["stages"]
+        L.append("  series build stages: " + ", ".join(
+            f"{r['stage']} {r['seconds']:.3f} s" + (f" ({_fmt(r['points_per_s'])} points/s)" if r["stage"] in ("fetch", "clean", "align") else "")
+            for r in st["stages"]))
+        ib = se["iter_batches_gb_per_s"]
+        L.append(f"  shuffled batches: series {ib['series']['median']:.2f} GB/s [{ib['series']['min']:.2f}-{ib['series']['max']:.2f}], "
+                 f"windows {ib['windows']['median']:.2f} GB/s [{ib['windows']['min']:.2f}-{ib['windows']['max']:.2f}]; "
+                 f"open + verify {se['snapshot']['open_verify_rss_mb']:.1f} MB peak RSS, "
+                 f"{se['snapshot']['verify_over_sha256sum']:.2f}x sha256sum")
+        pl = se.get("plant_scale")
+        if pl:
+            L.append(f"  plant scale ({pl['runs']} runs x {pl['nodes']} nodes x {pl['run_minutes']:g} min, stride {pl['stride']}, "
+                     f"{pl['points']:,} points, {sum(pl['windows'].values()):,} windows): `aml-pipeline build` "
+                     f"{pl['build_seconds']:.1f} s, peak RSS {pl['peak_rss_mb']:.0f} MB, arrays {pl['array_bytes'] / 1e6:.0f} MB "
+                     f"(the windows layout's would be {pl['windows_layout_array_bytes'] / 1e9:.1f} GB)")
     if "dagster" in d:
         dg_ = d["dagster"]
         L.append("")

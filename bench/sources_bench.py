@@ -70,7 +70,7 @@ def _read_runs(db: Any, runs: list, node_ids: list[str], *, prefetch: bool = Tru
 
     n = 0
     for run in runs:
-        if prefetch and callable(getattr(db, "prefetch", None)):  # with the bound the build's fetch gives it
+        if prefetch:  # with the bound the build's fetch gives it
             db.prefetch(run.run_id, node_ids, run.started_at, run.ended_at, max_points=clean_chunk_points())
         for node in node_ids:
             s = fetch_node_series(db, node, run.run_id, run.started_at, run.ended_at)
@@ -169,7 +169,7 @@ def _describe(path: Path, desc: dict[str, Any]) -> str:
 def run(tsdb_url: str, spec_dict: dict[str, Any], work: Path, *, repeat: int) -> dict[str, Any]:
     from aml_pipeline.sources import open_source
     from aml_pipeline.spec import parse_spec
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     spec = parse_spec(spec_dict)
     runs, nodes, pc = workload_points(tsdb_url, spec)
@@ -233,7 +233,7 @@ def _plain_scan(root: Path, runs: list, node_ids: list[str], hours_a_file: int =
 def _measure_lake(root: Path, tsdb_url: str, runs: list, nodes: list, node_ids: list[str], points: dict[str, np.ndarray],
                   repeat: int, *, sorted_by_tag: bool, hours_a_file: int = 1) -> dict[str, Any]:
     from aml_pipeline.sources import open_source
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     t0 = time.perf_counter()
     files = _write_lake(root, runs, points, sorted_by_tag=sorted_by_tag, hours_a_file=hours_a_file)

@@ -65,7 +65,8 @@ def alternate(repeat: int, **sides: Callable[[], Any]) -> dict[str, list[float]]
 def bench_ingest(make_url: Callable[[], str], plant: Any, repeat: int, drop: Callable[[str], None]) -> dict[str, Any]:
     import numpy as np
 
-    from aml_pipeline.tsdb import PointColumns, open_tsdb
+    from aml_pipeline.tsdb import PointColumns
+    from aml_pipeline.tsdb_open import open_tsdb
 
     # Late points: 2 000 rows of one run, every other one with a new value (1 000 stored already).
     p = plant.points

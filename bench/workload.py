@@ -2,7 +2,8 @@
 
 Standard (full) workload: 32 finished runs x 16 nodes (4 controls, 4 targets, 8 features), 2 h
 each at 1 Hz base rate (targets every 1 s / 2 s, features every 2 s / 0.5 s, one control logged
-on change), about 3.7 M points; spec beat 1 s, H = 60, F = 30, stride 1, Hampel k = 5.
+on change), about 3.7 M points; spec beat 1 s, H = 60, F = 30, stride 1, Hampel k = 5. ``nodes``
+(a multiple of 4) scales the plant: a quarter controls, a quarter targets, half features.
 
 Run as a module to generate a workload in its own process (the memory benchmark does this so
 that the build process's peak RSS is the build's alone)::
@@ -35,7 +36,7 @@ class Workload:
     nodes: int
     seconds_simulate: float = 0.0
     seconds_ingest: float = 0.0
-    params: tuple = ()  # (runs, minutes, seed, stride, merge_runs)
+    params: tuple = ()  # (runs, minutes, seed, stride, merge_runs[, nodes when not 16])
 
     def spec_for_runs(self, n: int) -> dict[str, Any]:
         """The spec restricted (by ``toMs``) to the first ``n`` runs of the plant."""
@@ -77,6 +78,7 @@ def make_workload(
     stride: int = 1,
     merge_runs: bool = False,
     reuse: bool = False,
+    nodes: int = 16,
 ) -> Workload:
     """Simulate the plant and ingest it into ``directory/tsdb.duckdb`` (created fresh, unless
     ``reuse`` and the directory already holds this very workload).
@@ -91,14 +93,17 @@ def make_workload(
     import numpy as np
 
     from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    if nodes % 4 or nodes < 4:
+        raise ValueError(f"nodes must be a positive multiple of 4, got {nodes}")
+    params = (runs, minutes, seed, stride, merge_runs) + (() if nodes == 16 else (nodes,))
     meta = directory / "workload.json"
     if reuse and meta.exists() and (directory / "tsdb.duckdb").exists():
         w = Workload.from_json(json.loads(meta.read_text()))
-        if w.params == (runs, minutes, seed, stride, merge_runs):
+        if w.params == params:
             return w
     db_path = directory / "tsdb.duckdb"
     for stale in (db_path, directory / "tsdb.duckdb.wal"):
@@ -108,9 +113,9 @@ def make_workload(
         n_runs=runs,
         run_minutes=minutes,
         seed=seed,
-        n_controls=N_CONTROLS,
-        n_targets=N_TARGETS,
-        n_features=N_FEATURES,
+        n_controls=N_CONTROLS * nodes // 16,
+        n_targets=N_TARGETS * nodes // 16,
+        n_features=N_FEATURES * nodes // 16,
         unfinished_last_run=False,
         **({"run_gap_minutes": (0.0, 0.0)} if merge_runs else {}),
     )
@@ -133,7 +138,7 @@ def make_workload(
         nodes=len(plant.nodes),
         seconds_simulate=t1 - t0,
         seconds_ingest=t2 - t1,
-        params=(runs, minutes, seed, stride, merge_runs),
+        params=params,
     )
     (directory / "workload.json").write_text(json.dumps(w.to_json(), indent=1))
     return w
@@ -148,13 +153,14 @@ def make_workload_in_subprocess(
     stride: int = 1,
     merge_runs: bool = False,
     reuse: bool = False,
+    nodes: int = 16,
 ) -> Workload:
     """:func:`make_workload` in a fresh Python process (its memory never touches ours)."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
     cmd = [sys.executable, "-m", "bench.workload", str(directory), "--runs", str(runs),
-           "--minutes", str(minutes), "--seed", str(seed), "--stride", str(stride)]
+           "--minutes", str(minutes), "--seed", str(seed), "--stride", str(stride), "--nodes", str(nodes)]
     cmd += (["--merge-runs"] if merge_runs else []) + (["--reuse"] if reuse else [])
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -171,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stride", type=int, default=1)
     ap.add_argument("--merge-runs", action="store_true", help="one long run made of RUNS back-to-back pieces")
     ap.add_argument("--reuse", action="store_true", help="keep the directory's workload if it is this one")
+    ap.add_argument("--nodes", type=int, default=16, help="nodes of the plant (a multiple of 4)")
     a = ap.parse_args(argv)
     w = make_workload(a.dir, runs=a.runs, minutes=a.minutes, seed=a.seed, stride=a.stride,
-                      merge_runs=a.merge_runs, reuse=a.reuse)
+                      merge_runs=a.merge_runs, reuse=a.reuse, nodes=a.nodes)
     print(json.dumps({"points": w.points, "runs": len(w.runs), "seconds_simulate": w.seconds_simulate,
                       "seconds_ingest": w.seconds_ingest}))
     return 0

@@ -29,7 +29,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 
-extras=$(IFS=,; echo "$*")
+# "ui" always: the scripts start the UI and `dg` (dagster-webserver, dagster-dg-cli).
+extras=$(IFS=,; echo "ui${*:+,$*}")
 hash=$(cat pyproject.toml requirements/constraints.txt | sha256sum | cut -c1-16)
 # Up to date if a stamp of this hash covers every extra asked for (a "test" install covers base).
 for stamp in .venv/.installed-"$hash"-*; do

@@ -28,7 +28,7 @@ from aml_pipeline.pipeline.registry import GRID, MANIFEST, NORM, RAW, RUN_STAGES
 from aml_pipeline.pipeline.stages.base import Stage
 from aml_pipeline.pipeline.stages.manifest import publish_dataset
 from aml_pipeline.pipeline.stages.norm import fit_or_reuse_normalization, load_norm, norm_figures, norm_line
-from aml_pipeline.pipeline.stages.split import load_plan, plan_dataset, save_plan, split_figures
+from aml_pipeline.pipeline.stages.split import empty_splits, load_plan, plan_dataset, save_plan, split_figures
 from aml_pipeline.pipeline.stages.windows import MISSING_WARN_RATIO, window_findings
 from aml_pipeline.spec import DatasetSpec
 
@@ -216,6 +216,9 @@ def dataset_stage_assets(spec: DatasetSpec, versions: StageVersions) -> list[dg.
             save_plan(ds, plan)
             figures = split_figures(ds, plan)
         context.log.info(plan.line())
+        why = empty_splits(spec, {p: len(plan.split[f"{p}RunIds"]) for p in ("train", "val", "test")})
+        if why is not None:
+            context.log.warning(why)
         return dg.MaterializeResult(metadata=to_metadata(figures))
 
     @dg.asset(

@@ -13,6 +13,9 @@ merged (one TSDB and one store per code location: Dagster refuses two resources 
 
 
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -20,25 +23,23 @@ import dagster as dg
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from aml_pipeline import config
 from aml_pipeline.components.assets import dataset_assets
 from aml_pipeline.components.baseline import baseline_assets
-from aml_pipeline.components.maintenance import gc_job, gc_schedule
+from aml_pipeline.components.maintenance import gc_job, gc_schedule, register_spec
 from aml_pipeline.components.resources import plant_resources
 from aml_pipeline.components.schedules import build_job, rebuild_job, rebuild_schedule, runs_job, verify_job, verify_schedule
 from aml_pipeline.components.sensors import new_run_sensor
 from aml_pipeline.components.shared_env import rebuild_shared_env_job, shared_env_asset
 from aml_pipeline.components.sources import observe_tsdb_job, observe_tsdb_schedule, tsdb_points
 from aml_pipeline.pipeline.registry import StageVersions
+from aml_pipeline.errors import AmlError, SpecError
 from aml_pipeline.spec import DatasetSpec, discover_specs, parse_spec
-
-log = dg.get_dagster_logger("aml_pipeline")
-
 
 def dataset_definitions(spec: DatasetSpec, versions: StageVersions | None = None) -> dg.Definitions:
     """Everything one dataset spec contributes (its plant part aside: :func:`plant_definitions`);
     ``versions``: the spec's stage versions when the caller has them already."""
     versions = versions or StageVersions.of(spec)
+    register_spec(spec)
     rebuild, verify = rebuild_job(spec), verify_job(spec)
     return dg.Definitions(
         assets=[*dataset_assets(spec, versions), *baseline_assets(spec)],
@@ -106,7 +107,9 @@ class DatasetAttributes(PlantSettings):
 class SpecFolderAttributes(PlantSettings):
     path: str | None = Field(
         default=None,
-        description="The specs folder, relative to the project root (None: $AML_SPECS, else the specs/ folder).",
+        description="The folder of spec files (*.yaml), relative to the project root (the folder of its "
+        "pyproject.toml) unless absolute. Unset: $AML_SPECS, else specs/ in the project root. A missing or "
+        "empty folder, or an invalid spec in it, fails loading (dg check defs) naming the folder or the file.",
     )
 
 
@@ -195,8 +198,9 @@ class AmlDataset(_Component):
 
     def definitions(self, *, source: str) -> dg.Definitions:
         """The dataset's definitions; ``source`` names where its spec came from in errors."""
-        return dg.Definitions.merge(dataset_definitions(checked_spec(self.attributes.spec, source)),
-                                    self.attributes.resources())
+        with one_line_in_validation():
+            spec = checked_spec(self.attributes.spec, source)
+        return dg.Definitions.merge(dataset_definitions(spec), self.attributes.resources())
 
 
 class AmlPlant(_Component):
@@ -212,20 +216,64 @@ class AmlPlant(_Component):
 
 
 class AmlSpecFolder(_Component):
-    """Every spec file (``*.yaml``) of a folder as an :class:`AmlDataset`, with the
-    :class:`AmlPlant`. A spec that fails validation is logged with its one-line reason and
-    skipped; the others load."""
+    """Every spec file (``*.yaml``, ``*.yml``) of a folder as an :class:`AmlDataset`, with the
+    :class:`AmlPlant`. ``path``: the folder, relative to the project root (default ``$AML_SPECS``,
+    else ``specs/``). It fails closed: a missing or empty folder, or a spec that fails validation,
+    stops loading with one line naming the folder or the file and field, so ``dg check defs``
+    fails rather than load a code location without the datasets it was meant to have."""
 
     attributes_model = SpecFolderAttributes
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         a = self.attributes
-        folder = config.specs_dir() if a.path is None else Path(context.project_root) / a.path
-        specs, errors = discover_specs(folder)
-        for path, message in errors:
-            log.error(f"spec {path} skipped: {message}")
-        datasets = [dataset_definitions(spec) for _, spec in specs]
+        root = Path(context.project_root)
+        folder = spec_folder(a.path, root)
+        set_by = (f"path: {a.path} in {Path(context.path) / 'defs.yaml'}, relative to the project root {root}"
+                  if a.path is not None else "AML_SPECS" if os.environ.get("AML_SPECS")
+                  else f"the default, specs/ in the project root; set the component's path or AML_SPECS")
+        with one_line_in_validation():
+            specs = folder_specs(folder, set_by=set_by)
+        datasets = [dataset_definitions(spec) for spec in specs]
         return dg.Definitions.merge(*datasets, plant_definitions(), a.resources())
+
+
+@contextmanager
+def one_line_in_validation() -> Iterator[None]:
+    """A user error while the definitions load: under ``dg check defs`` (which sets
+    ``DAGSTER_IS_DEFS_VALIDATION_CLI=1``) its one line on stderr and exit 2, no traceback; elsewhere
+    (``dg dev``, the UI) raised, so the code location shows it as its load error."""
+    try:
+        yield
+    except AmlError as e:
+        if os.environ.get("DAGSTER_IS_DEFS_VALIDATION_CLI") != "1":
+            raise
+        print(e.one_line(), file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def spec_folder(path: str | None, project_root: Path) -> Path:
+    """The folder an :class:`AmlSpecFolder` reads: ``path`` (relative to ``project_root``), else
+    ``$AML_SPECS``, else ``specs/`` in the project root."""
+    if path is not None:
+        return (project_root / path).resolve()
+    configured = os.environ.get("AML_SPECS")
+    return Path(configured).resolve() if configured else project_root / "specs"
+
+
+def folder_specs(folder: Path, *, set_by: str) -> list[DatasetSpec]:
+    """The specs of ``folder``; a missing or empty folder or an invalid spec is an AmlError whose one
+    line names the folder (and what set it: ``set_by``) or the file and field."""
+    found, errors = discover_specs(folder)
+    if not folder.is_dir():
+        raise SpecError(f"AmlSpecFolder: specs folder {folder} does not exist ({set_by})")
+    if errors:
+        (_, first), more = errors[0], len(errors) - 1
+        code, message = first.split(": ", 1)
+        raise AmlError(message + (f" (and {more} more invalid spec file{'s' if more > 1 else ''})" if more else ""),
+                       code=code)
+    if not found:
+        raise SpecError(f"AmlSpecFolder: specs folder {folder} holds no spec file (*.yaml, *.yml) ({set_by})")
+    return [spec for _, spec in found]
 
 
 def checked_spec(spec: DatasetSpec, source: str) -> DatasetSpec:

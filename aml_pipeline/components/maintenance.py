@@ -5,7 +5,23 @@ import dagster as dg
 from aml_pipeline import config as settings
 from aml_pipeline.components.resources import StoreResource
 from aml_pipeline.pipeline.retention import DEFAULT_KEEP, collect_garbage
-from aml_pipeline.spec import discover_specs
+from aml_pipeline.spec import DatasetSpec
+
+# The dataset specs of the code location loaded in this process, wherever they were written (a
+# specs folder, a defs.yaml, a project's own Python): building a dataset's definitions registers
+# its spec here, so gc cleans the intermediates of every one. Dagster loads the code location in
+# each process that runs the gc job, before the job runs.
+_CODE_LOCATION_SPECS: dict[str, DatasetSpec] = {}
+
+
+def register_spec(spec: DatasetSpec) -> None:
+    """Make ``spec`` known to gc (called for every dataset's definitions)."""
+    _CODE_LOCATION_SPECS[spec.id] = spec
+
+
+def code_location_specs() -> dict[str, DatasetSpec]:
+    """The specs gc keeps the intermediates of, by id."""
+    return dict(_CODE_LOCATION_SPECS)
 
 
 class GcConfig(dg.Config):
@@ -19,11 +35,8 @@ class GcConfig(dg.Config):
     description="Remove non-current snapshots beyond the newest `keep` and intermediates no current stage version needs.",
 )
 def collect_garbage_op(context: dg.OpExecutionContext, config: GcConfig, store: StoreResource):
-    specs, errors = discover_specs(settings.specs_dir())
-    for path, message in errors:
-        context.log.warning(f"spec {path} skipped: {message}")
     report = collect_garbage(
-        store.datasets_root, settings.store_dir(store.home_path), {s.id: s for _, s in specs},
+        store.datasets_root, settings.store_dir(store.home_path), code_location_specs(),
         keep=config.keep, dry_run=config.dry_run,
     )
     context.log.info(

@@ -6,8 +6,6 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from aml_pipeline import config
-
 # Public run tags that make one run cover a range of partitions (a single-run backfill).
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
@@ -24,7 +22,9 @@ def range_tags(run_ids: Sequence[str]) -> dict[str, str]:
 
 
 def run_backfill_policy() -> dg.BackfillPolicy:
-    """Backfills of the run assets in chunks of ``AML_BACKFILL_RUNS_PER_CHUNK`` runs per Dagster
-    run: each chunk is recorded when it ends, so a crash loses at most one chunk, and chunks run
-    side by side up to the run queue's limit."""
-    return dg.BackfillPolicy.multi_run(config.backfill_runs_per_chunk())
+    """A range of run partitions in one Dagster run (one step over the range, the runs streamed one
+    after the other): what ``dg launch --partition-range`` needs, and a backfill from the UI pays
+    Dagster's start-up once per contiguous range instead of once per chunk. Chunks of
+    ``AML_BACKFILL_RUNS_PER_CHUNK`` runs, each recorded when it ends, are what the new-run sensor
+    and ``aml-pipeline build`` request (:func:`range_tags`)."""
+    return dg.BackfillPolicy.single_run()

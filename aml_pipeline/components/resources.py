@@ -19,9 +19,10 @@ from aml_pipeline import config
 from aml_pipeline.pipeline.registry import StageVersions
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import DatasetSpec
-from aml_pipeline.tsdb import TsdbPort, open_tsdb
+from aml_pipeline.tsdb import TsdbPort
 from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT
-from aml_pipeline.tsdb.retry import OnRetry, RetryingTsdb, retrying_tsdb
+from aml_pipeline.tsdb.retry import OnRetry, RetryingTsdb
+from aml_pipeline.tsdb_open import open_tsdb, retrying_tsdb
 
 
 class TsdbResource(dg.ConfigurableResource):

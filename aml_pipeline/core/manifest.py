@@ -1,7 +1,10 @@
 """manifest.json and the v2 sidecar: what a consumer needs to read a snapshot without this code.
 
 camelCase throughout (the predecessor's contract). v1 keeps the predecessor's fields; v2 (a spec
-with ``extras``) adds data kind, spec ref, variables, artifacts and provenance.
+with ``extras``) adds data kind, spec ref, variables, artifacts and provenance. A series snapshot's
+manifest is the windows layout's for the same spec and data (:func:`build_manifest`) with the
+series files added (:func:`series_manifest`), and :func:`windows_manifest` takes them out again,
+byte for byte.
 """
 
 from __future__ import annotations
@@ -11,7 +14,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aml_pipeline.core.lineage import RunLineage
-from aml_pipeline.snapshot.layout import ARRAYS, SIDECAR_FILE, SPLITS, V1_ARRAYS
+from aml_pipeline.snapshot.layout import (
+    ARRAYS,
+    SEGMENT_FIELDS,
+    SERIES_ARRAYS,
+    SERIES_LAYOUT,
+    SIDECAR_FILE,
+    SPLITS,
+    V1_ARRAYS,
+    manifest_layout,
+)
 
 ARRAYS_V1 = {k: ARRAYS[k][0] for k in V1_ARRAYS}
 ARTIFACTS_V2 = {**{k: f for k, (f, _) in ARRAYS.items()}, "sidecar": SIDECAR_FILE}
@@ -99,6 +111,45 @@ def _with_ranges(manifest: dict[str, Any], node_ranges: Mapping[str, Sequence[fl
         manifest["causal"] = True
         manifest["nodeRanges"] = {node: list(r) for node, r in node_ranges.items()}
     return manifest
+
+
+def series_manifest(
+    manifest: Mapping[str, Any], *, stride: int, x_rows: int, future_rows: int, segments: int
+) -> dict[str, Any]:
+    """The series layout's manifest: the windows layout's ``manifest`` (whose ``spec`` already
+    names the layout) with ``layout``, the series files' shapes and, as ``artifacts``, the files
+    hashed after the manifest (v2: the series files, then the sidecar)."""
+    out = {k: v for k, v in manifest.items()}
+    nodes, controls, targets = (len(manifest[k]) for k in ("allNodes", "controls", "targets"))
+    out["shapes"] = {
+        **manifest["shapes"],
+        "xRows": [x_rows, nodes],
+        "uRows": [future_rows, controls],
+        "yRows": [future_rows, targets],
+        "segments": [len(SEGMENT_FIELDS), segments],
+    }
+    artifacts = {k: f for k, (f, _) in SERIES_ARRAYS.items()}
+    if manifest["version"] == 2:
+        artifacts["sidecar"] = SIDECAR_FILE
+    out["artifacts"] = artifacts  # v2: in the place of the windows layout's list
+    out["layout"] = SERIES_LAYOUT
+    out["series"] = {"stride": stride, "segmentFields": list(SEGMENT_FIELDS)}
+    return out
+
+
+def windows_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The windows layout's manifest for the same spec and data as the series ``manifest``
+    (the inverse of :func:`series_manifest`; the spec without its ``layout``)."""
+    if manifest_layout(manifest) != SERIES_LAYOUT:
+        return dict(manifest)
+    out = {k: v for k, v in manifest.items() if k not in ("layout", "series")}
+    out["spec"] = {k: v for k, v in manifest["spec"].items() if k != "layout"}
+    out["shapes"] = {k: v for k, v in manifest["shapes"].items() if k not in SERIES_ARRAYS}
+    if manifest["version"] == 2:
+        out["artifacts"] = dict(ARTIFACTS_V2)
+    else:
+        del out["artifacts"]
+    return out
 
 
 def build_sidecar(

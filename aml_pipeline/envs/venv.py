@@ -57,7 +57,8 @@ from aml_pipeline.lease import DEFAULT_LEASE_NAME, EnvLease, LeaseHandle, is_pos
 
 INSTALLERS = ("auto", "uv", "pip", "copy")
 MARKER_FILE = "aml-env.json"
-DEFAULT_REQUIREMENTS = config.REPO_ROOT / "requirements" / "shared-env.txt"
+# Shipped with the package (requirements/shared-env.txt in the repository points at it).
+DEFAULT_REQUIREMENTS = Path(__file__).with_name("shared-env.txt")
 DEFAULT_CHECK_IMPORTS = ("numpy", "dagster_pipes")
 DEFAULT_TIMEOUT_S = 1800.0
 PROBE_TIMEOUT_S = 60.0

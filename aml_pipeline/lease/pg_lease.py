@@ -23,7 +23,8 @@ session's ``backend_start`` and its deadline that plus its wait.
 
 The URL's password (if any) is used to connect and never shown: messages and ``location`` carry
 the URL without it. Passwords may also come from ``PGPASSWORD`` / ``~/.pgpass`` as libpq reads
-them.
+them. Connecting and scrubbing messages are :class:`~aml_pipeline.pg_connection.PgConnection`'s,
+as for the TSDB adapter and the mapped PostgreSQL sources.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import select
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from aml_pipeline.urls import redact_url
 from aml_pipeline.lease.base import (
     DEFAULT_LEASE_NAME,
     EnvLease,
@@ -48,6 +48,8 @@ from aml_pipeline.lease.base import (
     retry_briefly,
     short_host,
 )
+from aml_pipeline.pg_connection import PgConnectError, PgConnection
+from aml_pipeline.urls import redact_url
 
 APP_PREFIX = "aml-lease:"
 _APP_MAX_BYTES = 63  # NAMEDATALEN - 1
@@ -309,41 +311,37 @@ class PgLease(EnvLease):
         self, url: str, *, name: str = DEFAULT_LEASE_NAME, connect_timeout_s: int = 10
     ) -> None:
         super().__init__(location=redact_url(url), name=name)
-        self._url = url
         self.key = advisory_key(self.name)
         self.gate_key = advisory_key(f"{self.name}:pending")
         self.connect_timeout_s = int(connect_timeout_s)
         try:
-            self._params = conninfo_to_dict(url)
+            conninfo_to_dict(url)
         except psycopg.Error as exc:
             raise LeaseError(f"invalid lease database URL {self.location}: {exc}") from None
-        self._secret = str(self._params.get("password") or "")
+        self._pg = PgConnection(
+            url,
+            defaults={
+                "connect_timeout": self.connect_timeout_s,
+                # A vanished holder's host is noticed by TCP keepalive (module docstring).
+                "keepalives": 1,
+                "keepalives_idle": 10,
+                "keepalives_interval": 5,
+                "keepalives_count": 3,
+            },
+        )
 
     def _begin(self, mode: str, holder: str, wait: float) -> _Attempt:
         return _PgAttempt(self, mode, holder, wait)
 
     def _error(self, what: str, exc: BaseException) -> LeaseError:
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        if self._secret:
-            text = text.replace(self._secret, "***")
-        return LeaseError(f"{what} on {self.location}: {text}")
+        return LeaseError(f"{what} on {self.location}: {self._pg.scrub(exc)}")
 
     def _connect(self, app_name: str) -> psycopg.Connection:
-        kwargs: dict[str, object] = {"autocommit": True, "application_name": app_name}
-        defaults = {
-            "connect_timeout": self.connect_timeout_s,
-            "keepalives": 1,
-            "keepalives_idle": 10,
-            "keepalives_interval": 5,
-            "keepalives_count": 3,
-        }
-        for key, value in defaults.items():
-            if key not in self._params:
-                kwargs[key] = value
+        """A session of its own (the lease *is* the session); its name says who holds it."""
         try:
-            return psycopg.connect(self._url, **kwargs)
-        except psycopg.Error as exc:
-            raise self._error("cannot connect to the lease database", exc) from exc
+            return self._pg.open(application_name=app_name)
+        except PgConnectError as exc:
+            raise self._error("cannot connect to the lease database", exc) from None
 
     def status(self) -> LeaseStatus:
         conn = self._connect(f"{APP_PREFIX}status")

@@ -358,7 +358,7 @@ class LiveRecipe:
 
     def _from_tsdb(self, tsdb: TsdbPort | str, origin: int, run_id: str | None, controls: Any) -> LiveInputs:
         if isinstance(tsdb, str):
-            from aml_pipeline.tsdb import open_tsdb
+            from aml_pipeline.tsdb_open import open_tsdb
 
             with open_tsdb(tsdb) as db:
                 return self._from_tsdb(db, origin, run_id, controls)
@@ -375,24 +375,29 @@ class LiveRecipe:
                                  code="LIVE_TOO_FEW_POINTS")
         start = self._run_lower_bound(run.started_at)
         end = self._upper(origin - 1 if run.ended_at is None else min(origin - 1, run.ended_at))
-        first = origin - self.history_steps * self.beat_ms
-        hist: dict[str, NodePoints] = {}
-        read_from: dict[str, int] = {}
-        for node in self.nodes:
-            params = self._node_params(node)
-            lo, _ = self.read_range(origin, node)
-            # A first guess of how far back the Hampel window's surviving points reach: two beats
-            # each (more is read when the node is sampled slower, or has gaps there).
-            read_from[node] = max(start, lo - (2 * params.hampel_k + 1) * 2 * self.beat_ms)
-            hist[node] = _read(tsdb, node, run.run_id, read_from[node], end)
-        planned = None
-        if isinstance(controls, str):
-            if controls != "realised":
-                raise LiveInputError(f"controls={controls!r}: the only text accepted is 'realised'", code="LIVE_INPUT_INVALID")
+        realised = isinstance(controls, str)
+        if realised and controls != "realised":
+            raise LiveInputError(f"controls={controls!r}: the only text accepted is 'realised'", code="LIVE_INPUT_INVALID")
+        stop = end
+        if realised:  # the controls' points after the origin, read with the history's
             stop = self._upper(origin + self.horizon_steps * self.beat_ms - 1)
             if run.ended_at is not None:
                 stop = min(stop, run.ended_at)
-            planned = {c: _read(tsdb, c, run.run_id, origin, stop) for c in self.controls}
+        # Every node from the same time, as far back as the furthest reaching one needs: a first
+        # guess of how far back the Hampel window's surviving points reach, two beats each (more
+        # is read for a node sampled slower, or with gaps there). One slice of the run, so the
+        # port's prefetch serves every node from one read where the adapter takes the hint.
+        common = max(start, min(self.read_range(origin, n)[0] - (2 * self._node_params(n).hampel_k + 1) * 2 * self.beat_ms
+                                for n in self.nodes))
+        prefetch = getattr(tsdb, "prefetch", None)
+        if callable(prefetch):
+            prefetch(run.run_id, list(self.nodes), common, stop)
+        read = {n: _read(tsdb, n, run.run_id, common, stop) for n in self.nodes}
+        hist = {n: p.between(None, end) for n, p in read.items()}
+        read_from = dict.fromkeys(self.nodes, common)
+        planned = None
+        if realised:
+            planned = {c: read[c].between(origin, stop) for c in self.controls}
         elif controls is not None and not _is_array(controls):
             planned = points_by_node(controls, list(self.controls), what="controls")
         values = controls if _is_array(controls) else None

@@ -1,7 +1,10 @@
 """Checks on a written snapshot; blocking ones decide whether it may become ``current``.
 
 Each check recomputes what it checks from the snapshot's bytes on disk, independently of the code
-that wrote them, so the same checks run at publication and later on any published snapshot. The Dagster layer reports them as asset checks.
+that wrote them, so the same checks run at publication and later on any published snapshot. The
+Dagster layer reports them as asset checks. Both layouts are checked for the same thing: the
+series layout's windows are read through its window index (each stored row weighted by the
+number of windows that read it), in bounded memory.
 """
 
 from __future__ import annotations
@@ -15,15 +18,27 @@ from typing import Any
 import numpy as np
 
 from aml_pipeline.core.hashing import verify_snapshot
-from aml_pipeline.snapshot.layout import ARRAYS, MANIFEST_FILE, SPLITS, V1_ARRAYS
 from aml_pipeline.pipeline.publish import Catalog, CatalogEntry
+from aml_pipeline.snapshot.layout import (
+    ARRAYS,
+    MANIFEST_FILE,
+    SEGMENT_FIELDS,
+    SERIES_ARRAYS,
+    SERIES_LAYOUT,
+    SERIES_ROWS,
+    SPLITS,
+    V1_ARRAYS,
+    SnapshotError,
+    manifest_layout,
+)
+from aml_pipeline.snapshot.series import SeriesIndex
 
 # The blocking checks, by name, in the order they are reported.
 MANIFEST_CHECKS = {
     "hash_verifies": "every hashed byte of the published snapshot matches its sha256 (sha256.json and the catalog)",
     "no_run_in_two_splits": "no run appears in two splits; one block per run",
     "norm_stats_from_train_only": "normalised train windows have mean 0 and std 1 (statistics fitted on train windows only)",
-    "no_nan_or_inf": "no NaN or inf in any array",
+    "no_nan_or_inf": "no NaN or inf in any array (series layout: in any stored row, every window's rows stored)",
 }
 
 # Allowed deviation of the normalised train windows' mean from 0 and std from 1. float32 rounding
@@ -89,22 +104,23 @@ def check_norm_from_train(snapshot: Path, manifest: dict[str, Any]) -> CheckOutc
     n_train = int(manifest["split"]["train"])
     problems: list[str] = []
     worst = 0.0
-    for key, rel in ((k, ARRAYS[k][0]) for k in V1_ARRAYS):
+    series = manifest_layout(manifest) == SERIES_LAYOUT
+    try:
+        index = _series_index(snapshot, manifest) if series else None
+    except (SnapshotError, OSError, ValueError, KeyError, TypeError) as e:
+        return CheckOutcome("norm_stats_from_train_only", False, f"the window index cannot be read: {e}")
+    for key in V1_ARRAYS:
         shape = manifest["shapes"][key]
         cols = int(shape[2])
         if cols == 0 or n_train == 0:
             continue
-        moments = _Moments(cols)
-        values = n_train * int(shape[1]) * cols
-        step = max(cols, (_NORM_BLOCK_VALUES // cols) * cols)
-        buf = np.empty(min(step, values), dtype="<f4")  # one buffer, read into: no allocation per block
-        with open(snapshot / rel, "rb", buffering=0) as f:
-            for start in range(0, values, step):
-                count = min(step, values - start)
-                block = buf[:count]
-                if _read_full(f, block) != block.nbytes:
-                    return CheckOutcome("norm_stats_from_train_only", False, f"{rel} is shorter than its manifest shape")
-                moments.add(block.reshape(-1, cols))
+        if index is not None:
+            moments = _series_train_moments(snapshot, manifest, index, key, n_train)
+        else:
+            moments = _windows_train_moments(snapshot / ARRAYS[key][0], n_train, int(shape[1]), cols)
+        if moments is None:
+            rel = SERIES_ARRAYS[SERIES_ROWS[key]][0] if series else ARRAYS[key][0]
+            return CheckOutcome("norm_stats_from_train_only", False, f"{rel} is shorter than its manifest shape")
         mean, std = moments.mean_std()
         zero = set(manifest["norm"][key].get("zeroStd") or [])
         names = {"x": manifest["allNodes"], "u": manifest["controls"], "y": manifest["targets"]}[key]
@@ -129,6 +145,82 @@ def check_norm_from_train(snapshot: Path, manifest: dict[str, Any]) -> CheckOutc
         f"{n_train} normalised train windows have mean 0 and std 1 in every column (worst deviation {worst:.2e})",
         meta,
     )
+
+
+def _windows_train_moments(path: Path, n_train: int, steps: int, cols: int) -> _Moments | None:
+    """Moments of the first ``n_train`` windows of a windows-layout array (None: file too short)."""
+    moments = _Moments(cols)
+    values = n_train * steps * cols
+    step = max(cols, (_NORM_BLOCK_VALUES // cols) * cols)
+    buf = np.empty(min(step, values), dtype="<f4")  # one buffer, read into: no allocation per block
+    with open(path, "rb", buffering=0) as f:
+        for start in range(0, values, step):
+            count = min(step, values - start)
+            block = buf[:count]
+            if _read_full(f, block) != block.nbytes:
+                return None
+            moments.add(block.reshape(-1, cols))
+    return moments
+
+
+def _series_index(snapshot: Path, manifest: dict[str, Any]) -> SeriesIndex:
+    """The series layout's window index (a read-only map of it), checked against the manifest."""
+    shapes = manifest["shapes"]
+    K = int(shapes["segments"][1])
+    path = snapshot / SERIES_ARRAYS["segments"][0]
+    if path.stat().st_size != len(SEGMENT_FIELDS) * K * 8:
+        raise SnapshotError(f"{path.name} has {path.stat().st_size} bytes, manifest shape {shapes['segments']}")
+    segments = (np.memmap(path, dtype="<i8", mode="r", shape=(len(SEGMENT_FIELDS), K)) if K
+                else np.zeros((len(SEGMENT_FIELDS), 0), dtype=np.int64))
+    n = sum(int(manifest["split"][p]) for p in SPLITS)
+    index = SeriesIndex(segments, windows=n, history=int(manifest["historySteps"]),
+                        horizon=int(manifest["horizonSteps"]), stride=int(manifest["series"]["stride"]),
+                        beat_ms=int(manifest["beatMs"]))
+    index.validate(snapshot, run_windows=[int(b["uniqueSteps"]) for b in manifest["split"]["blocks"]],
+                   x_rows=int(shapes["xRows"][0]), future_rows=int(shapes["uRows"][0]))
+    return index
+
+
+# Window offsets computed per slice of windows in the series check (int64 each).
+_SERIES_WINDOWS = 1 << 16
+
+
+def _series_train_moments(snapshot: Path, manifest: dict[str, Any], index: SeriesIndex, key: str,
+                          n_train: int) -> _Moments | None:
+    """Moments of the values the first ``n_train`` windows of ``key`` read, from the stored rows:
+    each row weighted by the number of those windows that read it (None: rows file too short).
+
+    Windows are taken a slice at a time; the rows a stretch of them reads (contiguous: their
+    first rows ascend) are read from the file into a buffer of at most about 4 MB of values.
+    """
+    rows_key = SERIES_ROWS[key]
+    rel = SERIES_ARRAYS[rows_key][0]
+    total_rows, cols = (int(v) for v in manifest["shapes"][rows_key])
+    steps = int(manifest["shapes"][key][1])
+    group = "x" if key == "x" else "future"
+    budget = max(steps + 1, _NORM_BLOCK_VALUES // cols)  # rows per read
+    moments = _Moments(cols)
+    with open(snapshot / rel, "rb", buffering=0) as f:
+        for w0 in range(0, n_train, _SERIES_WINDOWS):
+            first = index.rows(group, np.arange(w0, min(n_train, w0 + _SERIES_WINDOWS), dtype=np.int64))
+            i = 0
+            while i < first.size:
+                # The longest stretch of windows from i whose rows fit the buffer (at least one).
+                j = max(i + 1, int(np.searchsorted(first, first[i] + budget - steps, side="right")))
+                lo, hi = int(first[i]), int(first[j - 1]) + steps
+                if hi > total_rows:
+                    return None
+                rows = np.empty((hi - lo, cols), dtype="<f4")
+                f.seek(lo * cols * 4)
+                if _read_full(f, rows) != rows.nbytes:
+                    return None
+                # Windows per row: +1 where a window's rows begin, -1 one past their end.
+                starts = first[i:j] - lo
+                weights = np.cumsum(np.bincount(starts, minlength=hi - lo + 1)[: hi - lo]
+                                    - np.bincount(starts + steps, minlength=hi - lo + 1)[: hi - lo])
+                moments.add_weighted(rows, weights)
+                i = j
+    return moments
 
 
 def _read_full(f: Any, out: np.ndarray) -> int:
@@ -162,6 +254,19 @@ class _Moments:
         if n_b == 0 or cols == 0:
             return
         sums, squares = _column_sums_and_squares(rows)
+        self._merge(n_b, sums, squares)
+
+    def add_weighted(self, rows: np.ndarray, weights: np.ndarray) -> None:
+        """Add ``rows`` (float32 ``[n, cols]``), row ``r`` counted ``weights[r]`` times."""
+        n_b = float(weights.sum())
+        if n_b == 0 or rows.shape[1] == 0:
+            return
+        w = weights.astype(np.float64)
+        sums = w @ rows.astype(np.float64)
+        squares = w @ np.square(rows, dtype=np.float64)
+        self._merge(n_b, sums, squares)
+
+    def _merge(self, n_b: float, sums: np.ndarray, squares: np.ndarray) -> None:
         mean_b = sums / n_b
         m2_b = np.maximum(squares - sums * mean_b, 0.0)
         n = self.n + n_b
@@ -195,9 +300,19 @@ def _column_sums_and_squares(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_finite_arrays(snapshot: Path, manifest: dict[str, Any]) -> CheckOutcome:
-    """No NaN or inf in any array, read back from disk in chunks (bounded memory)."""
+    """No NaN or inf in any array, read back from disk in chunks (bounded memory).
+
+    In the series layout the arrays are the stored rows, each read by some window, and the
+    window index must place every window's rows inside them (its timestamps and mask are
+    derived, finite by construction)."""
     arrays = dict(manifest.get("artifacts") or {k: ARRAYS[k][0] for k in V1_ARRAYS})
     arrays.pop("sidecar", None)
+    if manifest_layout(manifest) == SERIES_LAYOUT:
+        arrays.pop("segments", None)
+        try:
+            _series_index(snapshot, manifest)
+        except (SnapshotError, OSError, ValueError, KeyError, TypeError) as e:
+            return CheckOutcome("no_nan_or_inf", False, f"the window index does not place every window's rows: {e}")
     bad: dict[str, int] = {}
     total = 0
     buf = bytearray(_FINITE_CHUNK)

@@ -84,6 +84,7 @@ def run_traces_markdown(traces: RunTraces, units: Sequence[str], run_id: str) ->
 # ---- per dataset ------------------------------------------------------------------------------
 
 OVERVIEW_COLUMNS = 600  # at most this many run columns; more runs are binned
+OVERVIEW_LABELS = 40  # at most this many run ids under the columns
 
 
 def _bins(splits: Sequence[str], max_columns: int) -> list[tuple[str, int, int]]:
@@ -113,7 +114,6 @@ def dataset_overview_png(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
-    from matplotlib.ticker import MaxNLocator
 
     n = len(runs)
     splits = [s for _, s, _ in runs]
@@ -154,9 +154,12 @@ def dataset_overview_png(
     ax.set_title("windows per run" + (" (mean per bin)" if binned else ""), fontsize=FONT_PT + 1, loc="left")
     ax.tick_params(labelsize=FONT_PT)
     ax.set_xlim(0, max(n, 1))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    positions, labels, step = run_ticks([r for r, _, _ in runs], bins)
+    ax.set_xticks(positions, labels, rotation=90, fontsize=FONT_PT - 1)
     ax.set_ylim(0, max(float(means.max(initial=0.0)) * 1.05, 1.0))
-    ax.set_xlabel("runs in snapshot order" + (f" ({len(bins)} bins of up to {int(sizes.max())} runs)" if binned else ""), fontsize=FONT_PT)
+    notes = [f"{len(bins)} bins of up to {int(sizes.max())} runs, each by its first run"] if binned else []
+    notes += [f"every {step}th column labelled"] if step > 1 else []
+    ax.set_xlabel("runs in snapshot order, by run id" + (f" ({'; '.join(notes)})" if notes else ""), fontsize=FONT_PT)
     counts = {s: splits.count(s) for s in SPLIT_COLOURS}
     ax.legend(
         handles=[Patch(color=c, label=f"{s} ({counts[s]} run{'s' if counts[s] != 1 else ''})") for s, c in SPLIT_COLOURS.items() if counts[s]],
@@ -169,6 +172,14 @@ def dataset_overview_png(
         fig.suptitle(title, fontsize=FONT_PT + 2, x=0.01, ha="left")
     canvas.draw()
     return _rgba_png(np.asarray(canvas.buffer_rgba()))
+
+
+def run_ticks(run_ids: Sequence[str], bins: Sequence[tuple[str, int, int]]) -> tuple[list[float], list[str], int]:
+    """Where the overview labels its columns and with what: every ``step``-th column (at most
+    OVERVIEW_LABELS) at its centre, by its run id (a bin by its first run, marked "…")."""
+    step = max(1, math.ceil(len(bins) / OVERVIEW_LABELS))
+    shown = bins[::step]
+    return [(a + b) / 2 for _, a, b in shown], [run_ids[a] + ("…" if b - a > 1 else "") for _, a, b in shown], step
 
 
 def _split_spans(splits: Sequence[str]) -> list[tuple[str, int, int]]:

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from aml_pipeline.core.hashing import DIGEST_FILE, SnapshotDigest, verify_snapshot
+from aml_pipeline.errors import AmlError
 from aml_pipeline.faults import crash_point
 from aml_pipeline.fsutil import fsync_dir, make_read_only, process_alive, remove_tree
 from aml_pipeline.ids import check_spec_id
+from aml_pipeline.snapshot.layout import manifest_layout
 
 CATALOG_FILE = "catalog.sqlite"
 CURRENT_LINK = "current"
@@ -117,6 +119,7 @@ class CatalogEntry:
     current: bool
     build_key: str | None = None  # what it was built from (spec stages, runs and their data versions)
     checks: dict[str, Any] | None = None  # the blocking checks' outcomes at publication
+    layout: str = "windows"  # how the snapshot stores its windows (docs/snapshot.md)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +132,7 @@ class CatalogEntry:
             "runs": self.runs,
             "lineageVerified": self.lineage_verified,
             "current": self.current,
+            "layout": self.layout,
         }
 
 
@@ -145,14 +149,16 @@ CREATE TABLE IF NOT EXISTS snapshots (
     current INTEGER NOT NULL DEFAULT 0,
     build_key TEXT,
     checks TEXT,
+    layout TEXT,
     PRIMARY KEY (spec_id, sha256)
 )
 """
-# Columns added after the first catalogs were written (added in place to an older catalog).
-_ADDED_COLUMNS = (("build_key", "TEXT"), ("checks", "TEXT"))
+# Columns added after the first catalogs were written (added in place to an older catalog; a
+# snapshot recorded before there was a layout column has the windows layout).
+_ADDED_COLUMNS = (("build_key", "TEXT"), ("checks", "TEXT"), ("layout", "TEXT"))
 _COLUMNS = (
     "spec_id, sha256, path, manifest_version, created_at, windows_train, windows_val, windows_test, "
-    "runs_train, runs_val, runs_test, runs_excluded, lineage_verified, current, build_key, checks"
+    "runs_train, runs_val, runs_test, runs_excluded, lineage_verified, current, build_key, checks, layout"
 )
 
 
@@ -163,15 +169,28 @@ class Catalog:
         self.root = Path(root)
         self.path = self.root / CATALOG_FILE
 
-    def _connect(self) -> sqlite3.Connection:
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection, closed after; a file that is not an SQLite catalog (truncated, garbage) is
+        one CATALOG_INVALID line naming it."""
         self.root.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30)
-        conn.execute(_SCHEMA)
-        have = {r[1] for r in conn.execute("PRAGMA table_info(snapshots)")}
-        for name, kind in _ADDED_COLUMNS:
-            if name not in have:
-                conn.execute(f"ALTER TABLE snapshots ADD COLUMN {name} {kind}")
-        return conn
+        try:
+            with closing(sqlite3.connect(self.path, timeout=30)) as conn:
+                conn.execute(_SCHEMA)
+                have = {r[1] for r in conn.execute("PRAGMA table_info(snapshots)")}
+                for name, kind in _ADDED_COLUMNS:
+                    if name not in have:
+                        conn.execute(f"ALTER TABLE snapshots ADD COLUMN {name} {kind}")
+                yield conn
+        except sqlite3.OperationalError:
+            raise  # a full disk, a lock held too long: the caller says which
+        except sqlite3.DatabaseError as e:
+            raise AmlError(
+                f"{self.path}: not a readable catalog ({e}); the snapshots beside it are untouched "
+                "(`aml-pipeline verify` checks each against its sha256.json): restore the catalog from a backup "
+                "or move it aside",
+                code="CATALOG_INVALID",
+            ) from None
 
     def record(
         self,
@@ -203,12 +222,13 @@ class Catalog:
             int(current),
             build_key,
             None if checks is None else json.dumps(checks),
+            manifest_layout(manifest),
         )
-        with closing(self._connect()) as conn, conn:
+        with self._connect() as conn, conn:
             if current:
                 conn.execute("UPDATE snapshots SET current = 0 WHERE spec_id = ?", (spec_id,))
             conn.execute(
-                f"INSERT INTO snapshots ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                f"INSERT INTO snapshots ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
                 "ON CONFLICT (spec_id, sha256) DO UPDATE SET path = excluded.path, "
                 "current = excluded.current, build_key = excluded.build_key, checks = excluded.checks",
                 row,
@@ -223,26 +243,26 @@ class Catalog:
         if spec_id is not None:
             sql += " WHERE spec_id = ?"
             args = (spec_id,)
-        with closing(self._connect()) as conn:
+        with self._connect() as conn:
             rows = conn.execute(sql + " ORDER BY spec_id, created_at, sha256", args).fetchall()
         return [_entry(r) for r in rows]
 
     def get(self, spec_id: str, sha256: str) -> CatalogEntry | None:
-        with closing(self._connect()) as conn:
+        with self._connect() as conn:
             r = conn.execute(
                 f"SELECT {_COLUMNS} FROM snapshots WHERE spec_id = ? AND sha256 = ?", (spec_id, sha256)
             ).fetchone()
         return None if r is None else _entry(r)
 
     def delete(self, spec_id: str, sha256: str) -> None:
-        with closing(self._connect()) as conn, conn:
+        with self._connect() as conn, conn:
             conn.execute("DELETE FROM snapshots WHERE spec_id = ? AND sha256 = ? AND current = 0", (spec_id, sha256))
 
     def current(self, spec_id: str) -> CatalogEntry | None:
         """The entry ``current`` points at, if its directory is still there."""
         if not self.path.exists():
             return None
-        with closing(self._connect()) as conn:
+        with self._connect() as conn:
             r = conn.execute(
                 f"SELECT {_COLUMNS} FROM snapshots WHERE spec_id = ? AND current = 1", (spec_id,)
             ).fetchone()
@@ -255,7 +275,7 @@ class Catalog:
     def find_by_path(self, snapshot_dir: Path) -> CatalogEntry | None:
         if not self.path.exists():
             return None
-        with closing(self._connect()) as conn:
+        with self._connect() as conn:
             r = conn.execute(
                 f"SELECT {_COLUMNS} FROM snapshots WHERE path = ?", (str(Path(snapshot_dir).resolve()),)
             ).fetchone()
@@ -275,4 +295,5 @@ def _entry(r: tuple) -> CatalogEntry:
         current=bool(r[13]),
         build_key=r[14],
         checks=None if r[15] is None else json.loads(r[15]),
+        layout=r[16] or "windows",
     )

@@ -80,7 +80,7 @@ def collect_garbage(
     for spec_id in sorted(_spec_dirs(store_root)):
         spec = specs.get(spec_id)
         if spec is None:
-            report.skipped.append(f"{spec_id}: intermediates left alone (no spec file defines it)")
+            report.skipped.append(f"{spec_id}: intermediates left alone (no known spec defines it)")
             continue
         _intermediates(DatasetStore(store_root, spec), dry_run, wait_s, report)
     return report

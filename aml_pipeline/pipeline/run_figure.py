@@ -14,8 +14,10 @@ grid rows are missing), so the chart draws one data column per pixel whatever th
   start and its length on top; a legend.
 
 The whole chart fits Dagster's metadata dialog (four fifths of the window, less its padding) on a
-1366 px wide screen for labels of up to about 16 characters: a chart wider than the dialog is cut
-at its right edge there, and a person sees no scroll bar to tell them. Traces wider than the data
+1366 x 768 screen for labels of up to about 16 characters and up to 17 nodes: a chart wider than
+the dialog is cut at its right edge there, and a person sees no scroll bar to tell them; the
+dialog's image starts about 110 px down the window, so the bands share what leaves the time axis
+above the fold (more nodes, at their least band height, make it taller). Traces wider than the data
 area (stored by an older build) are folded onto it (:meth:`RunTraces.folded`).
 
 It is drawn for every run of every build (``bench/plots_bench.py`` measures its time and its
@@ -75,7 +77,7 @@ MIN_LABEL_PX = 120  # the label column's least width: with it the chart is at le
 LABEL_PT, SCALE_PT, TICK_PT, TITLE_PT = 10, 9, 9, 12
 TOP_PX, BOTTOM_PX, RIGHT_PX, MARGIN_PX = 62, 46, 24, 10
 TITLE_TOP_PX = 8  # the title line's capitals start this far down
-BANDS_PX = 640  # the bands' total height, each band within MIN_BAND_PX .. MAX_BAND_PX
+BANDS_PX = 520  # the bands' total height, each band within MIN_BAND_PX .. MAX_BAND_PX
 MIN_BAND_PX, MAX_BAND_PX = 30, 120  # at 30 px a band's two scale values stay apart
 EDGE_PX = 2  # rows at a band's top and bottom kept clear of data (values beyond the scale stop there)
 MAX_TICKS = 12

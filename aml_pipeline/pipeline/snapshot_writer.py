@@ -2,8 +2,14 @@
 
 The manifest stage (:mod:`aml_pipeline.pipeline.stages.manifest`) calls :func:`write_snapshot_files`
 and then checks and publishes what it wrote. Runs are streamed from the store one fixed grid block
-at a time (:mod:`aml_pipeline.pipeline.run_reader`), so memory is bounded by a block, not by a run
-or by the dataset; hashing and fsync run in background threads beside the gathering.
+at a time (:class:`~aml_pipeline.pipeline.stages.windows.RunWindows`), so memory is bounded by a
+block, not by a run or by the dataset; hashing and fsync run in background threads beside the
+gathering.
+
+Both layouts normalise the same grid rows with the same operations (:func:`apply_norm` on whole
+rows): the windows layout cuts every window from them (:func:`window_blocks`), the series layout
+writes each row windows read once (:func:`series_row_blocks`) and the window index
+(:class:`SeriesPlan`), so its windows, cut on read, are the windows layout's bytes.
 """
 
 from __future__ import annotations
@@ -20,9 +26,9 @@ import numpy as np
 
 from aml_pipeline.core.clean import CLEAN_CAUSES
 from aml_pipeline.core.hashing import BackgroundSnapshotHasher
-from aml_pipeline.snapshot.layout import SnapshotHasher
-from aml_pipeline.core.manifest import build_manifest, build_sidecar, to_json_bytes
+from aml_pipeline.core.manifest import build_manifest, build_sidecar, series_manifest, to_json_bytes
 from aml_pipeline.core.normalize import apply_norm
+from aml_pipeline.core.series import RunIndexer, covered_rows
 from aml_pipeline.core.stats import LagCorrelation, NodeSummary, add_lag_pairs
 from aml_pipeline.core.windows import window_block
 from aml_pipeline.errors import BuildError
@@ -32,7 +38,15 @@ from aml_pipeline.pipeline.stages.norm import Normalization
 from aml_pipeline.pipeline.stages.split import DatasetPlan
 from aml_pipeline.pipeline.stages.windows import Columns, RunWindows
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.snapshot.layout import ARRAYS, SIDECAR_FILE
+from aml_pipeline.snapshot.layout import (
+    ARRAYS,
+    MANIFEST_FILE,
+    SEGMENT_FIELDS,
+    SERIES_ARRAYS,
+    SERIES_LAYOUT,
+    SIDECAR_FILE,
+    SPEC_FILE,
+)
 from aml_pipeline.spec import DatasetSpec
 
 
@@ -97,6 +111,114 @@ def window_blocks(
                 yield out[:, :, 0] if kind == "timestamps" else out
 
 
+def series_row_blocks(
+    group: str, run: RunWindows, spec: DatasetSpec, cols: Columns, norm: Normalization
+) -> Iterator[np.ndarray]:
+    """The run's stored rows of one group of the series layout, in order, a fixed grid block at
+    a time: ``x``, every row some window reads as history (all nodes, ``norm.x``); ``u`` and
+    ``y``, every row some window reads as future (controls with ``norm.u``, targets with
+    ``norm.y``). The rows are normalised as :func:`window_blocks` normalises them."""
+    H, F = spec.history_steps, spec.horizon_steps
+    lo, hi = (-H, 0) if group == "x" else (0, F)
+    reader = run.starts()
+    for r0, r1 in run.blocks():
+        # The windows that read a row of r0..r1-1: history t in r0+1..r1+H-1, future t in r0-F+1..r1-1.
+        starts = reader.between(r0 - F + 1, r1 + H)
+        keep = covered_rows(starts, r0, r1 - r0, lo, hi)
+        if not keep.any():
+            continue
+        rows = run.grid_rows(r0, r1)
+        if not keep.all():
+            rows = rows[keep]
+        if group == "x":
+            yield apply_norm(rows, norm.x.mean, norm.x.std)
+        elif group == "u":
+            yield apply_norm(rows[:, cols.controls], norm.u.mean, norm.u.std)
+        elif group == "y":
+            yield apply_norm(rows[:, cols.targets], norm.y.mean, norm.y.std)
+        else:
+            raise ValueError(f"unknown row group {group!r}")
+
+
+@dataclass
+class SeriesPlan:
+    """The series layout's sizes, from the runs' window starts alone (no grid row is read):
+    per run, in snapshot order, its stored history rows, future rows and segments."""
+
+    spec: DatasetSpec
+    runs: list[tuple[str, int, int, int]]  # (run id, history rows, future rows, segments)
+
+    @classmethod
+    def of(cls, store: DatasetStore, plan: DatasetPlan) -> SeriesPlan:
+        spec = store.spec
+        runs = []
+        for run_id in (r for _, r in plan.ordered_runs()):
+            indexer = RunIndexer(spec.history_steps, spec.horizon_steps, spec.stride)
+            for starts in _starts_slices(RunWindows(store, run_id, plan.runs[run_id])):
+                indexer.feed(starts)
+            runs.append((run_id, indexer.x_rows, indexer.future_rows, indexer.segments))
+        return cls(spec, runs)
+
+    @property
+    def x_rows(self) -> int:
+        return sum(r[1] for r in self.runs)
+
+    @property
+    def future_rows(self) -> int:
+        return sum(r[2] for r in self.runs)
+
+    @property
+    def segments(self) -> int:
+        return sum(r[3] for r in self.runs)
+
+    def write_segments(self, store: DatasetStore, plan: DatasetPlan, f: Any) -> None:
+        """``segments.i64`` into ``f`` (one field per row, :data:`SEGMENT_FIELDS`): each field's
+        values written at their place as the runs' starts are read again, a slice at a time."""
+        spec, K = self.spec, self.segments
+        f.truncate(len(SEGMENT_FIELDS) * K * 8)
+        k = window = x_base = f_base = 0
+        for position, (run_id, x_rows, future_rows, segments) in enumerate(self.runs):
+            run = RunWindows(store, run_id, plan.runs[run_id])
+            indexer = RunIndexer(spec.history_steps, spec.horizon_steps, spec.stride)
+            for starts in _starts_slices(run):
+                block = indexer.feed(starts)
+                new = np.flatnonzero(block.new_segment)
+                first = block.starts[new]
+                fields = (
+                    np.full(new.size, position, dtype=np.int64),
+                    window + new,
+                    first,
+                    run.first_ms + spec.beat_ms * first,
+                    x_base + block.x_row[new],
+                    f_base + block.future_row[new],
+                )
+                for i, values in enumerate(fields):
+                    data = memoryview(np.ascontiguousarray(values, dtype="<i8").view(np.uint8))
+                    _pwrite_all(f, data, (i * K + k) * 8)
+                k += new.size
+                window += block.starts.size
+            if (indexer.x_rows, indexer.future_rows, indexer.segments) != (x_rows, future_rows, segments):
+                raise BuildError(f"spec {spec.id!r}: run {run_id}'s stored windows changed while the snapshot was written")
+            x_base, f_base = x_base + x_rows, f_base + future_rows
+        if k != K:
+            raise BuildError(f"spec {spec.id!r}: stored windows changed while writing the window index ({k} of {K} segments)")
+
+
+def _starts_slices(run: RunWindows) -> Iterator[np.ndarray]:
+    """A run's window starts, ascending, a slice of ``starts.npy`` at a time."""
+    reader = run.starts()
+    for r0, r1 in run.blocks():
+        found = reader.between(r0, r1)
+        if found.size:
+            yield found
+
+
+def _pwrite_all(f: Any, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < data.nbytes:
+        done += os.pwrite(f.fileno(), data[done:], offset + done)
+
+
 def _write_all(f: Any, data: memoryview) -> None:
     """``f.write`` until every byte is written (a raw write may be partial)."""
     while data:
@@ -154,20 +276,6 @@ class _Syncer:
             raise self._errors[0]
 
 
-def _write_file(path: Path, data: bytes, syncer: _Syncer, hasher: SnapshotHasher | None = None, name: str = "") -> None:
-    f = open(path, "wb", buffering=0)
-    try:
-        _write_all(f, memoryview(data))
-    except BaseException:
-        f.close()
-        raise
-    syncer.close(f)
-    if hasher is not None:
-        hasher.begin(name)
-        hasher.update(data)
-        hasher.end()
-
-
 def array_name(kind: str) -> str:
     """The snapshot file of an array kind (``x`` -> ``arrays/x.f32``)."""
     return ARRAYS[kind][0]
@@ -186,14 +294,15 @@ def write_snapshot_files(
 ) -> SnapshotFiles:
     """Write every artifact of the snapshot into ``staging`` (fsynced), hashing as it goes.
 
-    ``linked`` names array files (``arrays/x.f32``, ...) that an earlier snapshot already holds
-    with identical bytes: they are hard-linked from there instead of gathered and written again,
-    and hashed by reading them.
+    The spec's ``layout`` chooses the files: the windows layout's x/u/y (v2: timestamps, mask)
+    or the series layout's rows and window index. ``linked`` names array files that an earlier
+    snapshot already holds with identical bytes: they are hard-linked from there instead of
+    gathered and written again, and hashed by reading them.
 
-    One pass per array kind over the runs, in snapshot order; memory is bounded by one run's
-    grid plus a few blocks. Hashing (the snapshot hash and the per-file digests) and fsync run
-    in background threads, so gathering, hashing and the disk work at the same time. With
-    ``wait_durable=False`` it returns once every byte is written (closed) and hashed, while
+    One pass per array file over the runs, in snapshot order; memory is bounded by one grid
+    block plus a few written blocks. Hashing (the snapshot hash and the per-file digests) and
+    fsync run in background threads, so gathering, hashing and the disk work at the same time.
+    With ``wait_durable=False`` it returns once every byte is written (closed) and hashed, while
     the last fsyncs may still run: call ``wait_durable()`` on the result before publishing.
     """
     spec = store.spec
@@ -220,74 +329,162 @@ def write_snapshot_files(
         captured_at=captured_at,
         node_ranges=node_ranges(store, [r for _, r in plan.ordered_runs()]) if spec.causal else None,
     )
-    hasher = BackgroundSnapshotHasher(spec_json)
-    syncer = _Syncer()
-    try:
-        _write_file(staging / "spec.json", spec_json, syncer)
-        _write_file(staging / "manifest.json", to_json_bytes(manifest), syncer, hasher, "manifest.json")
-
+    series = SeriesPlan.of(store, plan) if spec.layout == SERIES_LAYOUT else None
+    if series is not None:
+        manifest = series_manifest(manifest, stride=spec.stride, x_rows=series.x_rows,
+                                   future_rows=series.future_rows, segments=series.segments)
+    with StagedFiles(staging, spec_json, linked) as files:
+        files.write(MANIFEST_FILE, to_json_bytes(manifest))
         run_order = [r for _, r in plan.ordered_runs()]
-        kinds = ["x", "u", "y"] + (["timestamps", "mask"] if extras is not None else [])
         report = _ReportBuilder(spec, cols)
-        linked = dict(linked or {})
-        if array_name("x") in linked:
-            for run_id in run_order:  # the report is otherwise built during the x pass
+        report_file = array_name("x") if series is None else SERIES_ARRAYS["xRows"][0]
+        if report_file in files.linked:
+            for run_id in run_order:  # the report is otherwise built while that file is written
                 report.add_run(RunWindows(store, run_id, plan.runs[run_id]), plan)
-        for kind in kinds:
-            name = array_name(kind)
-            dtype = ARRAYS[kind][1]
-            if name in linked:
-                os.link(linked[name], staging / name)
-                hasher.add_file(name, staging / name)
-                crash_point("publish.array_written")
-                continue
-            expected_rows = 0
-            hasher.begin(name)
-            f = open(staging / name, "wb", buffering=0)
-            try:
-                unsynced = 0
-                for run_id in run_order:
-                    run = RunWindows(store, run_id, plan.runs[run_id])
-                    if kind == "x":
-                        report.add_run(run, plan)
-                    for block in window_blocks(kind, run, spec, cols, norm):
-                        data = memoryview(np.ascontiguousarray(block, dtype=dtype).reshape(-1).view(np.uint8))
-                        if not data.nbytes:
-                            continue
-                        _write_all(f, data)
-                        hasher.update(data)  # hashed in the background; block is not reused
-                        unsynced += data.nbytes
-                        if unsynced >= _FLUSH_BYTES:
-                            syncer.flush(f)
-                            unsynced = 0
-                    expected_rows += run.n_windows
-            except BaseException:
-                f.close()
-                raise
-            syncer.close(f)
-            hasher.end()
-            crash_point("publish.array_written")
-            if expected_rows != manifest["shapes"]["x"][0]:
-                raise BuildError(
-                    f"spec {spec.id!r}: stored windows changed while writing {name} "
-                    f"({expected_rows} rows, manifest says {manifest['shapes']['x'][0]})"
-                )
+
+        def runs(report_with: str) -> Iterator[RunWindows]:
+            for run_id in run_order:
+                run = RunWindows(store, run_id, plan.runs[run_id])
+                if report_with == report_file:
+                    report.add_run(run, plan)
+                yield run
+
+        if series is None:
+            kinds = ["x", "u", "y"] + (["timestamps", "mask"] if extras is not None else [])
+            for kind in kinds:
+                name = array_name(kind)
+                written = files.stream(name, ARRAYS[kind][1], (
+                    block for run in runs(name) for block in window_blocks(kind, run, spec, cols, norm)))
+                if written is not None and written != manifest["shapes"]["x"][0]:
+                    raise BuildError(
+                        f"spec {spec.id!r}: stored windows changed while writing {name} "
+                        f"({written} rows, manifest says {manifest['shapes']['x'][0]})"
+                    )
+        else:
+            for group, key in (("x", "xRows"), ("u", "uRows"), ("y", "yRows")):
+                name, dtype = SERIES_ARRAYS[key]
+                written = files.stream(name, dtype, (
+                    block for run in runs(name) for block in series_row_blocks(group, run, spec, cols, norm)))
+                if written is not None and written != manifest["shapes"][key][0]:
+                    raise BuildError(
+                        f"spec {spec.id!r}: stored windows changed while writing {name} "
+                        f"({written} rows, the window index says {manifest['shapes'][key][0]})"
+                    )
+            files.positioned(SERIES_ARRAYS["segments"][0], lambda f: series.write_segments(store, plan, f))
         if extras is not None:
-            sidecar = to_json_bytes(build_sidecar(extras, plan.split, watermark))
-            _write_file(staging / SIDECAR_FILE, sidecar, syncer, hasher, SIDECAR_FILE)
+            files.write(SIDECAR_FILE, to_json_bytes(build_sidecar(extras, plan.split, watermark)))
         report_json = report.result(plan)
-        _write_file(staging / "report.json", to_json_bytes(report_json), syncer)
-        digest = hasher.hexdigest()
-        if wait_durable:
-            syncer.wait()
-    except BaseException:
-        for finish in (hasher.close, syncer.wait):
+        files.write("report.json", to_json_bytes(report_json), hashed=False)
+        digest = files.finish(wait_durable=wait_durable)
+    return SnapshotFiles(staging, manifest, digest, dict(files.hasher.files), report_json, files.syncer.wait)
+
+
+class StagedFiles:
+    """A snapshot's files written into ``directory`` in hash order (``spec.json`` first, then
+    each hashed file), each hashed as written (the snapshot hash and per-file digests, in
+    background threads) and fsynced in the background. Array files named in ``linked`` are
+    hard links to the earlier snapshot's identical file, hashed by reading them.
+
+    Used as a context manager: an error leaves the threads stopped, and the caller removes the
+    directory. :meth:`finish` returns the hash once every byte is hashed (and, with
+    ``wait_durable``, fsynced).
+    """
+
+    def __init__(self, directory: Path, spec_json: bytes, linked: Mapping[str, Path] | None = None) -> None:
+        self.dir = directory
+        self.linked = dict(linked or {})
+        self.hasher = BackgroundSnapshotHasher(spec_json)
+        self.syncer = _Syncer()
+        try:
+            self.write(SPEC_FILE, spec_json, hashed=False)
+        except BaseException:
+            self._stop()
+            raise
+
+    def __enter__(self) -> StagedFiles:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self._stop()
+
+    def _stop(self) -> None:
+        for finish in (self.hasher.close, self.syncer.wait):
             try:
                 finish()
             except BaseException:  # noqa: BLE001 - the original error is the one to report
                 pass
-        raise
-    return SnapshotFiles(staging, manifest, digest, dict(hasher.files), report_json, syncer.wait)
+
+    def write(self, name: str, data: bytes, *, hashed: bool = True) -> None:
+        """A small file, whole (hashed next unless ``hashed`` is False, e.g. report.json)."""
+        f = open(self.dir / name, "wb", buffering=0)
+        try:
+            _write_all(f, memoryview(data))
+        except BaseException:
+            f.close()
+            raise
+        self.syncer.close(f)
+        if hashed:
+            self.hasher.begin(name)
+            self.hasher.update(data)
+            self.hasher.end()
+
+    def _link(self, name: str) -> bool:
+        if name not in self.linked:
+            return False
+        os.link(self.linked[name], self.dir / name)
+        self.hasher.add_file(name, self.dir / name)
+        crash_point("publish.array_written")
+        return True
+
+    def stream(self, name: str, dtype: str, blocks: Iterator[np.ndarray]) -> int | None:
+        """Write ``blocks`` (arrays of rows, not modified afterwards) as ``name``; returns the
+        rows written (None when the file was linked)."""
+        if self._link(name):
+            return None
+        rows = 0
+        self.hasher.begin(name)
+        f = open(self.dir / name, "wb", buffering=0)
+        try:
+            unsynced = 0
+            for block in blocks:
+                rows += block.shape[0]
+                data = memoryview(np.ascontiguousarray(block, dtype=dtype).reshape(-1).view(np.uint8))
+                if not data.nbytes:
+                    continue
+                _write_all(f, data)
+                self.hasher.update(data)  # hashed in the background; block is not reused
+                unsynced += data.nbytes
+                if unsynced >= _FLUSH_BYTES:
+                    self.syncer.flush(f)
+                    unsynced = 0
+        except BaseException:
+            f.close()
+            raise
+        self.syncer.close(f)
+        self.hasher.end()
+        crash_point("publish.array_written")
+        return rows
+
+    def positioned(self, name: str, write: Callable[[Any], None]) -> None:
+        """A file written at known offsets by ``write(f)`` (not in order), then hashed by reading it."""
+        if self._link(name):
+            return
+        f = open(self.dir / name, "wb+", buffering=0)
+        try:
+            write(f)
+        except BaseException:
+            f.close()
+            raise
+        self.syncer.close(f)
+        self.hasher.add_file(name, self.dir / name)
+        crash_point("publish.array_written")
+
+    def finish(self, *, wait_durable: bool = True) -> str:
+        digest = self.hasher.hexdigest()
+        if wait_durable:
+            self.syncer.wait()
+        return digest
 
 
 class _ReportBuilder:

@@ -31,7 +31,7 @@ from aml_pipeline.runner.instance import build_tags, fail_abandoned_runs, failur
 from aml_pipeline.runner.jobs import build_event_settings, dataset_job_definitions
 from aml_pipeline.runner.parallel import execute_parallel, parallel_workers, start_step_server
 from aml_pipeline.spec import DatasetSpec
-from aml_pipeline.tsdb.retry import retrying_tsdb
+from aml_pipeline.tsdb_open import retrying_tsdb
 
 log = logging.getLogger("aml_pipeline")
 

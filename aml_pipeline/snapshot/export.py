@@ -4,7 +4,8 @@ A snapshot stores windows, not the grid they were cut from; this module puts the
 together so that dataframe-based tools (PyTorch Forecasting, Darts, GluonTS, pandas) can use the
 cleaned, aligned, unit-transformed data. Per run (one block of windows):
 
-* every window's rows sit at known grid positions (``timestamps``, v2): history rows
+* every window's rows sit at known grid positions (``timestamps``, v2; in the series layout the
+  window index gives them without cutting a window): history rows
   ``t-H..t-1`` carry all nodes (``x``), future rows ``t..t+F-1`` carry the controls (``u``) and
   targets (``y``); values are de-normalised to model units (float64);
 * windows overlap (stride < H+F), so only a minimal set of them is read: a greedy cover of the
@@ -78,7 +79,10 @@ def run_grid(snap: Snapshot, block: Block) -> tuple[np.ndarray, np.ndarray]:
     a, b = block.start, block.stop
     if b == a:
         return np.empty(0, dtype=np.int64), np.empty((0, len(snap.nodes)))
-    starts_ms = np.asarray(ts[a:b, H], dtype=np.int64)  # row t of every window
+    if snap.index is not None:  # series layout: from the window index, no window is cut for it
+        starts_ms = snap.index.origin_ms(np.arange(a, b, dtype=np.int64))
+    else:
+        starts_ms = np.asarray(ts[a:b, H], dtype=np.int64)  # row t of every window
     base = int(starts_ms[0]) - H * beat  # the run's first history row
     offset = starts_ms - base
     if np.any(offset % beat) or np.any(np.diff(offset) <= 0):

@@ -2,9 +2,17 @@
 
 A published snapshot directory holds ``spec.json``, ``manifest.json``, ``sha256.json`` (the
 recorded hash, beside the hashed files), ``report.json`` (diagnostics, not hashed) and
-``arrays/``: ``x.f32 [N, H, nodes]``, ``u.f32 [N, F, controls]``, ``y.f32 [N, F, targets]``
-(little-endian float32, C order, stored normalised) and, in manifest v2, ``timestamps.f64
-[N, H+F]`` (epoch ms as float64), ``mask.f32 [N, H+F]`` and ``sidecar.json``.
+``arrays/``, in one of two layouts (the manifest's ``layout``; absent means ``windows``):
+
+* ``windows`` (the predecessor's): ``x.f32 [N, H, nodes]``, ``u.f32 [N, F, controls]``,
+  ``y.f32 [N, F, targets]`` (little-endian float32, C order, stored normalised) and, in manifest
+  v2, ``timestamps.f64 [N, H+F]`` (epoch ms as float64), ``mask.f32 [N, H+F]`` and
+  ``sidecar.json``;
+* ``series``: every grid row windows read, once: ``x_rows.f32 [Rx, nodes]`` (rows some window
+  reads as history), ``u_rows.f32 [Rf, controls]`` and ``y_rows.f32 [Rf, targets]`` (rows some
+  window reads as future), normalised as the windows layout stores them, and the window index
+  ``segments.i64 [6, K]`` (:data:`SEGMENT_FIELDS`; v2 adds ``sidecar.json``). Windows are cut
+  from the rows when read (:mod:`aml_pipeline.snapshot.series`).
 
 The hash: sha256 over the bytes of ``spec.json``, then for each name of :func:`hashed_files`
 in order, the name (UTF-8) followed by the file's bytes.
@@ -35,6 +43,34 @@ V1_ARRAYS = ("x", "u", "y")
 SIDECAR_FILE = "arrays/sidecar.json"
 V1_FILES = (MANIFEST_FILE, *(ARRAYS[k][0] for k in V1_ARRAYS))
 
+WINDOWS_LAYOUT, SERIES_LAYOUT = "windows", "series"
+LAYOUTS = (WINDOWS_LAYOUT, SERIES_LAYOUT)
+# The series layout's files (the manifest's artifact and shape keys) -> (file, dtype), in hash order.
+SERIES_ARRAYS = {
+    "xRows": ("arrays/x_rows.f32", "<f4"),
+    "uRows": ("arrays/u_rows.f32", "<f4"),
+    "yRows": ("arrays/y_rows.f32", "<f4"),
+    "segments": ("arrays/segments.i64", "<i8"),
+}
+# The row file each window group is cut from.
+SERIES_ROWS = {"x": "xRows", "u": "uRows", "y": "yRows"}
+# The rows of segments.i64, one field per row (each field contiguous). A segment is a maximal
+# stretch of one run's windows whose starts are ``stride`` apart; its windows are ``window ..``
+# the next segment's ``window - 1`` (the last segment's: ``.. N - 1``).
+SEGMENT_FIELDS = (
+    "run",  # the run's position in the snapshot's run order (``split.blocks``)
+    "window",  # index of the segment's first window
+    "start",  # grid row of the run at which that window's future starts (its row t)
+    "startMs",  # epoch ms of that grid row
+    "xRow",  # row of x_rows.f32 holding the window's first history row (grid row t - H)
+    "futureRow",  # row of u_rows.f32 and y_rows.f32 holding grid row t
+)
+
+
+def manifest_layout(manifest: Mapping[str, Any]) -> str:
+    """The manifest's ``layout`` (absent: ``windows``, every snapshot written before there was a choice)."""
+    return str(manifest.get("layout") or WINDOWS_LAYOUT)
+
 # The pipeline's rule for run ids (aml_pipeline/ids.py), repeated here because this package
 # imports nothing else of aml_pipeline: a snapshot whose run ids break it was not made by it.
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
@@ -59,7 +95,14 @@ class SnapshotError(Exception):
 
 def hashed_files(manifest: Mapping[str, Any]) -> list[str]:
     """Relative names hashed after ``spec.json``, in hash order: v1 the manifest and the three
-    arrays, v2 also every other artifact the manifest lists."""
+    arrays, v2 also every other artifact the manifest lists. A series snapshot lists every file
+    it hashes after the manifest in ``artifacts`` (it has no ``x.f32``, ``u.f32``, ``y.f32``)."""
+    if manifest_layout(manifest) == SERIES_LAYOUT:
+        files = [MANIFEST_FILE]
+        for name in (manifest.get("artifacts") or {}).values():
+            if name not in files:
+                files.append(str(name))
+        return files
     files = list(V1_FILES)
     if manifest.get("version") == 2:
         for name in (manifest.get("artifacts") or {}).values():

@@ -18,7 +18,18 @@ from typing import Any
 import numpy as np
 
 from .batches import iter_batches
-from .layout import ARRAYS, SPLITS, V1_ARRAYS, SnapshotError
+from .layout import (
+    ARRAYS,
+    LAYOUTS,
+    SEGMENT_FIELDS,
+    SERIES_ARRAYS,
+    SERIES_LAYOUT,
+    SPLITS,
+    V1_ARRAYS,
+    SnapshotError,
+    manifest_layout,
+)
+from .series import MaskWindows, RowWindows, SeriesIndex, TimestampWindows, WindowArray
 from .verify import FileId, OpenedSnapshot, file_id, open_files
 
 GROUPS = ("x", "u", "y")
@@ -84,8 +95,10 @@ class Snapshot:
     Arrays (windows ordered train, val, test; within a split, runs in split order and windows
     ascending in time): ``x [N, H, nodes]``, ``u [N, F, controls]``, ``y [N, F, targets]``,
     normalised float32, and in manifest v2 ``timestamps [N, H+F]`` (epoch ms, float64) and
-    ``mask [N, H+F]``; ``None`` where a v1 snapshot has none. Each is a read-only
-    ``numpy.memmap`` (a zero-size array is a plain empty array: nothing to map).
+    ``mask [N, H+F]``; ``None`` where a v1 snapshot has none. In the windows layout each is a
+    read-only ``numpy.memmap`` (a zero-size array is a plain empty array: nothing to map); in
+    the series layout a :class:`~.series.WindowArray` that indexes the same way and cuts the
+    windows from the stored rows when read (``index`` is then its :class:`~.series.SeriesIndex`).
     """
 
     def __init__(self, opened: OpenedSnapshot) -> None:
@@ -112,6 +125,9 @@ class Snapshot:
     def _read_layout(self) -> None:
         m, root = self.manifest, self.root
         self.version = int(m["version"])
+        self.layout = manifest_layout(m)
+        if self.layout not in LAYOUTS:
+            raise SnapshotError(f"{root}: manifest layout {self.layout!r} is not one of {', '.join(LAYOUTS)}")
         self.nodes: list[str] = [str(n) for n in m["allNodes"]]
         self.controls: list[str] = [str(n) for n in m["controls"]]
         self.targets: list[str] = [str(n) for n in m["targets"]]
@@ -126,21 +142,31 @@ class Snapshot:
             "x": [n, H, len(self.nodes)], "u": [n, F, len(self.controls)], "y": [n, F, len(self.targets)],
             "timestamps": [n, H + F], "mask": [n, H + F],
         }
-        artifacts = (m.get("artifacts") or {}) if self.version >= 2 else {}
-        names = V1_ARRAYS + tuple(k for k in ("timestamps", "mask") if k in artifacts)
+        artifacts = (m.get("artifacts") or {}) if self.version >= 2 or self.layout == SERIES_LAYOUT else {}
         self.files: dict[str, str] = {}
-        self._arrays: dict[str, np.ndarray] = {}
-        for key in names:
-            name = str(artifacts.get(key, ARRAYS[key][0]))
-            shape = _int_list(m["shapes"].get(key), f"shapes.{key}", root)
-            if shape != expected[key]:
-                raise SnapshotError(
-                    f"{root}: {name} has manifest shape {shape}, but split counts, historySteps/horizonSteps "
-                    f"and the node lists give {expected[key]}"
-                )
-            self.files[key] = name
-            self._arrays[key] = self._map(key, name, shape)
-        self.blocks: list[Block] = self._read_blocks()
+        self._arrays: dict[str, np.ndarray | WindowArray] = {}
+        self.index: SeriesIndex | None = None
+        if self.layout == SERIES_LAYOUT:
+            names = V1_ARRAYS + (("timestamps", "mask") if self.version >= 2 else ())
+            for key in names:
+                if _int_list(m["shapes"].get(key), f"shapes.{key}", root) != expected[key]:
+                    raise SnapshotError(f"{root}: manifest shapes.{key} is not {expected[key]} (split counts, "
+                                        "historySteps/horizonSteps and the node lists)")
+            self.blocks: list[Block] = self._read_blocks()
+            self._read_series(artifacts, n)
+        else:
+            names = V1_ARRAYS + tuple(k for k in ("timestamps", "mask") if k in artifacts)
+            for key in names:
+                name = str(artifacts.get(key, ARRAYS[key][0]))
+                shape = _int_list(m["shapes"].get(key), f"shapes.{key}", root)
+                if shape != expected[key]:
+                    raise SnapshotError(
+                        f"{root}: {name} has manifest shape {shape}, but split counts, historySteps/horizonSteps "
+                        f"and the node lists give {expected[key]}"
+                    )
+                self.files[key] = name
+                self._arrays[key] = self._map(name, ARRAYS[key][1], shape)
+            self.blocks = self._read_blocks()
         self.norm: dict[str, Norm] = {
             g: Norm(
                 tuple(cols),
@@ -159,8 +185,46 @@ class Snapshot:
         sidecar = artifacts.get("sidecar")
         self.sidecar = json.loads(self._opened.small[sidecar]) if sidecar in self._opened.small else None
 
-    def _map(self, key: str, name: str, shape: list[int]) -> np.ndarray:
-        dtype = np.dtype(ARRAYS[key][1])
+    def _read_series(self, artifacts: dict[str, Any], n: int) -> None:
+        """The series layout: map the row files and the window index, check that the index
+        describes exactly these windows and rows, and present x/u/y (v2: timestamps, mask)."""
+        m, root = self.manifest, self.root
+        rows: dict[str, np.ndarray] = {}
+        for key, (_, dtype) in SERIES_ARRAYS.items():
+            if not artifacts.get(key):
+                raise SnapshotError(f"{root}: a series manifest must list artifacts.{key}")
+            name = str(artifacts[key])
+            self.files[key] = name
+            rows[key] = self._map(name, dtype, _int_list(m["shapes"].get(key), f"shapes.{key}", root))
+        x_rows, future_rows = rows["xRows"].shape[0], rows["uRows"].shape[0]
+        for key, width in (("xRows", len(self.nodes)), ("uRows", len(self.controls)), ("yRows", len(self.targets))):
+            want = [x_rows if key == "xRows" else future_rows, width]
+            if list(rows[key].shape) != want:
+                raise SnapshotError(f"{root}: manifest shapes.{key} is {list(rows[key].shape)}, the node lists and "
+                                    f"shapes.uRows give {want}")
+        if rows["segments"].shape[0] != len(SEGMENT_FIELDS):
+            raise SnapshotError(f"{root}: manifest shapes.segments must be [{len(SEGMENT_FIELDS)}, K]")
+        if self.beat_ms is None or self.beat_ms <= 0:
+            raise SnapshotError(f"{root}: a series manifest needs a positive beatMs")
+        stride = (m.get("series") or {}).get("stride")
+        if not isinstance(stride, int) or stride < 1:
+            raise SnapshotError(f"{root}: a series manifest needs series.stride, a positive integer")
+        if n and not self.blocks:
+            raise SnapshotError(f"{root}: a series manifest needs split.blocks (the runs its window index names)")
+        index = SeriesIndex(rows["segments"], windows=n, history=self.history_steps, horizon=self.horizon_steps,
+                            stride=stride, beat_ms=self.beat_ms)
+        index.validate(root, run_windows=[len(b) for b in self.blocks], x_rows=x_rows, future_rows=future_rows)
+        self.index = index
+        files = self._opened.files
+        self._arrays["x"] = RowWindows("x", index, rows["xRows"], files[self.files["xRows"]], self.history_steps)
+        self._arrays["u"] = RowWindows("u", index, rows["uRows"], files[self.files["uRows"]], self.horizon_steps)
+        self._arrays["y"] = RowWindows("y", index, rows["yRows"], files[self.files["yRows"]], self.horizon_steps)
+        if self.version >= 2:
+            self._arrays["timestamps"] = TimestampWindows(index)
+            self._arrays["mask"] = MaskWindows(index)
+
+    def _map(self, name: str, dtype: Any, shape: list[int]) -> np.ndarray:
+        dtype = np.dtype(dtype)
         f = self._opened.files[name]
         size = self._opened.identity[name][2]
         needed = math.prod(shape) * dtype.itemsize
@@ -212,26 +276,26 @@ class Snapshot:
     # ---- arrays ---------------------------------------------------------------------------
 
     @property
-    def x(self) -> np.ndarray:
+    def x(self) -> np.ndarray | WindowArray:
         return self._arrays["x"]
 
     @property
-    def u(self) -> np.ndarray:
+    def u(self) -> np.ndarray | WindowArray:
         return self._arrays["u"]
 
     @property
-    def y(self) -> np.ndarray:
+    def y(self) -> np.ndarray | WindowArray:
         return self._arrays["y"]
 
     @property
-    def timestamps(self) -> np.ndarray | None:
+    def timestamps(self) -> np.ndarray | WindowArray | None:
         return self._arrays.get("timestamps")
 
     @property
-    def mask(self) -> np.ndarray | None:
+    def mask(self) -> np.ndarray | WindowArray | None:
         return self._arrays.get("mask")
 
-    def array(self, key: str) -> np.ndarray:
+    def array(self, key: str) -> np.ndarray | WindowArray:
         """``x``, ``u``, ``y``, ``timestamps`` or ``mask`` by name."""
         if key not in self._arrays:
             have = ", ".join(self._arrays)
@@ -313,6 +377,8 @@ class Snapshot:
             raise ValueError(f"out must be a C-contiguous {arr.dtype} array of shape {shape} for windows {start}:{stop} of {key}")
         if out.size == 0:
             return out
+        if isinstance(arr, WindowArray):
+            return arr.read(start, stop, out)
         row = arr.dtype.itemsize * math.prod(arr.shape[1:])
         view = memoryview(out.reshape(-1).view(np.uint8))
         fd, offset, done = self._opened.files[self.files[key]].fileno(), start * row, 0
@@ -360,7 +426,7 @@ class Snapshot:
     def __repr__(self) -> str:
         c = self.counts
         state = "verified" if self.verified else "NOT verified"
-        return (f"<Snapshot {self.root} v{self.version} sha256 {str(self.sha256)[:16]} ({state}); windows "
+        return (f"<Snapshot {self.root} v{self.version} {self.layout} sha256 {str(self.sha256)[:16]} ({state}); windows "
                 f"train {c['train']} val {c['val']} test {c['test']}; x{list(self.x.shape)} u{list(self.u.shape)} "
                 f"y{list(self.y.shape)}>")
 

@@ -3,14 +3,16 @@
 :class:`~aml_pipeline.sources.mapped.MappedTsdb` implements the port once, over any backend:
 runs, the node catalog, pages with their cursor, versions. A backend only answers narrow
 questions in the source's own terms: one node's points in a time range, in the source's
-deterministic order; the rows of a runs or node table; one aggregate per run window.
+deterministic order; the rows of a runs or node table; one aggregate per run window. A new
+backend subclasses :class:`Backend` and writes the methods it does not default
+(``docs/architecture.md``, "Adding a backend").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -71,38 +73,55 @@ class TableRead:
     time_zone: str | None = None
 
 
-class Backend(Protocol):
+class Backend:
+    """What a mapped source's backend answers. ``fetch``, ``distinct_keys``, ``max_time``,
+    ``aggregates`` and ``describe`` are its own to write; ``fetch_many``, ``read_table`` and
+    ``close`` have defaults (node by node; runs and node tables from files; nothing to close)."""
+
     label: str  # the source in messages: "postgresql://reader@host/plant"
-    codec: TimeCodec | None  # how the points' time column is stored (None: the backend's own)
-
-    def read_table(self, read: TableRead) -> dict[str, list[Any]]:
-        """Every row of a runs or node table, as lists per field (``read.times`` in epoch ms)."""
-
-    def distinct_keys(self) -> list[Any]:
-        """The node values the points hold (narrow layouts without a node catalog)."""
+    codec: TimeCodec | None = None  # how the points' time column is stored (None: the backend's own)
+    loaded: Any  # the LoadedDescription it reads
 
     def fetch(self, node: NodeRef, lo: int, hi: int, line: str | None, limit: int) -> Series:
         """The first ``limit`` points of ``node`` with ``lo <= ts <= hi``, in the source order
-        (time, then the mapping's tie order)."""
+        (time, then the mapping's tie order). An answer the server cut short (a row limit) is a
+        :class:`~aml_pipeline.errors.TruncationError`, never fewer points."""
+        raise NotImplementedError
 
     def fetch_many(
         self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int, hold: int = 0
     ) -> list[Series] | None:
         """Every point of each node in ``[lo, hi]`` in one read, or None if there are more than
-        ``limit`` in all (or the backend reads node by node anyway). The backend may keep up to
-        ``hold`` points it read past ``hi`` for the next call (a run read after this one)."""
+        ``limit`` in all (or the backend reads node by node, the default). The backend may keep
+        up to ``hold`` points it read past ``hi`` for the next call (a run read after this one)."""
+        return None
+
+    def distinct_keys(self) -> list[Any]:
+        """The node values the points hold (narrow layouts without a node catalog)."""
+        raise NotImplementedError
 
     def max_time(self, nodes: Sequence[NodeRef]) -> int | None:
         """The latest point time (epoch ms) of any of ``nodes``; None when they have none."""
+        raise NotImplementedError
 
     def aggregates(self, windows: Sequence[Window], nodes: Sequence[NodeRef]) -> list[Any]:
         """For each window, a JSON-able summary of every point of ``nodes`` in it that changes
         when a point is added, deleted or corrected (count, time range, a checksum)."""
+        raise NotImplementedError
+
+    def read_table(self, read: TableRead) -> dict[str, list[Any]]:
+        """Every row of a runs or node table, as lists per field (``read.times`` in epoch ms);
+        by default from the files the description names."""
+        from aml_pipeline.sources.lake import read_file_table
+
+        return read_file_table(self.loaded, read)
 
     def describe(self) -> dict[str, Any]:
         """What the backend assumed, for ``source check``."""
+        raise NotImplementedError
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Let go of connections."""
 
 
 def source_order(node: np.ndarray, keys: Sequence[np.ndarray]) -> np.ndarray:

@@ -14,9 +14,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -42,6 +43,53 @@ _DURATION_MS = {"s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 class _M(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def split_dotted(name: str) -> list[str]:
+    """The parts of a table name as SQL reads it: ``schema.table`` -> ``["schema", "table"]``; a
+    part may be double-quoted (``"My Table"``, ``""`` for a quote in it). A name that cannot be
+    read is a ValueError saying why."""
+    parts: list[str] = []
+    i = 0
+    while i <= len(name):
+        if i < len(name) and name[i] == '"':
+            j = i + 1
+            buf = []
+            while j < len(name):
+                if name[j] == '"':
+                    if j + 1 < len(name) and name[j + 1] == '"':
+                        buf.append('"')
+                        j += 2
+                        continue
+                    break
+                buf.append(name[j])
+                j += 1
+            if j >= len(name):
+                raise ValueError(f"table name {name!r}: a quoted part is not closed")
+            parts.append("".join(buf))
+            i = j + 1
+            if i < len(name) and name[i] != ".":
+                raise ValueError(f"table name {name!r}: expected '.' after a quoted part")
+            i += 1
+        else:
+            j = name.find(".", i)
+            j = len(name) if j < 0 else j
+            parts.append(name[i:j])
+            i = j + 1
+    if not all(parts):
+        raise ValueError(f"table name {name!r} has an empty part")
+    if any("\x00" in part for part in parts):
+        raise ValueError(f"table name {name!r} contains a NUL character")
+    return parts
+
+
+def _table_name(name: str) -> str:
+    split_dotted(name)
+    return name
+
+
+# A table name that SQL can read (checked when the description is loaded, naming the key).
+TableName = Annotated[str, AfterValidator(_table_name)]
 
 
 class Const(_M):
@@ -81,6 +129,12 @@ class Quality(_M):
         return self
 
 
+def as_quality(quality: str | Quality | None) -> Quality | None:
+    """A quality mapping as the description gives it: a column name alone is a column that
+    already holds the product's states."""
+    return Quality(column=quality) if isinstance(quality, str) else quality
+
+
 def _check_state(state: int, where: str) -> None:
     if not -(2**31) <= state < 2**31:
         raise ValueError(f"{where}: state {state} does not fit a 32-bit integer")
@@ -90,11 +144,14 @@ class WideColumn(_M):
     column: str
     quality: str | Quality | None = None
 
+    def quality_spec(self) -> Quality | None:
+        return as_quality(self.quality)
+
 
 class Periods(_M):
     """Samples split over one table per period: the query's ``{table}`` is each period's table."""
 
-    table: str  # e.g. "hist.samples_{period}"
+    table: TableName  # e.g. "hist.samples_{period}"
     every: Literal["day", "month", "year"]
     format: str | None = None  # strftime of {period}; default per ``every``
     zone: str = "UTC"
@@ -127,7 +184,7 @@ class Partition(_M):
 
 class Points(_M):
     layout: Literal["narrow", "wide", "query"] | None = None
-    table: str | None = None
+    table: TableName | None = None
     files: str | None = None
     format: Literal["parquet", "csv"] | None = None
     query: str | None = None
@@ -156,7 +213,7 @@ class Points(_M):
         return "wide" if self.columns else "narrow"
 
     def quality_spec(self) -> Quality | None:
-        return Quality(column=self.quality) if isinstance(self.quality, str) else self.quality
+        return as_quality(self.quality)
 
     def wide_columns(self) -> dict[str, WideColumn]:
         return {n: WideColumn(column=c) if isinstance(c, str) else c for n, c in self.columns.items()}
@@ -197,7 +254,7 @@ class Windows(RunConstants):
 
 
 class Runs(_M):
-    table: str | None = None
+    table: TableName | None = None
     files: str | None = None
     format: Literal["parquet", "csv"] | None = None
     query: str | None = None
@@ -264,7 +321,7 @@ class NodeEntry(_M):
 
 
 class NodeTable(_M):
-    table: str | None = None
+    table: TableName | None = None
     files: str | None = None
     format: Literal["parquet", "csv"] | None = None
     query: str | None = None

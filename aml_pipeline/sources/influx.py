@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from aml_pipeline.errors import SourceError, TruncationError, TsdbError, TsdbUnavailableError
-from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window
+from aml_pipeline.sources.backend import Backend, NodeRef, Series, Window
 from aml_pipeline.sources.description import LoadedDescription, Quality
 from aml_pipeline.urls import redact_url
 
@@ -47,8 +47,9 @@ def quote_key(name: str) -> str:
     return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-class InfluxSource:
-    """The InfluxDB backend of :class:`~aml_pipeline.sources.mapped.MappedTsdb`."""
+class InfluxSource(Backend):
+    """The InfluxDB backend of :class:`~aml_pipeline.sources.mapped.MappedTsdb`: node by node
+    (``fetch_many``'s default), runs and node tables from files (``read_table``'s default)."""
 
     codec = None  # InfluxDB keeps its own time
 
@@ -197,7 +198,7 @@ class InfluxSource:
             for node_id, col in p.wide_columns().items():
                 need(f"points.columns.{node_id}", col.column, "field")
                 if col.quality is not None:
-                    need(f"points.columns.{node_id}.quality", _quality(col.quality).column, "field")
+                    need(f"points.columns.{node_id}.quality", col.quality_spec().column, "field")
         if p.line:
             need("points.line", p.line, "tag")
         for tag in p.where:
@@ -221,7 +222,7 @@ class InfluxSource:
         p = self.spec.points
         if self.layout == "narrow":
             return p.value, p.quality_spec()
-        return node.column, _quality(node.quality)
+        return node.column, node.quality
 
     def fetch(self, node: NodeRef, lo: int, hi: int, line: str | None, limit: int) -> Series:
         p = self.spec.points
@@ -247,10 +248,6 @@ class InfluxSource:
         state = np.zeros(len(rows), np.int32) if quality is None else _states(quality, table[:, 2])
         return Series(ts, value, state)
 
-    def fetch_many(self, nodes: Sequence[NodeRef], lo: int, hi: int, line: str | None, limit: int,
-                   hold: int = 0) -> None:
-        return None  # node by node
-
     def distinct_keys(self) -> list[Any]:
         p = self.spec.points
         res = self._results(f"SHOW TAG VALUES FROM {self._from} WITH KEY = {quote_key(p.node)}")
@@ -274,7 +271,7 @@ class InfluxSource:
                 statements.append(f"SELECT last({quote_key(f)}) FROM {self._from} WHERE {' AND '.join([match, *conds])}")
         else:
             for n in nodes:
-                for f in [n.column] + ([_quality(n.quality).column] if n.quality is not None else []):
+                for f in [n.column] + ([n.quality.column] if n.quality is not None else []):
                     where = f" WHERE {' AND '.join(conds)}" if conds else ""
                     statements.append(f"SELECT last({quote_key(f)}) FROM {self._from}{where}")
         res = self._results("; ".join(statements), params)
@@ -297,7 +294,7 @@ class InfluxSource:
         else:
             node_match = None
             for n in nodes:
-                fields += [n.column] + ([_quality(n.quality).column] if n.quality is not None else [])
+                fields += [n.column] + ([n.quality.column] if n.quality is not None else [])
         aggs = []
         for f in fields:
             aggs.append(f"count({quote_key(f)})")
@@ -315,11 +312,6 @@ class InfluxSource:
             out.append(per)
         return out
 
-    def read_table(self, read: TableRead) -> dict[str, list[Any]]:
-        from aml_pipeline.sources.lake import read_file_table
-
-        return read_file_table(self.loaded, read)
-
     def describe(self) -> dict[str, Any]:
         p = self.spec.points
         return {
@@ -332,12 +324,6 @@ class InfluxSource:
                      "kind": "influxdb", "zone": None},
             "order": "time (one point per series and time)",
         }
-
-
-def _quality(q: Any) -> Quality | None:
-    if q is None:
-        return None
-    return Quality(column=q) if isinstance(q, str) else q
 
 
 def _states(quality: Quality, codes: np.ndarray) -> np.ndarray:

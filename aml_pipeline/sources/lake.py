@@ -26,8 +26,8 @@ import duckdb
 import numpy as np
 
 from aml_pipeline.errors import SourceError, TsdbError, TsdbUnavailableError
-from aml_pipeline.sources.backend import (NodeRef, Series, TableRead, Window, joined_in_order, source_order,
-                                          split_by_node)
+from aml_pipeline.sources.backend import (Backend, NodeRef, Series, TableRead, Window, joined_in_order,
+                                          source_order, split_by_node)
 from aml_pipeline.sources.description import LoadedDescription, Quality
 from aml_pipeline.sources.sqlbuild import Q, check_columns, join, quote_ident, state_expr, val, where_equal
 from aml_pipeline.sources.timecodec import TimeCodec, resolve_codec, type_class
@@ -117,7 +117,7 @@ class _Files:
         return Q("(") + inner + ")"
 
 
-class LakeSource:
+class LakeSource(Backend):
     """The files backend of :class:`~aml_pipeline.sources.mapped.MappedTsdb`."""
 
     def __init__(self, loaded: LoadedDescription) -> None:
@@ -152,7 +152,7 @@ class LakeSource:
                 needed.append(("points.modified", p.modified))
             for node_id, col in p.wide_columns().items():
                 needed.append((f"points.columns.{node_id}", col.column))
-                cq = _quality(col.quality)
+                cq = col.quality_spec()
                 if cq is not None:
                     needed.append((f"points.columns.{node_id}.quality", cq.column))
             check_columns(self._types, needed, f"the files {self._files.glob}", str(loaded.path))
@@ -581,10 +581,6 @@ class LakeSource:
             "time": {"column": p.time, "type": self.codec.describe(), "kind": self.codec.kind, "zone": self.codec.zone},
             "order": "time, " + ", ".join([*p.order, "file name", "row in file", "value", "state"]),
         }
-
-
-def _quality(q: Any) -> Quality | None:
-    return Quality(column=q) if isinstance(q, str) else q
 
 
 def _plain(v: Any) -> Any:

@@ -1,9 +1,11 @@
 """The TSDB port over a plant's own data, as a source description maps it (read-only).
 
-:class:`MappedTsdb` is one more adapter behind :class:`~aml_pipeline.tsdb.port.TsdbPort`. It
-asks its backend (:mod:`~aml_pipeline.sources.postgres`, :mod:`~aml_pipeline.sources.lake`,
+:class:`MappedTsdb` is one more adapter behind :class:`~aml_pipeline.tsdb.port.TsdbPort`, on the
+same read base as the embedded and PostgreSQL adapters (:class:`~aml_pipeline.tsdb.reading.
+ReadBase`: pages, cursor and prefetch are written there once). It asks its backend
+(:mod:`~aml_pipeline.sources.postgres`, :mod:`~aml_pipeline.sources.lake`,
 :mod:`~aml_pipeline.sources.influx`) for rows in the source's own terms and turns them into
-runs, nodes and pages. It never writes: :meth:`MappedTsdb.ingest` refuses.
+runs, nodes and the read base's primitives. It never writes: :meth:`MappedTsdb.ingest` refuses.
 
 Order and cursor
     A node's points are ordered by time (as the source stores it, which orders the
@@ -29,34 +31,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from aml_pipeline.config import memory_budget_mb
 from aml_pipeline.errors import SourceError, TsdbError, UnknownNodeError, UnknownRunError
 from aml_pipeline.ids import EXTERNAL_ID_RE
 from aml_pipeline.sources.backend import NO_END, Backend, NodeRef, Series, TableRead, Window
 from aml_pipeline.sources.description import LoadedDescription, NodeEntry
 from aml_pipeline.sources.runs import runs_from_rows, runs_from_tag, runs_from_windows, table_columns
-from aml_pipeline.tsdb.columns import clamp_i64, empty_page
-from aml_pipeline.tsdb.port import DEFAULT_PAGE_LIMIT, Cursor, Node, Page, Run, RunScope
+from aml_pipeline.tsdb.columns import clamp_i64
+from aml_pipeline.tsdb.port import Cursor, Node, Page, Run, RunScope
+from aml_pipeline.tsdb.reading import ReadBase, Rows
 from aml_pipeline.tsdb.versions import record_digest
 
 # Runs per version query (one aggregate query per batch).
 VERSION_BATCH = 256
-# A prefetched slice holds at most 1/PREFETCH_MEMORY_SHARE of the memory budget.
-PREFETCH_MEMORY_SHARE = 8
-_PREFETCH_BYTES_PER_POINT = 28  # ts, value, seq (8 bytes each) and state (4)
 # Reading a batch-id tag's whole history, page by page.
 _TAG_PAGE = 200_000
-
-
-def prefetch_limit() -> int:
-    """The most points one :meth:`MappedTsdb.prefetch` keeps, from the memory budget."""
-    return memory_budget_mb() * 2**20 // PREFETCH_MEMORY_SHARE // _PREFETCH_BYTES_PER_POINT
 
 
 def ranks(ts: np.ndarray, first_offset: int = 0) -> np.ndarray:
@@ -80,21 +73,20 @@ def ranks(ts: np.ndarray, first_offset: int = 0) -> np.ndarray:
     return seq
 
 
-class MappedTsdb:
+class MappedTsdb(ReadBase):
     """:class:`~aml_pipeline.tsdb.port.TsdbPort` over a source description (read-only)."""
 
     read_only = True
 
     def __init__(self, url: str, loaded: LoadedDescription, backend: Backend | None = None) -> None:
+        super().__init__()
         self.url = url
         self.loaded = loaded
         self.spec = loaded.spec
-        self._lock = threading.RLock()
         self._backend: Backend | None = backend if backend is not None else open_backend(loaded)
         self._refs: dict[str, NodeRef] | None = None
         self._catalog: list[Node] | None = None
         self._runs: dict[str, Run] = {}
-        self._prefetched: dict[tuple[str, str, int, int], tuple[np.ndarray, ...]] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -109,18 +101,10 @@ class MappedTsdb:
         with self._lock:
             return getattr(self.backend, name)(*args)
 
-    def close(self) -> None:
-        with self._lock:
-            backend, self._backend = self._backend, None
-            self._prefetched.clear()
+    def _release(self) -> None:
+        backend, self._backend = self._backend, None
         if backend is not None:
             backend.close()
-
-    def __enter__(self) -> MappedTsdb:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"MappedTsdb({self.url!r}, {self.spec.backend}, {'closed' if self._backend is None else 'open'})"
@@ -173,7 +157,7 @@ class MappedTsdb:
             if listed:
                 raise SourceError(f"{where}: nodes: node {listed[0]!r} has no column in points.columns")
             for node_id, col in columns.items():
-                refs[node_id] = NodeRef(node_id, column=col.column, quality=_quality(col.quality))
+                refs[node_id] = NodeRef(node_id, column=col.column, quality=col.quality_spec())
                 entries.setdefault(node_id, {"key": None, "unit": "", "low": None, "high": None})
             entries = {k: v for k, v in entries.items() if k in columns}
         else:
@@ -251,41 +235,21 @@ class MappedTsdb:
     def _line(self, run: Run) -> str | None:
         return run.line_id if self.spec.points.line else None
 
-    def query_page(
-        self,
-        node_id: str,
-        run_id: str,
-        from_ms: int,
-        to_ms: int,
-        cursor: Cursor | None = None,
-        limit: int = DEFAULT_PAGE_LIMIT,
-    ) -> Page:
-        limit = int(limit)
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        key = (node_id, run_id, from_ms, to_ms)
-        with self._lock:
-            if key in self._prefetched:
-                return self._prefetched_page(key, cursor, limit)
+    # ---- the read base's primitives -------------------------------------------------------
+    def _locate(self, node_id: str, run_id: str, from_ms: int, to_ms: int) -> tuple[Any, int, int]:
         ref = self._ref(node_id)
         run = self.get_run(run_id)
         lo, hi = self._window(run, from_ms, to_ms)
-        return self._page(ref, lo, hi, self._line(run), cursor, limit)
+        return (ref, self._line(run)), lo, hi
 
-    def _page(self, ref: NodeRef, lo: int, hi: int, line: str | None, cursor: Cursor | None, limit: int) -> Page:
-        skip = 0
-        if cursor is not None:
-            if cursor.ts > hi:
-                return empty_page(cursor)
-            if cursor.ts >= lo:
-                lo, skip = int(cursor.ts), int(cursor.seq) + 1
-        if lo > hi:
-            return empty_page(cursor)
-        want = limit + 1 + skip
-        s = self._ask("fetch", ref, lo, hi, line, want)
-        got = len(s)
+    def _read(self, series: Any, lo: int, hi: int, after: Cursor | None, want: int) -> Rows:
+        """The backend's points from ``lo`` on, in the source order; ``seq`` is each point's rank
+        in its millisecond, so after ``(lo, k)`` the first ``k + 1`` points of ``lo`` are skipped."""
+        ref, line = series
+        skip = 0 if after is None else int(after.seq) + 1
+        s = self._ask("fetch", ref, lo, hi, line, want + skip)
         ts, value, state = s.ts, s.value, s.state
-        if got > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
+        if len(s) > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
             raise TsdbError(f"{self.url}: points of node {ref.node_id!r} did not come in time order")
         offset = 0
         if skip:
@@ -295,18 +259,31 @@ class MappedTsdb:
             if drop == skip:
                 offset = skip
         seq = ranks(ts, offset if ts.shape[0] and ts[0] == lo else 0)
-        done = got < want and ts.shape[0] <= limit
-        if ts.shape[0] > limit:
-            ts, value, state, seq = ts[:limit], value[:limit], state[:limit], seq[:limit]
-        next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
-        return Page(ts, value, state, seq, next_cursor, done)
+        return Rows(ts, value, state, seq).head(want)
+
+    def _read_run(
+        self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int, most: int
+    ) -> dict[str, Rows] | None:
+        """The backend's read of several nodes at once (:meth:`Backend.fetch_many`)."""
+        refs = self._node_refs()
+        wanted = [refs[n] for n in node_ids if n in refs]
+        run = self.get_run(run_id)
+        lo, hi = self._window(run, from_ms, to_ms)
+        if not wanted or lo > hi:
+            return None
+        # What a backend keeps past the run for the next one (a lake file holding several runs)
+        # has the memory share of a prefetch of its own, whatever this run's bound.
+        series = self._ask("fetch_many", wanted, lo, hi, self._line(run), most + 1, self.prefetch_limit())
+        if series is None or sum(len(s) for s in series) > most:
+            return None
+        return {ref.node_id: Rows(s.ts, s.value, s.state, ranks(s.ts)) for ref, s in zip(wanted, series)}
 
     def _whole_series(self, ref: NodeRef) -> Series:
         """Every point of a node (a batch-id tag), page by page."""
         parts: list[Page] = []
         cursor: Cursor | None = None
         while True:
-            page = self._page(ref, -(2**63), NO_END, None, cursor, _TAG_PAGE)
+            page = self._page((ref, None), -(2**63), NO_END, cursor, _TAG_PAGE, f"node {ref.node_id!r}")
             parts.append(page)
             if page.done:
                 break
@@ -316,46 +293,6 @@ class MappedTsdb:
             np.concatenate([p.value for p in parts]),
             np.concatenate([p.state for p in parts]),
         )
-
-    def prefetch(
-        self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int, *, max_points: int | None = None
-    ) -> bool:
-        """Read the points of ``node_ids`` in ``run_id`` within ``[from_ms, to_ms]`` in one query
-        and serve the next :meth:`query_page` calls for exactly those series from memory (the
-        embedded adapter's optional hint, same contract: the same pages as without it). At most
-        ``max_points`` (and :func:`prefetch_limit`) points are kept; a larger slice is not."""
-        with self._lock:
-            self._prefetched.clear()
-        refs = self._node_refs()
-        wanted = [refs[n] for n in dict.fromkeys(node_ids) if n in refs]
-        run = self.get_run(run_id)
-        lo, hi = self._window(run, from_ms, to_ms)
-        if not wanted or lo > hi:
-            return False
-        cap = prefetch_limit() if max_points is None else min(int(max_points), prefetch_limit())
-        # What a backend keeps past the run for the next one (a lake file holding several runs)
-        # has the memory share of a prefetch of its own, whatever this run's bound.
-        series = self._ask("fetch_many", wanted, lo, hi, self._line(run), cap + 1, prefetch_limit())
-        if series is None or sum(len(s) for s in series) > cap:
-            return False
-        with self._lock:
-            for ref, s in zip(wanted, series):
-                self._prefetched[(ref.node_id, run_id, from_ms, to_ms)] = (s.ts, s.value, s.state, ranks(s.ts))
-        return True
-
-    def _prefetched_page(self, key: tuple[str, str, int, int], cursor: Cursor | None, limit: int) -> Page:
-        ts, value, state, seq = self._prefetched[key]
-        pos = 0
-        if cursor is not None:  # first point with (ts, seq) > cursor
-            lo, hi = int(np.searchsorted(ts, cursor.ts, "left")), int(np.searchsorted(ts, cursor.ts, "right"))
-            pos = lo + int(np.searchsorted(seq[lo:hi], cursor.seq, "right"))
-        end = min(pos + limit, ts.shape[0])
-        done = ts.shape[0] - pos <= limit
-        if done:
-            del self._prefetched[key]
-        ts, value, state, seq = ts[pos:end], value[pos:end], state[pos:end], seq[pos:end]
-        next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
-        return Page(ts, value, state, seq, next_cursor, done)
 
     # ---- versions --------------------------------------------------------------------------
     def run_versions(self, run_ids: Sequence[str]) -> dict[str, str]:
@@ -381,12 +318,6 @@ class MappedTsdb:
 
     def describe(self) -> dict[str, Any]:
         return self._ask("describe")
-
-
-def _quality(q: Any) -> Any:
-    from aml_pipeline.sources.description import Quality
-
-    return Quality(column=q) if isinstance(q, str) else q
 
 
 def _node_id(raw: Any, what: str, where: str, hint: str) -> str:

@@ -4,9 +4,11 @@ Connection
     The description's ``connection`` (a libpq URL; ``${VAR}`` from the environment, or the
     password from ``PGPASSWORD`` / ``~/.pgpass``). The session is ``default_transaction_read_only``
     and ``TimeZone = UTC``; nothing is created, not even a temporary table: a role with
-    ``CONNECT``, ``USAGE`` on the schemas and ``SELECT`` on the mapped tables is enough. A server
-    that cannot be reached or drops the connection mid-call is ``TSDB_UNAVAILABLE`` (the next
-    call connects again); a missing table, column or privilege is one ``SOURCE_*`` line naming it.
+    ``CONNECT``, ``USAGE`` on the schemas and ``SELECT`` on the mapped tables is enough. The
+    connection's life is :class:`~aml_pipeline.pg_connection.PgConnection`'s, as for the TSDB
+    adapter and the lease: a server that cannot be reached or drops the connection mid-call is
+    ``TSDB_UNAVAILABLE`` (the next call connects again); a missing table, column or privilege
+    is one ``SOURCE_*`` line naming it; no message shows the password.
 
 Reads
     A page of one node is ``COPY (SELECT time, value, state FROM ... WHERE node = ... AND time
@@ -32,7 +34,6 @@ Versions
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -42,7 +43,8 @@ import psycopg
 from psycopg import pq, sql
 
 from aml_pipeline.errors import SourceError, TsdbError, TsdbUnavailableError
-from aml_pipeline.sources.backend import NodeRef, Series, TableRead, Window, source_order
+from aml_pipeline.pg_connection import CONNECT_TIMEOUT_S, PgConnectError, PgConnection
+from aml_pipeline.sources.backend import Backend, NodeRef, Series, TableRead, Window, source_order
 from aml_pipeline.sources.description import LoadedDescription, Quality
 from aml_pipeline.sources.sqlbuild import (
     Q,
@@ -70,7 +72,7 @@ _SEND = {"int4": "int4send", "int8": "int8send", "float8": "float8send", "bool":
 _AGG_BYTES_MAX = 256 * 2**20
 
 
-class PostgresSource:
+class PostgresSource(Backend):
     """The PostgreSQL backend of :class:`~aml_pipeline.sources.mapped.MappedTsdb`.
 
     ``transfer`` is how rows of points travel: ``copy`` (``COPY ... TO STDOUT (FORMAT BINARY)``)
@@ -82,79 +84,55 @@ class PostgresSource:
     def __init__(self, loaded: LoadedDescription) -> None:
         self.loaded = loaded
         self.spec = loaded.spec
-        self._parsed = parse_postgres_url(loaded.connection())
-        self.label = self._parsed.redacted.split("?")[0]
-        self._conn: psycopg.Connection | None = None
+        parsed = parse_postgres_url(loaded.connection())
+        self.label = parsed.redacted.split("?")[0]
+        self._pg = PgConnection(
+            parsed.conninfo,
+            defaults={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": "aml_pipeline source"},
+            # Read-only by construction: every transaction this session opens refuses writes.
+            settings=["SET default_transaction_read_only = on", "SET TimeZone = 'UTC'"],
+            optional_settings=["SET jit = off"],
+            secrets=parsed.secrets,
+        )
         self._closed = False
         self._periods: list[tuple[int, int, str]] = []
         self._hashes: dict[str, int] = {}  # node name -> hashtext(name), as this server computes it
-        self._conn = self._connect()
         try:
+            self._c  # noqa: B018 - connect now: a wrong connection is reported when the source opens
             self._prepare_points()
         except BaseException:
             self.close()
             raise
 
     # ---- connection --------------------------------------------------------------------------
-    def _connect(self) -> psycopg.Connection:
-        conninfo = self._parsed.conninfo
-        kwargs: dict[str, Any] = {}
-        if "connect_timeout=" not in conninfo.lower():
-            kwargs["connect_timeout"] = 10
-        if "application_name=" not in conninfo.lower():
-            kwargs["application_name"] = "aml_pipeline source"
-        try:
-            conn = psycopg.connect(conninfo, autocommit=True, **kwargs)
-        except psycopg.OperationalError as e:
-            text = self._scrub(e)
-            if re.search(r"password authentication|no password supplied|authentication failed|"
-                         r"role .* does not exist|permission denied", text):
-                raise SourceError(f"{self.loaded.path}: connection {self.label}: {text}", code="SOURCE_PERMISSION") from None
-            if re.search(r"database .* does not exist", text):
-                raise SourceError(f"{self.loaded.path}: connection {self.label}: {text}", code="SOURCE_NOT_FOUND") from None
-            raise TsdbUnavailableError(f"{self.label}: cannot connect ({text})") from None
-        except psycopg.Error as e:
-            raise SourceError(f"{self.loaded.path}: connection {self.label}: {self._scrub(e)}") from None
-        try:
-            # Read-only by construction: every transaction this session opens refuses writes.
-            conn.execute("SET default_transaction_read_only = on")
-            conn.execute("SET TimeZone = 'UTC'")
-            conn.execute("SET jit = off")
-        except psycopg.Error as e:
-            conn.close()
-            raise TsdbUnavailableError(f"{self.label}: cannot set up the session ({self._scrub(e)})") from None
-        return conn
-
     @property
     def _c(self) -> psycopg.Connection:
         if self._closed:
             raise TsdbError(f"{self.label}: this source handle is closed")
-        if self._conn is not None and (self._conn.broken or self._conn.closed):
-            self._conn.close()
-            self._conn = None
-        if self._conn is None:
-            self._conn = self._connect()
-        return self._conn
+        try:
+            return self._pg.connection()
+        except PgConnectError as e:
+            if e.setting_up:
+                raise (TsdbUnavailableError if e.transient else SourceError)(
+                    f"{self.label}: cannot set up the session ({e.detail})") from None
+            if e.transient:
+                raise TsdbUnavailableError(f"{self.label}: cannot connect ({e.detail})") from None
+            code = {"authentication": "SOURCE_PERMISSION", "no_database": "SOURCE_NOT_FOUND"}.get(e.kind)
+            raise SourceError(f"{self.loaded.path}: connection {self.label}: {e.detail}", code=code) from None
 
     def close(self) -> None:
         self._closed = True
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        self._pg.close()
 
     def _scrub(self, e: BaseException) -> str:
-        text = " ".join(str(e).split())
-        for secret in self._parsed.secrets:
-            text = text.replace(secret, "***")
-        return text
+        return self._pg.scrub(e)
 
     @contextmanager
     def _reading(self, what: str) -> Iterator[None]:
         try:
             yield
         except psycopg.Error as e:
-            conn = self._conn
-            if isinstance(e, psycopg.OperationalError) and (conn is None or conn.broken or conn.closed):
+            if self._pg.lost(e):
                 raise TsdbUnavailableError(f"{self.label}: {what}: the connection was lost ({self._scrub(e)})") from None
             if isinstance(e, psycopg.errors.InsufficientPrivilege):
                 raise SourceError(f"{self.loaded.path}: {what}: {self._scrub(e)}; the role needs SELECT on it "
@@ -162,8 +140,6 @@ class PostgresSource:
             if isinstance(e, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn,
                               psycopg.errors.InvalidSchemaName)):
                 raise SourceError(f"{self.loaded.path}: {what}: {self._scrub(e)}", code="SOURCE_NOT_FOUND") from None
-            if conn is not None and conn.broken:
-                raise TsdbUnavailableError(f"{self.label}: {what}: the connection was lost ({self._scrub(e)})") from None
             raise SourceError(f"{self.loaded.path}: {what}: {self._scrub(e)}", code="SOURCE_QUERY") from None
 
     # ---- introspection -----------------------------------------------------------------------
@@ -228,7 +204,7 @@ class PostgresSource:
         if self.layout == "wide":
             for node_id, col in p.wide_columns().items():
                 needed.append((f"points.columns.{node_id}", col.column))
-                q = col.quality if isinstance(col.quality, Quality) else (Quality(column=col.quality) if col.quality else None)
+                q = col.quality_spec()
                 if q is not None:
                     needed.append((f"points.columns.{node_id}.quality", q.column))
         if self.layout == "query":
@@ -749,9 +725,7 @@ class PostgresSource:
             types = self._table_columns(rel.table, f"{read.key}.table", needed + [(f"{read.key}.where", c) for c in rel.where])
             frm = Q(f"{self._quoted_table(rel.table)} AS r")
         else:
-            from aml_pipeline.sources.lake import read_file_table
-
-            return read_file_table(self.loaded, read)
+            return super().read_table(read)  # runs or nodes in files
         codec = None
         if read.times:
             first = read.columns[read.times[0]]

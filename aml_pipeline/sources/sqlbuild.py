@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aml_pipeline.errors import SourceError
-from aml_pipeline.sources.description import Quality
+from aml_pipeline.sources.description import Quality, split_dotted
 
 MARK = "\x00"  # a bound value's place in Q.text (never valid in SQL text)
 _NAMED = re.compile(r"(?<![:\w]):(node|from|to|line)\b")
@@ -61,40 +61,13 @@ def quote_ident(name: str) -> str:
 
 
 def quote_dotted(name: str) -> str:
-    """``schema.table`` -> ``"schema"."table"`` (a part may be quoted already: ``"My Table"``)."""
-    parts = _split_dotted(name)
+    """``schema.table`` -> ``"schema"."table"`` (a part may be quoted already: ``"My Table"``).
+    A description's table names were checked when it was loaded (:func:`split_dotted`)."""
+    try:
+        parts = split_dotted(name)
+    except ValueError as e:
+        raise SourceError(str(e)) from None
     return ".".join(quote_ident(p) for p in parts)
-
-
-def _split_dotted(name: str) -> list[str]:
-    parts: list[str] = []
-    i = 0
-    while i <= len(name):
-        if i < len(name) and name[i] == '"':
-            j = i + 1
-            buf = []
-            while j < len(name):
-                if name[j] == '"':
-                    if j + 1 < len(name) and name[j + 1] == '"':
-                        buf.append('"')
-                        j += 2
-                        continue
-                    break
-                buf.append(name[j])
-                j += 1
-            parts.append("".join(buf))
-            i = j + 1
-            if i < len(name) and name[i] != ".":
-                raise SourceError(f"table name {name!r}: expected '.' after a quoted part")
-            i += 1
-        else:
-            j = name.find(".", i)
-            j = len(name) if j < 0 else j
-            parts.append(name[i:j])
-            i = j + 1
-    if not all(parts):
-        raise SourceError(f"table name {name!r} has an empty part")
-    return parts
 
 
 def state_expr(quality: Quality | None, column_sql: str, textual: bool) -> Q:

@@ -16,7 +16,7 @@ RIDGE_BASELINE_SCRIPT = TRAINING_DIR / "ridge_baseline.py"
 # every module of the reader it loads (a test checks this list against what it really loads).
 RIDGE_BASELINE_FILES = (
     RIDGE_BASELINE_SCRIPT,
-    *(SNAPSHOT_DIR / name for name in ("__init__.py", "batches.py", "layout.py", "reader.py", "verify.py")),
+    *(SNAPSHOT_DIR / name for name in ("__init__.py", "batches.py", "layout.py", "reader.py", "series.py", "verify.py")),
 )
 
 __all__ = ["RIDGE_BASELINE_FILES", "RIDGE_BASELINE_SCRIPT", "SNAPSHOT_DIR", "TRAINING_DIR"]

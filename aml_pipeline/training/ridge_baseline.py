@@ -13,12 +13,14 @@ one (``RIDGE_BASELINE_FILES``, the baseline's code version, lists them). Steps:
 2. features = history ``x`` [H x nodes] and future controls ``u`` [F x controls], flattened;
    targets = future ``y`` [F x targets], flattened (all normalised, as stored);
 3. fit ridge regression (intercept unpenalised, features centred on train) on the train windows
-   for a small grid of alphas (one SVD of the train design matrix), pick the alpha with the
-   lowest val RMSE (mean over targets of RMSE / target std, so targets in different units weigh
-   alike), and report val and test RMSE per target in model units (de-normalised with
-   ``manifest.norm.y``) next to a persistence baseline: the target's last observed value in the
-   history (``x`` at the last history step, de-normalised with ``manifest.norm.x``) held over the
-   horizon;
+   for a small grid of alphas (one eigendecomposition of the train design's centred Gram matrix,
+   accumulated batch by batch), pick the alpha with the lowest val RMSE (mean over targets of
+   RMSE / target std, so targets in different units weigh alike), and report val and test RMSE
+   per target in model units (de-normalised with ``manifest.norm.y``) next to a persistence
+   baseline: the target's last observed value in the history (``x`` at the last history step,
+   de-normalised with ``manifest.norm.x``) held over the horizon. Every pass reads the windows in
+   batches (``Snapshot.iter_batches``), so memory is a batch and the Gram matrix, for either
+   snapshot layout;
 4. save the model (``ridge_baseline.npz``) and metrics (``metrics.json``) to ``output_dir`` and
    report everything as the asset's materialisation metadata.
 
@@ -77,30 +79,73 @@ HOLD_MAX_ENV = "AML_TRAINING_HOLD_MAX_S"
 
 # ---- the model --------------------------------------------------------------------------------
 
+# Windows per batch read for fitting and scoring: a few MB of float64 features.
+BATCH_WINDOWS = 2048
 
-def design(snap: Snapshot) -> tuple[np.ndarray, np.ndarray]:
-    """X = [x flattened, u flattened] (float64), Y = y flattened; one row per window."""
-    n = snap.x.shape[0]
-    X = np.concatenate([snap.x.reshape(n, -1), snap.u.reshape(n, -1)], axis=1).astype(np.float64)
-    Y = snap.y.reshape(n, -1).astype(np.float64)
+
+def design(snap: Snapshot, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """X = [x flattened, u flattened] (float64), Y = y flattened; one row per window of ``batch``."""
+    n = batch["x"].shape[0]
+    X = np.concatenate([batch["x"].reshape(n, -1), batch["u"].reshape(n, -1)], axis=1).astype(np.float64)
+    Y = batch["y"].reshape(n, -1).astype(np.float64)
     return X, Y
 
 
-class RidgePath:
-    """Ridge solutions for any alpha from one SVD of the centred train design matrix."""
+def batches(snap: Snapshot, split: str) -> Any:
+    """``(batch, X, Y)`` over the windows of ``split``, in stored order."""
+    for batch in snap.iter_batches(split, BATCH_WINDOWS):
+        yield (batch, *design(snap, batch))
 
-    def __init__(self, X: np.ndarray, Y: np.ndarray) -> None:
-        if X.shape[0] == 0:
+
+class RidgePath:
+    """Ridge solutions for any alpha from one eigendecomposition of the centred train Gram matrix
+    ``Xc' Xc`` (its eigenvectors and eigenvalues are the SVD's ``V`` and ``s^2``).
+
+    The Gram matrix and ``Xc' Yc`` are accumulated batch by batch, each batch centred on its own
+    mean and merged with Chan et al.'s update, so memory is a batch plus ``features^2``.
+    """
+
+    def __init__(self, X: np.ndarray | None = None, Y: np.ndarray | None = None) -> None:
+        self.n = 0
+        self._solved: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        if X is not None and Y is not None:
+            self.add(X, Y)
+
+    def add(self, X: np.ndarray, Y: np.ndarray) -> None:
+        n_b = X.shape[0]
+        if n_b == 0:
+            return
+        mx, my = X.mean(axis=0), Y.mean(axis=0)
+        Xc, Yc = X - mx, Y - my
+        gxx, gxy = Xc.T @ Xc, Xc.T @ Yc
+        if self.n == 0:
+            self.n, self.x_mean, self.y_mean, self.gxx, self.gxy = n_b, mx, my, gxx, gxy
+        else:
+            n = self.n + n_b
+            dx, dy = mx - self.x_mean, my - self.y_mean
+            w = self.n * n_b / n
+            self.gxx = self.gxx + gxx + w * np.outer(dx, dx)
+            self.gxy = self.gxy + gxy + w * np.outer(dx, dy)
+            self.x_mean = self.x_mean + dx * (n_b / n)
+            self.y_mean = self.y_mean + dy * (n_b / n)
+            self.n = n
+        self._solved = None
+
+    def _solve(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Eigenvalues (``s^2``) and eigenvectors (``V``) of the Gram matrix, and ``V' Xc' Yc``."""
+        if self.n == 0:
             raise ValueError("no training rows")
-        self.x_mean = X.mean(axis=0)
-        self.y_mean = Y.mean(axis=0)
-        U, self.s, Vt = np.linalg.svd(X - self.x_mean, full_matrices=False)
-        self.V = Vt.T
-        self.UtY = U.T @ (Y - self.y_mean)
+        if self._solved is None:
+            eig, V = np.linalg.eigh(self.gxx)
+            self._solved = (np.maximum(eig, 0.0), V, V.T @ self.gxy)
+        return self._solved
 
     def coef(self, alpha: float) -> np.ndarray:
         """[features, outputs] minimising |Xc W - Yc|^2 + alpha |W|^2."""
-        return self.V @ ((self.s / (self.s**2 + alpha))[:, None] * self.UtY)
+        eig, V, VtC = self._solve()
+        denom = eig + alpha
+        scale = np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0)
+        return V @ (scale[:, None] * VtC)
 
     def predict(self, X: np.ndarray, coef: np.ndarray) -> np.ndarray:
         return (X - self.x_mean) @ coef + self.y_mean
@@ -116,63 +161,92 @@ def denorm(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
 
 
 def part_of(snap: Snapshot, split: str) -> slice:
-    """Windows of one split (stored train, then val, then test) as a slice: a view of the map."""
+    """Windows of one split (stored train, then val, then test) as a slice."""
     r = snap.split_range(split)
     return slice(r.start, r.stop)
 
 
-def persistence(snap: Snapshot, part: slice) -> np.ndarray:
-    """Last observed value of each target in the history, held over the horizon (model units)."""
+def _target_columns(snap: Snapshot) -> list[int]:
     nodes = list(snap.manifest["allNodes"])
     missing = [t for t in snap.targets if t not in nodes]
     if missing:
         raise SnapshotError(f"{snap.root}: targets {missing} are not in allNodes; no persistence baseline")
-    cols = [nodes.index(t) for t in snap.targets]
+    return [nodes.index(t) for t in snap.targets]
+
+
+def persistence_of(snap: Snapshot, x: np.ndarray) -> np.ndarray:
+    """Last observed value of each target in the history ``x`` [n, H, nodes], held over the
+    horizon (model units): [n, F, targets]."""
+    cols = _target_columns(snap)
     norm = snap.norm["x"]
-    last = denorm(snap.x[part, -1, :][:, cols], norm.mean[cols], norm.std[cols])  # [n, targets]
-    horizon = snap.y.shape[1]
-    return np.repeat(last[:, None, :], horizon, axis=1)
+    last = denorm(x[:, -1, :][:, cols], norm.mean[cols], norm.std[cols])  # [n, targets]
+    return np.repeat(last[:, None, :], snap.y.shape[1], axis=1)
+
+
+def persistence(snap: Snapshot, part: slice) -> np.ndarray:
+    """:func:`persistence_of` for the windows ``part`` (their history's last step only is read)."""
+    return persistence_of(snap, snap.x[part, -1:, :])
+
+
+class _SquaredErrors:
+    """Sum of squared errors per target, in model units, accumulated batch by batch."""
+
+    def __init__(self, targets: int) -> None:
+        self.sse, self.count = np.zeros(targets), 0
+
+    def add(self, pred: np.ndarray, truth: np.ndarray) -> None:
+        self.sse += ((pred - truth) ** 2).sum(axis=(0, 1))
+        self.count += pred.shape[0] * pred.shape[1]
+
+    def rmse(self) -> np.ndarray:
+        return np.sqrt(self.sse / self.count)
 
 
 def train_and_evaluate(snap: Snapshot, alphas: tuple[float, ...] = DEFAULT_ALPHAS) -> dict[str, Any]:
-    """Fit on train, choose alpha on val, evaluate on val and test (model units)."""
+    """Fit on train, choose alpha on val, evaluate on val and test (model units); one pass over
+    the train windows to fit, one over val for every alpha, one per split to report."""
     counts = snap.counts
     if counts["train"] == 0:
         raise SnapshotError(f"{snap.root}: no train windows to fit on")
-    X, Y = design(snap)
     F, T = snap.y.shape[1], snap.y.shape[2]
     y_mean, y_std = snap.norm["y"].mean, snap.norm["y"].std
-    train = part_of(snap, "train")
-    path = RidgePath(X[train], Y[train])
+    path = RidgePath()
+    features = 0
+    for _, X, Y in batches(snap, "train"):
+        path.add(X, Y)
+        features = X.shape[1]
 
-    def model_rmse(part: slice, coef: np.ndarray) -> np.ndarray:
-        pred = path.predict(X[part], coef).reshape(-1, F, T)
-        return rmse_per_target(denorm(pred, y_mean, y_std), denorm(snap.y[part], y_mean, y_std))
+    def score(part: str, coefs: dict[float, np.ndarray]) -> tuple[dict[float, np.ndarray], np.ndarray]:
+        """RMSE per target of each coefficient set, and of persistence, over ``part``."""
+        model = {a: _SquaredErrors(T) for a in coefs}
+        still = _SquaredErrors(T)
+        for batch, X, _ in batches(snap, part):
+            truth = denorm(batch["y"], y_mean, y_std)
+            for a, coef in coefs.items():
+                model[a].add(denorm(path.predict(X, coef).reshape(-1, F, T), y_mean, y_std), truth)
+            still.add(persistence_of(snap, batch["x"]), truth)
+        return {a: e.rmse() for a, e in model.items()}, still.rmse()
 
     scores: dict[float, float] = {}
     if counts["val"] > 0:
-        for a in alphas:
-            scores[float(a)] = float(np.mean(model_rmse(part_of(snap, "val"), path.coef(a)) / y_std))
+        by_alpha, _ = score("val", {float(a): path.coef(a) for a in alphas})
+        scores = {a: float(np.mean(r / y_std)) for a, r in by_alpha.items()}
         alpha = min(scores, key=lambda a: (scores[a], -a))  # ties: the stronger regularisation
     else:
         alpha = FALLBACK_ALPHA
     coef = path.coef(alpha)
     rmse: dict[str, dict[str, list[float]]] = {}
     for name in ("train", "val", "test"):
-        part = part_of(snap, name)
         if counts[name] == 0:
             continue
-        truth = denorm(snap.y[part], y_mean, y_std)
-        rmse[name] = {
-            "model": model_rmse(part, coef).tolist(),
-            "persistence": rmse_per_target(persistence(snap, part), truth).tolist(),
-        }
+        model, still = score(name, {alpha: coef})
+        rmse[name] = {"model": model[alpha].tolist(), "persistence": still.tolist()}
     return {
         "alpha": alpha,
         "val_score_by_alpha": scores,
         "targets": snap.targets,
         "counts": counts,
-        "features": int(X.shape[1]),
+        "features": int(features),
         "rmse": rmse,
         "coef": coef,
         "x_mean": path.x_mean,

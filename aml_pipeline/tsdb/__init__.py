@@ -1,4 +1,8 @@
-"""TSDB port and adapters. ``open_tsdb(url)`` picks the adapter from the URL scheme."""
+"""TSDB port and adapters. ``open_adapter(url)`` picks the adapter from the URL scheme.
+
+A TSDB URL may also name a plant's source description (:mod:`aml_pipeline.sources`), which this
+package never imports: :func:`aml_pipeline.tsdb_open.open_tsdb` opens any of them.
+"""
 
 from __future__ import annotations
 
@@ -24,13 +28,12 @@ __all__ = [
     "RunScope",
     "TsdbPort",
     "TsdbSession",
-    "open_tsdb",
+    "open_adapter",
 ]
 
-
-def open_tsdb(url: str, *, read_only: bool = True, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> TsdbPort:
-    """Open the adapter for ``url``: ``duckdb:///path/file.duckdb``, ``postgresql://...``, or a
-    source description (``plant.yaml`` or ``source:///path/plant.yaml``, docs/sources.md).
+def open_adapter(url: str, *, read_only: bool = True, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> TsdbPort:
+    """Open the product's own TSDB at ``url``: ``duckdb:///path/file.duckdb`` or
+    ``postgresql://...`` (any URL, a source description too: :func:`aml_pipeline.tsdb_open.open_tsdb`).
 
     ``read_only`` matters for the embedded file: many read-only processes may share it, a
     writer (ingest) needs it alone. ``lock_timeout_s``: how long to wait for the other side
@@ -46,12 +49,6 @@ def open_tsdb(url: str, *, read_only: bool = True, lock_timeout_s: float = DEFAU
         from aml_pipeline.tsdb.postgres import PostgresTsdb
 
         return PostgresTsdb(url, read_only=read_only, lock_timeout_s=lock_timeout_s)
-    from aml_pipeline.sources import is_source_url, open_source
-
-    if is_source_url(url):
-        # A plant's own tables, files or InfluxDB, mapped by a description: always read-only
-        # (its ingest refuses), so ``read_only`` changes nothing.
-        return open_source(url)
     raise TsdbError(
         f"unsupported TSDB URL {url!r}: use duckdb:///path/to/file.duckdb, postgresql://user@host/db "
         "or a source description (plant.yaml, docs/sources.md)",

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from aml_pipeline.errors import IngestError, InvalidIdError, TsdbError
+from aml_pipeline.errors import IngestError, InvalidIdError, TsdbError, quote
 from aml_pipeline.ids import check_external_id
 from aml_pipeline.tsdb.port import EVIDENCE_SOURCES, Cursor, Node, Page, PointColumns, Run
 
@@ -110,7 +110,7 @@ def runs_table(runs: list[Run]) -> pa.Table | None:
                 raise IngestError(f"{where} ({r.run_id}): {field} must be a non-empty string")
         if r.evidence_source not in EVIDENCE_SOURCES:
             raise IngestError(
-                f"{where} ({r.run_id}): evidence_source {r.evidence_source!r} is not one of "
+                f"{where} ({r.run_id}): evidence_source {quote(r.evidence_source)} is not one of "
                 + ", ".join(EVIDENCE_SOURCES)
             )
         if r.ended_at is not None and r.ended_at < r.started_at:

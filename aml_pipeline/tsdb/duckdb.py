@@ -21,10 +21,10 @@ Schema (version :data:`SCHEMA_VERSION`, recorded in ``schema_version``)
 
     Points carry small integer surrogate keys instead of the run/node id strings: DuckDB's zone
     maps keep only an 8-byte prefix of string min/max, so plant ids that share a prefix
-    (``BATCH-2024-...``) would defeat row-group pruning (measured: 2.7x slower per-series reads
-    on 3.7M points). Integer keys prune exactly. Keys are assigned once, on first insert, and
-    never change. Every ingest sorts its points by ``(run_key, node_key, ts, seq)`` before the
-    insert, so one series occupies few, contiguous row groups.
+    (``BATCH-2024-...``) would defeat row-group pruning. Integer keys prune exactly. Keys are
+    assigned once, on first insert, and never change. Every ingest sorts its points by
+    ``(run_key, node_key, ts, seq)`` before the insert, so one series occupies few, contiguous
+    row groups.
 
 Concurrency
     DuckDB locks the file: many read-only processes or one read-write one. A writer first takes
@@ -32,19 +32,20 @@ Concurrency
     to close; new readers wait while a writer waits or writes. Either side gives up after
     ``lock_timeout_s`` with :class:`TsdbBusyError`. Readers should therefore hold a handle for
     a chunk of work, not a whole build (:class:`~aml_pipeline.tsdb.session.TsdbSession`);
-    opening and closing one costs about a millisecond: read-only handles ATTACH the file to
-    one in-memory DuckDB instance per process instead of starting a database each time (~10 ms).
+    opening and closing one is cheap (``bench/tsdb_bench.py`` measures it): read-only handles
+    ATTACH the file to one in-memory DuckDB instance per process instead of starting a database
+    each time.
     Within one process a file is either written or read, never both at once; mixing is
     reported at once (retrying cannot help).
 
 Memory
     The readers' DuckDB instance gets ``memory_limit`` = 1/:data:`READER_MEMORY_SHARE` of the
     build's budget (``AML_MEMORY_MB``, :func:`aml_pipeline.config.memory_budget_mb`), at least
-    :data:`READER_MEMORY_MIN_MB`, read once when the instance starts. A page needs little (a page of
-    200 000 ordered rows runs in 16 MB; results are materialised outside the limit); the rest
-    of the budget is the build's. Without a limit DuckDB caches every block it reads, up to 80 %
-    of RAM. A query that does not fit fails with ``TSDB_OUT_OF_MEMORY`` naming the budget;
-    nothing retries with more memory.
+    :data:`READER_MEMORY_MIN_MB`, read once when the instance starts. A page needs little (it is
+    read in bounded time windows, see :meth:`DuckDBTsdb._read`; results are materialised
+    outside the limit); the rest of the budget is the build's. Without a limit DuckDB caches
+    every block it reads, up to its default limit of 80 % of RAM. A query that does not fit
+    fails with ``TSDB_OUT_OF_MEMORY`` naming the budget; nothing retries with more memory.
 
 ``seq`` is a global ingestion sequence: the points of one ingest get ``max(seq) + 1 + row
 index`` in the order they were given (file row order), counting only the points written.
@@ -81,7 +82,6 @@ from aml_pipeline.faults import crash_point
 from aml_pipeline.tsdb.columns import (
     check_schema_version,
     clamp_i64,
-    empty_page,
     nodes_table,
     opt_float,
     prepare_points,
@@ -91,14 +91,13 @@ from aml_pipeline.tsdb.columns import (
 )
 from aml_pipeline.tsdb.port import (
     DEFAULT_LOCK_TIMEOUT_S,
-    DEFAULT_PAGE_LIMIT,
     Cursor,
     Node,
-    Page,
     PointColumns,
     Run,
     RunScope,
 )
+from aml_pipeline.tsdb.reading import ReadBase, Rows
 from aml_pipeline.tsdb.versions import migrated_version
 from aml_pipeline.tsdb.writer import PointRows, RunState, StoredRun, write_ingest
 from aml_pipeline.tsdb.writer_intent import (
@@ -112,10 +111,7 @@ SCHEMA_VERSION = 2
 URL_PREFIX = "duckdb://"
 READER_MEMORY_SHARE = 32
 READER_MEMORY_MIN_MB = 16
-# A prefetched slice (DuckDBTsdb.prefetch) holds at most 1/PREFETCH_MEMORY_SHARE of the budget.
-PREFETCH_MEMORY_SHARE = 8
-_PREFETCH_BYTES_PER_POINT = 36  # node_key, ts, value, seq (8 bytes each) and state (4)
-# Points one page query reads at most (more if the page limit is larger); see query_page.
+# Points one page query reads at most (more if the page limit is larger); see DuckDBTsdb._read.
 _WINDOW_ROWS = 65_536
 _SERIES = "run_key = ? AND node_key = ?"
 
@@ -286,18 +282,22 @@ def parse_duckdb_url(url: str) -> Path:
     return Path(os.path.abspath(raw))
 
 
-class DuckDBTsdb:
+class DuckDBTsdb(ReadBase):
     """:class:`~aml_pipeline.tsdb.port.TsdbPort` over one embedded DuckDB file.
 
-    One connection per instance, used under a lock (DuckDB connections are not safe for
+    One connection per instance, used under the base's lock (DuckDB connections are not safe for
     concurrent use from several threads). ``read_only=False`` creates the file and its schema
     if needed (or migrates a version-1 file); ``read_only=True`` requires an existing,
     initialised file.
     """
 
+    # A prefetch reads node_key too: node_key, ts, value, seq (8 bytes each) and state (4).
+    _PREFETCH_BYTES_PER_POINT = 36
+
     def __init__(
         self, url: str, read_only: bool = True, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
     ) -> None:
+        super().__init__()
         self.url = url
         self.path = parse_duckdb_url(url)
         self.read_only = bool(read_only)
@@ -306,10 +306,8 @@ class DuckDBTsdb:
         self._created_dirs: list[Path] = []
         self.schema_version = SCHEMA_VERSION
         self.memory_limit_mb: int | None = None
-        self._lock = threading.RLock()
         self._run_keys: dict[str, int] = {}
         self._node_keys: dict[str, int] = {}
-        self._prefetched: dict[tuple[str, str, int, int], tuple[np.ndarray, ...]] = {}
         self._spans: dict[tuple[int, int], int] = {}  # per series: the last time window that fit
         self._run_points: dict[int, int] = {}  # run_key -> its point count (read-only, version 2)
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -486,15 +484,11 @@ class DuckDBTsdb:
             _Statements(con).save_run_states(states)
         con.execute("INSERT INTO schema_version VALUES (2, ?)", [int(time.time() * 1000)])
 
-    def close(self) -> None:
-        with self._lock:
-            self._prefetched.clear()
-            self._release()
-
     def discard(self) -> None:
         """Close; if this handle created the file, remove it again (with its ``.wal``, temporary
         directory and intent file). For an ingest that failed into a file that did not exist."""
         with self._lock:
+            self._closed = True
             self._prefetched.clear()
             self._release(remove_files=self.created_file)
 
@@ -522,12 +516,6 @@ class DuckDBTsdb:
                         except OSError:
                             break
 
-    def __enter__(self) -> DuckDBTsdb:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         mode = "ro" if self.read_only else "rw"
         state = "closed" if self._con is None else "open"
@@ -539,7 +527,7 @@ class DuckDBTsdb:
             raise TsdbError(f"{self.url}: this TSDB handle is closed")
         return self._con
 
-    def _read(self, sql: str, params: list[Any]) -> dict[str, np.ndarray]:
+    def _select(self, sql: str, params: list[Any]) -> dict[str, np.ndarray]:
         try:
             return self._c.execute(sql, params).fetchnumpy()
         except duckdb.OutOfMemoryException as e:
@@ -587,19 +575,6 @@ class DuckDBTsdb:
             value = self._c.execute("SELECT max(ts) FROM points").fetchall()[0][0]
         return None if value is None else int(value)
 
-    def point_count(self, run_id: str | None = None, node_id: str | None = None) -> int:
-        """Number of stored points (optionally of one run and/or node); not part of the port."""
-        where, params = [], []
-        with self._lock:
-            if run_id is not None:
-                where.append("run_key = ?")
-                params.append(self._run_key(run_id))
-            if node_id is not None:
-                where.append("node_key = ?")
-                params.append(self._node_key(node_id))
-            sql = "SELECT count(*) FROM points" + (" WHERE " + " AND ".join(where) if where else "")
-            return int(self._c.execute(sql, params).fetchall()[0][0])
-
     def _run_key(self, run_id: str) -> int:
         key = self._run_keys.get(run_id)
         if key is None:
@@ -622,7 +597,7 @@ class DuckDBTsdb:
         key = self._node_keys.get(node_id)
         if key is None and not self._node_keys:
             # The node catalog is small and a handle may live for one chunk only: one query for
-            # every key instead of one per node (a third of a chunk's time on the workload).
+            # every key instead of one per node.
             self._node_keys.update(
                 (r[0], int(r[1])) for r in self._c.execute("SELECT node_id, node_key FROM nodes").fetchall()
             )
@@ -660,46 +635,18 @@ class DuckDBTsdb:
             ).fetchall()
         return {r[0]: migrated_version(run_from_row(r[:10]), int(r[10]), r[11], r[12]) for r in rows}
 
-    # ---- points ----------------------------------------------------------------------------
-    def query_page(
-        self,
-        node_id: str,
-        run_id: str,
-        from_ms: int,
-        to_ms: int,
-        cursor: Cursor | None = None,
-        limit: int = DEFAULT_PAGE_LIMIT,
-    ) -> Page:
-        """Keyset page on ``(ts, seq)``; ``done`` is exact (``limit + 1`` rows are looked for).
+    # ---- points (the read base's primitives) -------------------------------------------------
+    def _locate(self, node_id: str, run_id: str, from_ms: int, to_ms: int) -> tuple[Any, int, int]:
+        return (self._run_key(run_id), self._node_key(node_id)), clamp_i64(from_ms), clamp_i64(to_ms)
 
-        No ``ORDER BY ... LIMIT``: DuckDB's top-N scans the rest of the series for every page
-        (quadratic over a long run) and needs far more memory than the page (over 96 MB for
-        200 000 rows). Instead the page is read in time windows, unordered, each at most
-        :data:`_WINDOW_ROWS` or ``limit + 1`` rows, sorted here, until ``limit + 1`` rows are
-        in hand (see :meth:`_first_rows`); zone maps on ``ts`` prune each window to the row
-        groups it overlaps.
-        """
-        limit = int(limit)
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        with self._lock:
-            self._c  # noqa: B018 - raises if this handle is closed
-            key = (node_id, run_id, from_ms, to_ms)
-            if key in self._prefetched:
-                return self._prefetched_page(key, cursor, limit)
-            run_key = self._run_key(run_id)
-            node_key = self._node_key(node_id)
-            lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
-            if cursor is not None:
-                lo = max(lo, clamp_i64(cursor.ts))  # (ts, seq) > cursor implies ts >= cursor.ts
-            if lo > hi:
-                return empty_page(cursor)
-            ts, value, state, seq = self._first_rows(run_key, node_key, lo, hi, cursor, limit + 1)
-        done = ts.shape[0] <= limit
-        if not done:
-            ts, value, state, seq = ts[:limit], value[:limit], state[:limit], seq[:limit]
-        next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
-        return Page(ts, value, state, seq, next_cursor, done)
+    def _read(self, series: Any, lo: int, hi: int, after: Cursor | None, want: int) -> Rows:
+        """No ``ORDER BY ... LIMIT``: DuckDB's top-N scans the rest of the series for every page
+        (quadratic over a long run) and needs far more memory than the page. Instead the page
+        is read in time windows, unordered, each at most :data:`_WINDOW_ROWS` or ``want`` rows,
+        sorted here, until ``want`` rows are in hand (see :meth:`_first_rows`); zone maps on
+        ``ts`` prune each window to the row groups it overlaps."""
+        run_key, node_key = series
+        return Rows(*self._first_rows(run_key, node_key, lo, hi, after, want))
 
     def _first_rows(
         self, run_key: int, node_key: int, lo: int, hi: int, cursor: Cursor | None, want: int
@@ -721,7 +668,7 @@ class DuckDBTsdb:
         while True:
             w_hi = hi if span is None else min(hi, w_lo + span)
             after = cursor if w_lo == lo else None
-            # No LIMIT when the whole run has no more points than that (it costs ~15 % per query).
+            # No LIMIT when the whole run has no more points than that (a LIMIT slows the scan).
             bounded = self._run_points.get(run_key, cap + 1) <= cap
             cols = self._window(run_key, node_key, w_lo, w_hi, after, None if bounded else cap + 1)
             n = int(cols["ts"].shape[0])
@@ -734,7 +681,7 @@ class DuckDBTsdb:
                         span = (w_hi - w_lo) // 8
                     continue
                 # More than cap points share one timestamp: order just those, by seq.
-                cols = self._read(
+                cols = self._select(
                     f"SELECT ts, value, state, seq FROM points WHERE {_SERIES} AND ts = ?"
                     + (" AND (ts > ? OR seq > ?)" if after is not None else "") + " ORDER BY seq LIMIT ?",
                     [run_key, node_key, w_lo]
@@ -775,48 +722,33 @@ class DuckDBTsdb:
             where += " AND (ts > ? OR seq > ?)"
             params += [clamp_i64(after.ts), clamp_i64(after.seq)]
         if limit is None:
-            return self._read(f"SELECT ts, value, state, seq FROM points WHERE {where}", params)
-        return self._read(f"SELECT ts, value, state, seq FROM points WHERE {where} LIMIT ?", [*params, limit])
+            return self._select(f"SELECT ts, value, state, seq FROM points WHERE {where}", params)
+        return self._select(f"SELECT ts, value, state, seq FROM points WHERE {where} LIMIT ?", [*params, limit])
 
-    def prefetch(
-        self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int, *, max_points: int | None = None
-    ) -> bool:
-        """Read the points of ``node_ids`` in ``run_id`` within ``[from_ms, to_ms]`` in one query
-        and serve the next :meth:`query_page` calls for exactly those series from memory.
-
-        Not part of the port: an optional hint the pipeline may give before it reads a time
-        slice of a run node by node (one query instead of one per node; about twice the points/s
-        on the benchmark workload). Pages served from memory are what the SQL path returns
-        (same rows, order, limits and cursors). A series is dropped once its last page has been
-        served; a new prefetch replaces the old one.
-
-        Bounded: a slice of more than ``max_points`` (at most :meth:`prefetch_limit` points,
-        1/:data:`PREFETCH_MEMORY_SHARE` of ``AML_MEMORY_MB``) is not kept, and the pages come from
-        SQL as without the hint. Returns whether the slice is served from memory.
-        """
-        with self._lock:
-            self._c  # noqa: B018 - raises if this handle is closed
-            self._prefetched.clear()
-            run_key = self._run_key(run_id)
-            keys: dict[int, str] = {}
-            for node_id in dict.fromkeys(node_ids):
-                try:
-                    keys[self._node_key(node_id)] = node_id
-                except UnknownNodeError:
-                    continue  # query_page reports it when that node is asked for
-            lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
-            if not keys or lo > hi:
-                return False
-            max_points = self.prefetch_limit() if max_points is None else min(int(max_points), self.prefetch_limit())
-            node_list = ", ".join(str(int(k)) for k in keys)  # integers from our own catalog
-            cols = self._read(
-                "SELECT node_key, ts, value, state, seq FROM points "
-                f"WHERE run_key = ? AND node_key IN ({node_list}) AND ts BETWEEN ? AND ? LIMIT ?",
-                [run_key, lo, hi, max_points + 1],
-            )
+    def _read_run(
+        self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int, most: int
+    ) -> dict[str, Rows] | None:
+        """One query for every point of the run's nodes in ``[from_ms, to_ms]`` (a query per
+        node costs more on a short run), split by node."""
+        run_key = self._run_key(run_id)
+        keys: dict[int, str] = {}
+        for node_id in node_ids:
+            try:
+                keys[self._node_key(node_id)] = node_id
+            except UnknownNodeError:
+                continue  # query_page reports it when that node is asked for
+        lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
+        if not keys or lo > hi:
+            return None
+        node_list = ", ".join(str(int(k)) for k in keys)  # integers from our own catalog
+        cols = self._select(
+            "SELECT node_key, ts, value, state, seq FROM points "
+            f"WHERE run_key = ? AND node_key IN ({node_list}) AND ts BETWEEN ? AND ? LIMIT ?",
+            [run_key, lo, hi, most + 1],
+        )
         nk = np.asarray(cols["node_key"], dtype=np.int64)
-        if nk.shape[0] > max_points:
-            return False
+        if nk.shape[0] > most:
+            return None
         ts = np.asarray(cols["ts"], dtype=np.int64)
         value = np.asarray(cols["value"], dtype=np.float64)
         state = np.asarray(cols["state"], dtype=np.int32)
@@ -827,31 +759,11 @@ class DuckDBTsdb:
             if not bool(np.all((dn > 0) | ((dn == 0) & ((dt > 0) | ((dt == 0) & (ds > 0)))))):
                 order = np.lexsort((seq, ts, nk))
                 nk, ts, value, state, seq = nk[order], ts[order], value[order], state[order], seq[order]
-        with self._lock:
-            for k, node_id in keys.items():
-                a, b = np.searchsorted(nk, k, "left"), np.searchsorted(nk, k, "right")
-                self._prefetched[(node_id, run_id, from_ms, to_ms)] = (ts[a:b], value[a:b], state[a:b], seq[a:b])
-        return True
-
-    @staticmethod
-    def prefetch_limit() -> int:
-        """The most points one :meth:`prefetch` keeps, from the memory budget."""
-        return memory_budget_mb() * 2**20 // PREFETCH_MEMORY_SHARE // _PREFETCH_BYTES_PER_POINT
-
-    def _prefetched_page(self, key: tuple[str, str, int, int], cursor: Cursor | None, limit: int) -> Page:
-        ts, value, state, seq = self._prefetched[key]
-        pos = 0
-        if cursor is not None:  # first row with (ts, seq) > cursor
-            c_ts, c_seq = clamp_i64(cursor.ts), clamp_i64(cursor.seq)
-            lo, hi = int(np.searchsorted(ts, c_ts, "left")), int(np.searchsorted(ts, c_ts, "right"))
-            pos = lo + int(np.searchsorted(seq[lo:hi], c_seq, "right"))
-        end = min(pos + limit, ts.shape[0])
-        done = ts.shape[0] - pos <= limit
-        if done:
-            del self._prefetched[key]
-        ts, value, state, seq = ts[pos:end], value[pos:end], state[pos:end], seq[pos:end]
-        next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
-        return Page(ts, value, state, seq, next_cursor, done)
+        out = {}
+        for k, node_id in keys.items():
+            a, b = np.searchsorted(nk, k, "left"), np.searchsorted(nk, k, "right")
+            out[node_id] = Rows(ts[a:b], value[a:b], state[a:b], seq[a:b])
+        return out
 
     # ---- ingest ----------------------------------------------------------------------------
     def ingest(

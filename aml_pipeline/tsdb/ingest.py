@@ -48,7 +48,7 @@ import csv
 import io
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from aml_pipeline.errors import IngestError
+from aml_pipeline.errors import IngestError, quote
 from aml_pipeline.faults import crash_point
 from aml_pipeline.ids import EXTERNAL_ID_RE
 from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, EVIDENCE_SOURCES, Node, PointColumns, Run, TsdbPort
@@ -101,7 +101,7 @@ class _Source:
         return f"{self.path}: row {row + 1}"
 
     def error(self, row: int, column: str, problem: str) -> IngestError:
-        return IngestError(f"{self.where(row)}, column {self.original.get(column, column)!r}: {problem}")
+        return IngestError(f"{self.where(row)}, column {quote(self.original.get(column, column))}: {problem}")
 
     def has(self, column: str) -> bool:
         return column in self.original
@@ -114,7 +114,7 @@ class _Source:
         if missing:
             have = ", ".join(self.original.values()) or "none"
             raise IngestError(
-                f"{self.path}: missing column {missing[0]!r} for {what} "
+                f"{self.path}: missing column {quote(missing[0])} for {what} "
                 f"(the file has: {have})"
             )
 
@@ -142,7 +142,7 @@ def _open(path: PathLike) -> _Source:
     path = Path(path)
     kind = _kind(path)
     if not path.is_file():
-        raise IngestError(f"{path}: no such file")
+        raise IngestError(f"{path}: {'a directory, not a file' if path.is_dir() else 'no such file'}")
     try:
         if kind == "parquet":
             table = pq.read_table(path)
@@ -167,7 +167,7 @@ def _open(path: PathLike) -> _Source:
         norm = normalise_column_name(name)
         if norm in original:
             raise IngestError(
-                f"{path}: columns {original[norm]!r} and {name!r} both mean {norm!r}"
+                f"{path}: columns {quote(original[norm])} and {quote(name)} both mean {quote(norm)}"
             )
         original[norm] = name
         names.append(norm)
@@ -219,7 +219,7 @@ def _parse_ids(src: _Source, name: str) -> np.ndarray:
         raise src.error(
             i,
             name,
-            f"invalid id {uniques[codes[i]]!r}: use letters, digits and _ . : @ + - "
+            f"invalid id {quote(uniques[codes[i]])}: use letters, digits and _ . : @ + - "
             "(starting with a letter or digit, at most 128 characters, no '..')",
         )
     return np.asarray(uniques, dtype=object)[codes] if len(codes) else np.empty(0, dtype=object)
@@ -266,7 +266,7 @@ def _parse_float(src: _Source, name: str, *, null_as_nan: bool) -> np.ndarray:
     if _is_text(arr):
         arr = _trimmed(arr)
         arr = _cast_or_locate(
-            src, arr, name, pa.float64(), lambda v: f"not a number: {v!r}"
+            src, arr, name, pa.float64(), lambda v: f"not a number: {quote(v)}"
         )
     elif not (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type) or pa.types.is_null(arr.type)):
         raise src.error(0, name, f"expected numbers, the column has type {arr.type}")
@@ -281,18 +281,18 @@ def _parse_int(
     """Integer column -> (int64 values, null mask). Floats must be integral."""
     arr = _combined(src.column(name))
     if _is_text(arr):
-        arr = _cast_or_locate(src, _trimmed(arr), name, pa.int64(), lambda v: f"not an integer: {v!r}")
+        arr = _cast_or_locate(src, _trimmed(arr), name, pa.int64(), lambda v: f"not an integer: {quote(v)}")
     elif pa.types.is_floating(arr.type):
         f = arr.to_numpy(zero_copy_only=False).astype(np.float64)
         valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
         bad = valid & ~(np.isfinite(f) & (f == np.floor(f)) & (np.abs(f) < 2**62))
         if bad.any():
             i = int(np.argmax(bad))
-            raise src.error(i, name, f"not an integer: {float(f[i])!r}")
+            raise src.error(i, name, f"not an integer: {quote(float(f[i]))}")
         arr = pa.array(np.where(valid, f, 0).astype(np.int64), mask=~valid)
     elif pa.types.is_integer(arr.type) or pa.types.is_null(arr.type):
         if pa.types.is_uint64(arr.type):
-            arr = _cast_or_locate(src, arr, name, pa.int64(), lambda v: f"out of range: {v!r}")
+            arr = _cast_or_locate(src, arr, name, pa.int64(), lambda v: f"out of range: {quote(v)}")
         arr = pc.cast(arr, pa.int64())
     elif pa.types.is_boolean(arr.type):
         arr = pc.cast(arr, pa.int64())
@@ -353,7 +353,7 @@ def _parse_timestamps(src: _Source, name: str, *, nullable: bool) -> tuple[np.nd
                 raise src.error(
                     int(idx[k]),
                     name,
-                    f"unparseable timestamp {strs.iloc[k]!r} (use epoch ms or ISO-8601, e.g. "
+                    f"unparseable timestamp {quote(strs.iloc[k])} (use epoch ms or ISO-8601, e.g. "
                     "2025-01-01T08:00:00Z)",
                 )
             wall = parsed.dt.tz_localize(None).to_numpy()
@@ -381,7 +381,7 @@ def _required_text(src: _Source, name: str) -> list[str]:
         if v is None or not v.strip():
             raise src.error(i, name, f"missing {name}")
         if v != v.strip() or any(ord(c) < 32 for c in v):
-            raise src.error(i, name, f"{v!r} has surrounding blanks or control characters")
+            raise src.error(i, name, f"{quote(v)} has surrounding blanks or control characters")
     return values
 
 
@@ -404,25 +404,37 @@ def _bools(src: _Source, name: str, default: bool) -> list[bool]:
         elif s in _FALSE:
             out.append(False)
         else:
-            raise src.error(i, name, f"not a boolean: {v!r} (use true/false)")
+            raise src.error(i, name, f"not a boolean: {quote(v)} (use true/false)")
     return out
 
 
 # ---- public readers ------------------------------------------------------------------------
 
 
-def read_points(path: PathLike) -> PointColumns:
-    """Points file -> :class:`PointColumns` (file row order is kept: it becomes ``seq``)."""
-    return _read_points(_open(path))
+def read_points(
+    path: PathLike, *, known_runs: Collection[str] | None = None, known_nodes: Collection[str] | None = None
+) -> PointColumns:
+    """Points file -> :class:`PointColumns` (file row order is kept: it becomes ``seq``).
 
-
-def _read_points(src: _Source) -> PointColumns:
+    ``known_runs`` / ``known_nodes``: the ids the points may name (None: any); the first point
+    naming another is an error naming the file, row and id."""
+    src = _open(path)
     src.require(POINT_COLUMNS, "points")
     run_id = _parse_ids(src, "run_id")
     node_id = _parse_ids(src, "node_id")
     ts, _ = _parse_timestamps(src, "ts", nullable=False)
     value = _parse_float(src, "value", null_as_nan=True)
     state, _ = _parse_int(src, "state", _I32_MIN, _I32_MAX)
+    for column, ids, known, what in (("run_id", run_id, known_runs, "run"), ("node_id", node_id, known_nodes, "node")):
+        if known is None:
+            continue
+        codes, uniques = pd.factorize(ids)
+        missing = [j for j, u in enumerate(uniques) if u not in known]
+        if missing:
+            i = int(np.argmax(np.isin(codes, missing)))
+            raise src.error(
+                i, column, f"{what} {quote(ids[i])} is neither in the {what}s file(s) of this ingest nor in the database"
+            )
     return PointColumns(run_id, node_id, ts, value, state.astype(np.int32))
 
 
@@ -449,13 +461,13 @@ def read_runs(path: PathLike) -> list[Run]:
         rid = str(run_ids[i])
         if rid in seen:
             raise src.error(
-                i, "run_id", f"duplicate run_id {rid!r} (first at {src.where(seen[rid]).split(': ')[-1]})"
+                i, "run_id", f"duplicate run_id {quote(rid)} (first at {src.where(seen[rid]).split(': ')[-1]})"
             )
         seen[rid] = i
         ev = evidence[i] or "unassessed"
         if ev not in EVIDENCE_SOURCES:
             raise src.error(
-                i, "evidence_source", f"unknown evidence_source {ev!r} (use {', '.join(EVIDENCE_SOURCES)})"
+                i, "evidence_source", f"unknown evidence_source {quote(ev)} (use {', '.join(EVIDENCE_SOURCES)})"
             )
         end = None if ended_null[i] else int(ended[i])
         if end is not None and end < int(started[i]):
@@ -501,7 +513,7 @@ def read_nodes(path: PathLike) -> list[Node]:
     for i in range(len(src)):
         nid = str(node_ids[i])
         if nid in seen:
-            raise src.error(i, "node_id", f"duplicate node_id {nid!r}")
+            raise src.error(i, "node_id", f"duplicate node_id {quote(nid)}")
         seen[nid] = i
         lo, hi = ranges["range_lo"][i], ranges["range_hi"][i]
         if lo is not None and hi is not None and lo > hi:
@@ -555,7 +567,7 @@ def ingest_files(
     for p in node_paths:
         for n in read_nodes(p):
             if n.node_id in node_seen:
-                raise IngestError(f"{p}: node_id {n.node_id!r} is also in {node_seen[n.node_id]}")
+                raise IngestError(f"{p}: node_id {quote(n.node_id)} is also in {node_seen[n.node_id]}")
             node_seen[n.node_id] = p
             all_nodes.append(n)
         tick()
@@ -564,7 +576,7 @@ def ingest_files(
     for p in run_paths:
         for r in read_runs(p):
             if r.run_id in run_seen:
-                raise IngestError(f"{p}: run_id {r.run_id!r} is also in {run_seen[r.run_id]}")
+                raise IngestError(f"{p}: run_id {quote(r.run_id)} is also in {run_seen[r.run_id]}")
             run_seen[r.run_id] = p
             all_runs.append(r)
         tick()
@@ -574,23 +586,7 @@ def ingest_files(
         known_runs = set(run_seen) | {r.run_id for r in tsdb.list_runs(None, finished_only=False)}
         known_nodes = set(node_seen) | {n.node_id for n in tsdb.list_nodes()}
         for p in point_paths:
-            src = _open(p)
-            cols = _read_points(src)
-            for column, ids, known, what in (
-                ("run_id", cols.run_id, known_runs, "run"),
-                ("node_id", cols.node_id, known_nodes, "node"),
-            ):
-                codes, uniques = pd.factorize(ids)
-                missing = [j for j, u in enumerate(uniques) if u not in known]
-                if missing:
-                    i = int(np.argmax(np.isin(codes, missing)))
-                    raise src.error(
-                        i,
-                        column,
-                        f"{what} {ids[i]!r} is neither in the {what}s file(s) of this ingest nor "
-                        "in the database",
-                    )
-            chunks.append(cols)
+            chunks.append(read_points(p, known_runs=known_runs, known_nodes=known_nodes))
             tick()
     merged = _concat(chunks) if chunks else None
     crash_point("ingest.files_read")
@@ -609,15 +605,19 @@ def ingest_into(
     progress: Progress | None = None,
     replace_runs: bool = False,
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    opener: Callable[..., TsdbPort] | None = None,
 ) -> dict[str, Any]:
     """Open the TSDB at ``url`` for writing, :func:`ingest_files`, close; the counts and the
     printable ``tsdb`` URL. An ingest that fails into an embedded TSDB file that did not exist
-    before leaves no file behind (the database, its WAL, its lock file)."""
-    from aml_pipeline.tsdb import open_tsdb
+    before leaves no file behind (the database, its WAL, its lock file). ``opener`` opens ``url``
+    (default :func:`~aml_pipeline.tsdb.open_adapter`; the CLI passes
+    :func:`aml_pipeline.tsdb_open.open_tsdb`, so that a source description is refused as such)."""
+    if opener is None:
+        from aml_pipeline.tsdb import open_adapter as opener
 
     if not (points or runs or nodes):
         raise IngestError("nothing to ingest: give a points, runs or nodes file")
-    db = open_tsdb(url, read_only=False, lock_timeout_s=lock_timeout_s)
+    db = opener(url, read_only=False, lock_timeout_s=lock_timeout_s)
     try:
         counts = ingest_files(db, points=points, runs=runs, nodes=nodes, progress=progress, replace_runs=replace_runs)
     except BaseException:

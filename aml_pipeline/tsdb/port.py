@@ -1,8 +1,10 @@
 """The time-series database port: what the dataset build needs from a TSDB, as columns.
 
-Adapters (``duckdb.py``, ``postgres.py``) implement :class:`TsdbPort`. Points never travel as one
-Python object each: pages are numpy columns. Pagination is keyset on ``(ts, seq)``, so points
-sharing a timestamp across a page boundary are neither lost nor repeated.
+Adapters implement :class:`TsdbPort` on :class:`~aml_pipeline.tsdb.reading.ReadBase`, which
+writes the reading algorithm once (pages, cursor, prefetch); each adapter writes its primitives
+(``duckdb.py``, ``postgres.py``, and the mapped sources of :mod:`aml_pipeline.sources`). Points never
+travel as one Python object each: pages are numpy columns. Pagination is keyset on ``(ts, seq)``,
+so points sharing a timestamp across a page boundary are neither lost nor repeated.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from aml_pipeline.errors import PaginationError, TruncationError
+from aml_pipeline.errors import PaginationError, TruncationError, cut
 from aml_pipeline.faults import crash_point
 
 EvidenceSource = Literal["simulation", "real", "unassessed"]
@@ -100,7 +102,7 @@ class RunScope:
         def when(ms: int) -> str:
             return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
-        parts = [f"{name} {value}" for name, value in
+        parts = [f"{name} {cut(value)}" for name, value in
                  (("line", self.line_id), ("product", self.product_id), ("recipe", self.recipe_id)) if value is not None]
         if self.from_ms is None and self.to_ms is None:
             parts.append("any time")
@@ -176,6 +178,16 @@ class TsdbPort(Protocol):
         """Points of one node in one run with ``from_ms <= ts <= to_ms`` and ``(ts, seq) > cursor``,
         ordered by ``(ts, seq)``, at most ``limit`` of them."""
 
+    def prefetch(
+        self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int, *, max_points: int | None = None
+    ) -> bool:
+        """A hint before a time slice of a run is read node by node: read the points of
+        ``node_ids`` in ``run_id`` within ``[from_ms, to_ms]`` at once (at most ``max_points``,
+        within the memory budget) and serve the next :meth:`query_page` calls for exactly those
+        series from memory, the same pages as without the hint. Returns whether the hint was
+        taken. The default takes none (False): every page is read when it is asked for."""
+        return False
+
     def run_versions(self, run_ids: Sequence[str]) -> dict[str, str]:
         """An opaque data version per run: it changes whenever the run's points change (appended,
         replaced) or its record changes, and only then. Cheap (no scan of the points). Ids the
@@ -218,6 +230,9 @@ class PortCalls:
 
     def query_page(self, *args: Any, **kwargs: Any) -> Page:
         return self._call("query_page", *args, **kwargs)
+
+    def prefetch(self, *args: Any, **kwargs: Any) -> bool:
+        return self._call("prefetch", *args, **kwargs)
 
     def run_versions(self, *args: Any, **kwargs: Any) -> dict[str, str]:
         return self._call("run_versions", *args, **kwargs)

@@ -57,7 +57,9 @@ Reads
 
 Connections
     One connection per instance (autocommit; ingest opens an explicit transaction), used
-    under a lock, reconnected once if the server dropped it. ``close()`` or ``with``. A
+    under a lock, reconnected once if the server dropped it
+    (:class:`~aml_pipeline.pg_connection.PgConnection`, which also classifies failures and
+    scrubs messages for every PostgreSQL user of the product). ``close()`` or ``with``. A
     :class:`~aml_pipeline.tsdb.session.TsdbSession` keeps its one connection for its whole
     life: MVCC readers never block an ingest, so there is nothing to release between chunks.
 """
@@ -66,7 +68,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -89,13 +90,13 @@ from aml_pipeline.errors import (
     disk_full,
 )
 from aml_pipeline.faults import crash_point
+from aml_pipeline.pg_connection import PgConnectError, PgConnection
 
 # Validation and the error messages are shared with the embedded adapter on purpose: both
 # adapters must refuse the same inputs with the same words.
 from aml_pipeline.tsdb.columns import (
     check_schema_version,
     clamp_i64,
-    empty_page,
     nodes_table,
     opt_float,
     prepare_points,
@@ -104,17 +105,16 @@ from aml_pipeline.tsdb.columns import (
 )
 from aml_pipeline.tsdb.port import (
     DEFAULT_LOCK_TIMEOUT_S,
-    DEFAULT_PAGE_LIMIT,
     Cursor,
     Node,
-    Page,
     PointColumns,
     Run,
     RunScope,
 )
+from aml_pipeline.tsdb.reading import ReadBase, Rows
 from aml_pipeline.tsdb.versions import migrated_version
 from aml_pipeline.tsdb.writer import PointRows, RunState, StoredRun, write_ingest
-from aml_pipeline.urls import redact_text, redact_url, url_secrets
+from aml_pipeline.urls import redact_url, url_secrets
 
 SCHEMA_VERSION = 2
 DEFAULT_SCHEMA = "aml"
@@ -124,15 +124,6 @@ _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # Rows per server round trip of a page: bounds the size of one aggregated bytea value (PostgreSQL
 # refuses values over 1 GB); a larger ``limit`` is served by several queries.
 _MAX_ROWS_PER_QUERY = 4_000_000
-# A connection that fails this way finds no server, or one restarting: a transient loss (libpq's
-# and the server's own words; the server's startup and shutdown refusals are SQLSTATE 57P03).
-_UNREACHABLE = re.compile(
-    r"Connection refused|timeout expired|Connection timed out|No route to host|Network is unreachable"
-    r"|server closed the connection unexpectedly|the database system is (starting up|shutting down"
-    r"|in recovery mode|not yet accepting connections|not accepting connections)"
-)
-# admin_shutdown, crash_shutdown, cannot_connect_now: the server is restarting under the query.
-_SERVER_GOING_AWAY = ("57P01", "57P02", "57P03")
 # Points per binary COPY chunk written during ingest (bounds the client-side buffer).
 _COPY_CHUNK_ROWS = 262_144
 _PGCOPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
@@ -311,10 +302,10 @@ def check_schema_name(schema: str, where: str = "") -> str:
 # ---- adapter -----------------------------------------------------------------------------------
 
 
-class PostgresTsdb:
+class PostgresTsdb(ReadBase):
     """:class:`~aml_pipeline.tsdb.port.TsdbPort` over a PostgreSQL schema.
 
-    ``read_only=False`` (the default, and what :func:`~aml_pipeline.tsdb.open_tsdb` gives)
+    ``read_only=False`` (the default, and what :func:`~aml_pipeline.tsdb.open_adapter` gives)
     creates the schema and its tables if they are missing (or migrates a version-1 schema);
     ``read_only=True`` requires them, sets the session read-only and refuses :meth:`ingest`.
     ``lock_timeout_s`` bounds how long an ingest waits for another one to commit.
@@ -328,6 +319,7 @@ class PostgresTsdb:
         connect_timeout_s: float = 10.0,
         lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
     ) -> None:
+        super().__init__()
         parsed = parse_postgres_url(url)
         self._parsed = parsed
         self.url = parsed.redacted
@@ -336,7 +328,6 @@ class PostgresTsdb:
         self.connect_timeout_s = float(connect_timeout_s)
         self.lock_timeout_s = float(lock_timeout_s)
         self.schema_version = SCHEMA_VERSION
-        self._lock = threading.RLock()
         self._run_keys: dict[str, int] = {}
         self._node_keys: dict[str, int] = {}
         s = sql.Identifier(self.schema)
@@ -349,57 +340,28 @@ class PostgresTsdb:
                 ("upsert_runs", _UPSERT_RUNS),
             )
         }
-        self._closed = False
-        self._connected_before = False
-        self._conn: psycopg.Connection | None = self._connect()
+        self._pg = PgConnection(
+            parsed.conninfo,
+            defaults={"connect_timeout": max(1, int(round(self.connect_timeout_s))), "application_name": "aml_pipeline"},
+            settings=["SET default_transaction_read_only = on"] if self.read_only else [],
+            # Page queries are simple scans: JIT compilation (kicking in for large pages once the
+            # table has statistics) would only add its compile time to every page.
+            optional_settings=["SET jit = off"],
+            secrets=parsed.secrets,
+        )
+        conn = self._c
         try:
-            self._render_statements()
+            self._render_statements(conn)
             self._init_schema()
         except BaseException:
-            self._conn.close()
-            self._conn = None
+            self._pg.close()
             self._closed = True
             raise
 
     # ---- lifecycle -----------------------------------------------------------------------------
-    def _connect(self) -> psycopg.Connection:
-        kwargs: dict[str, Any] = {}
-        lowered = self._parsed.conninfo.lower()
-        if "connect_timeout=" not in lowered:
-            kwargs["connect_timeout"] = max(1, int(round(self.connect_timeout_s)))
-        if "application_name=" not in lowered:
-            kwargs["application_name"] = "aml_pipeline"
-        try:
-            conn = psycopg.connect(self._parsed.conninfo, autocommit=True, **kwargs)
-        except psycopg.Error as e:
-            # A server that answered a moment ago, or one that refuses or is restarting: transient.
-            transient = self._connected_before or _UNREACHABLE.search(str(e)) is not None
-            raise (TsdbUnavailableError if transient else TsdbError)(
-                f"{self.url}: cannot connect ({self._scrub(e)})"
-            ) from None
-        except Exception as e:  # e.g. a malformed URL refused by libpq's parser
-            raise TsdbError(
-                f"{self.url}: cannot connect ({self._scrub(e)})", code="TSDB_URL_INVALID"
-            ) from None
-        try:
-            # Page queries are simple scans: JIT compilation (kicking in for large pages once
-            # the table has statistics) would only add its compile time to every page.
-            conn.execute("SET jit = off")
-        except psycopg.Error:
-            pass  # a server without JIT (PostgreSQL < 11)
-        try:
-            if self.read_only:
-                conn.execute("SET default_transaction_read_only = on")
-        except psycopg.Error as e:
-            conn.close()
-            raise TsdbError(f"{self.url}: cannot connect ({self._scrub(e)})") from None
-        self._connected_before = True
-        return conn
-
-    def _render_statements(self) -> None:
-        assert self._conn is not None
-        self._q = {k: v.as_string(self._conn) for k, v in self._sql.items()}
-        s = sql.Identifier(self.schema).as_string(self._conn)
+    def _render_statements(self, conn: psycopg.Connection) -> None:
+        self._q = {k: v.as_string(conn) for k, v in self._sql.items()}
+        s = sql.Identifier(self.schema).as_string(conn)
         self._s = s
         self._q.update(
             runs=f"SELECT {_RUN_COLUMNS} FROM {s}.runs",
@@ -469,8 +431,7 @@ class PostgresTsdb:
         )
 
     def _init_schema(self) -> None:
-        conn = self._conn
-        assert conn is not None
+        conn = self._c
         version = self._schema_version(conn)
         if version is None and self.read_only:
             raise TsdbError(
@@ -565,20 +526,8 @@ class PostgresTsdb:
             [int(time.time() * 1000)],
         )
 
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                try:
-                    self._conn.close()
-                finally:
-                    self._conn = None
-
-    def __enter__(self) -> PostgresTsdb:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _release(self) -> None:
+        self._pg.close()
 
     def __repr__(self) -> str:
         mode = "ro" if self.read_only else "rw"
@@ -588,30 +537,24 @@ class PostgresTsdb:
     @property
     def _c(self) -> psycopg.Connection:
         """The connection; reopened once if the server dropped it (e.g. a restart)."""
-        if self._closed:
-            raise TsdbError(f"{self.url}: this TSDB handle is closed")
-        if self._conn is not None and (self._conn.broken or self._conn.closed):
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
-        if self._conn is None:
-            self._conn = self._connect()
-        return self._conn
+        self._require_open()
+        try:
+            return self._pg.connection()
+        except PgConnectError as e:
+            if e.kind == "invalid":  # e.g. a URL parameter libpq does not know
+                raise TsdbError(f"{self.url}: cannot connect ({e.detail})", code="TSDB_URL_INVALID") from None
+            error = TsdbUnavailableError if e.transient else TsdbError
+            raise error(f"{self.url}: cannot connect ({e.detail})") from None
 
     def _scrub(self, e: BaseException | str) -> str:
-        text = " ".join(str(e).split())
-        for secret in self._parsed.secrets:
-            text = text.replace(secret, "***")
-        return redact_text(text)
+        return self._pg.scrub(e)
 
     @contextmanager
     def _reading(self, what: str) -> Iterator[None]:
         try:
             yield
         except psycopg.Error as e:
-            lost = self._conn is not None and self._conn.broken or e.sqlstate in _SERVER_GOING_AWAY
-            raise (TsdbUnavailableError if lost else TsdbError)(
+            raise (TsdbUnavailableError if self._pg.lost(e) else TsdbError)(
                 f"{self.url}: {what} failed ({self._scrub(e)})"
             ) from None
 
@@ -645,22 +588,6 @@ class PostgresTsdb:
             row = self._c.execute(self._q["watermark"]).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
-    def point_count(self, run_id: str | None = None, node_id: str | None = None) -> int:
-        """Number of stored points (optionally of one run and/or node); not part of the port."""
-        where, params = [], []
-        with self._lock, self._reading("counting points"):
-            conn = self._c
-            if run_id is not None:
-                where.append("run_key = %s")
-                params.append(Int4(self._run_key(conn, run_id)))
-            if node_id is not None:
-                where.append("node_key = %s")
-                params.append(Int4(self._node_key(conn, node_id)))
-            query = f"SELECT count(*) FROM {self._s}.points"
-            if where:
-                query += " WHERE " + " AND ".join(where)
-            return int(conn.execute(query, params).fetchone()[0])
-
     def _run_key(self, conn: psycopg.Connection, run_id: str) -> int:
         key = self._run_keys.get(run_id)
         if key is None:
@@ -679,52 +606,35 @@ class PostgresTsdb:
             key = self._node_keys[node_id] = int(row[0])
         return key
 
-    # ---- points --------------------------------------------------------------------------------
-    def query_page(
-        self,
-        node_id: str,
-        run_id: str,
-        from_ms: int,
-        to_ms: int,
-        cursor: Cursor | None = None,
-        limit: int = DEFAULT_PAGE_LIMIT,
-    ) -> Page:
-        """Keyset page on ``(ts, seq)``; ``done`` is exact (``limit + 1`` rows are asked for)."""
-        limit = int(limit)
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        with self._lock, self._reading(f"reading node {node_id!r} of run {run_id!r}"):
+    # ---- points (the read base's primitives) ---------------------------------------------------
+    def _locate(self, node_id: str, run_id: str, from_ms: int, to_ms: int) -> tuple[Any, int, int]:
+        what = f"reading node {node_id!r} of run {run_id!r}"
+        with self._reading(what):
             conn = self._c
-            run_key = self._run_key(conn, run_id)
-            node_key = self._node_key(conn, node_id)
-            lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
-            after = None
-            if cursor is not None:
-                after = (clamp_i64(cursor.ts), clamp_i64(cursor.seq))
-                lo = max(lo, after[0])  # (ts, seq) > cursor implies ts >= cursor.ts
-            if lo > hi:
-                return empty_page(cursor)
-            parts: list[tuple[np.ndarray, ...]] = []
-            want = limit + 1
+            series = (self._run_key(conn, run_id), self._node_key(conn, node_id), what)
+        return series, clamp_i64(from_ms), clamp_i64(to_ms)
+
+    def _read(self, series: Any, lo: int, hi: int, after: Cursor | None, want: int) -> Rows:
+        """``ORDER BY ts, seq LIMIT`` over the primary key's range of the series: an index range
+        scan, no sort; at most :data:`_MAX_ROWS_PER_QUERY` rows per round trip."""
+        run_key, node_key, what = series
+        resume = None if after is None else (after.ts, after.seq)
+        parts: list[tuple[np.ndarray, ...]] = []
+        with self._reading(what):
+            conn = self._c
             while want > 0:
                 n = min(want, _MAX_ROWS_PER_QUERY)
-                cols = self._fetch(conn, run_key, node_key, lo, hi, after, n)
+                cols = self._fetch(conn, run_key, node_key, lo, hi, resume, n)
                 parts.append(cols)
                 got = cols[0].shape[0]
                 want -= got
                 if got < n:
                     break
-                after = (int(cols[0][-1]), int(cols[3][-1]))
-                lo = max(lo, after[0])
+                resume = (int(cols[0][-1]), int(cols[3][-1]))
+                lo = max(lo, resume[0])
         if len(parts) == 1:
-            ts, value, state, seq = parts[0]
-        else:
-            ts, value, state, seq = (np.concatenate([p[i] for p in parts]) for i in range(4))
-        done = ts.shape[0] <= limit
-        if not done:
-            ts, value, state, seq = ts[:limit], value[:limit], state[:limit], seq[:limit]
-        next_cursor = Cursor(int(ts[-1]), int(seq[-1])) if ts.shape[0] else cursor
-        return Page(ts, value, state, seq, next_cursor, done)
+            return Rows(*parts[0])
+        return Rows(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
 
     def _fetch(
         self,

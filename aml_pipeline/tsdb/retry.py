@@ -20,13 +20,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aml_pipeline.errors import AmlError, TsdbUnavailableError
-from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, PortCalls, TsdbPort
+from aml_pipeline.tsdb.port import PortCalls, TsdbPort
 
 RETRY_ENV = "AML_TSDB_RETRY_S"
 DEFAULT_RETRY_S = 60.0
@@ -140,12 +139,6 @@ class RetryingTsdb(PortCalls):
                 time.sleep(wait)
                 pause = min(pause * 2, self.policy.max_pause_s)
 
-    def prefetch(self, *args, **kwargs) -> bool:
-        """The wrapped port's optional hint (False where it has none)."""
-        if not callable(getattr(self.port, "prefetch", None)):
-            return False
-        return self._call("prefetch", *args, **kwargs)
-
     def release(self) -> None:
         """Let go of the wrapped handle now, where it can (a :class:`BriefHandle`)."""
         release = getattr(self.port, "release", None)
@@ -161,16 +154,3 @@ class RetryingTsdb(PortCalls):
 def retrying(port: TsdbPort, *, on_retry: OnRetry | None = None) -> RetryingTsdb:
     """``port`` with its calls retried (itself if it already is)."""
     return port if isinstance(port, RetryingTsdb) else RetryingTsdb(port, on_retry=on_retry)
-
-
-@contextmanager
-def retrying_tsdb(
-    url: str, *, on_retry: OnRetry | None = None, hold_s: float = 0.5, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
-) -> Iterator[RetryingTsdb]:
-    """A read-only port on ``url`` for a build: a handle held at most about ``hold_s`` at a time
-    (:class:`~aml_pipeline.tsdb.session.BriefHandle`), reopened as needed, each call retried."""
-    from aml_pipeline.tsdb.session import BriefHandle, TsdbSession
-
-    with TsdbSession(url, lock_timeout_s=lock_timeout_s) as session:
-        brief = BriefHandle(session, hold_s)
-        yield RetryingTsdb(brief, on_retry=on_retry, reset=brief.release)

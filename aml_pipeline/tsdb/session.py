@@ -7,9 +7,9 @@ its handle lazily and the caller releases it between chunks (a page, a node, a t
 run), so a waiting ingest gets the file between two chunks (the readers' next open waits for it,
 see :mod:`aml_pipeline.tsdb.writer_intent`) and the next chunk sees the new data.
 
-Opening is cheap for the embedded file (an ATTACH to this process's DuckDB instance, about a
-millisecond with the close; ``bench/tsdb_bench.py`` measures it). For PostgreSQL, MVCC readers never block an
-ingest: a session keeps its one connection for its whole life and ``release`` keeps it too.
+Opening is cheap for the embedded file (an ATTACH to this process's DuckDB instance;
+``bench/tsdb_bench.py`` measures it). For PostgreSQL, MVCC readers never block an ingest: a
+session keeps its one connection for its whole life and ``release`` keeps it too.
 
     with TsdbSession(url) as session:
         db = session.acquire()              # opened on first use
@@ -27,24 +27,36 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from aml_pipeline.errors import TsdbError
 from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, PortCalls, TsdbPort
+
+# Opens a handle: ``opener(url, read_only=..., lock_timeout_s=...)``.
+Opener = Callable[..., TsdbPort]
 
 
 class TsdbSession:
     """Opens a TSDB handle on first use and lets the caller release it between chunks.
 
-    ``read_only`` and ``lock_timeout_s`` are passed to :func:`~aml_pipeline.tsdb.open_tsdb` on
-    every open. Not for concurrent use by several threads: give each thread its own session.
+    ``opener`` opens each handle, with ``read_only`` and ``lock_timeout_s``: by default
+    :func:`~aml_pipeline.tsdb.open_adapter` (the embedded file, PostgreSQL);
+    :func:`aml_pipeline.tsdb_open.open_tsdb` opens a source description too. Not for concurrent
+    use by several threads: give each thread its own session.
     """
 
     def __init__(
-        self, url: str, *, read_only: bool = True, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+        self,
+        url: str,
+        *,
+        read_only: bool = True,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+        opener: Opener | None = None,
     ) -> None:
         self.url = url
         self.read_only = read_only
         self.lock_timeout_s = lock_timeout_s
+        self._opener = opener
         # Only the embedded file locks out writers while a handle is open.
         self.releases_between_chunks = url.startswith("duckdb://")
         self.opens = 0  # handles opened so far (for tests and benchmarks)
@@ -60,9 +72,10 @@ class TsdbSession:
 
                 raise TsdbError(f"{redact_url(self.url)}: this TSDB session is closed")
             if self._handle is None:
-                from aml_pipeline.tsdb import open_tsdb
-
-                self._handle = open_tsdb(self.url, read_only=self.read_only, lock_timeout_s=self.lock_timeout_s)
+                opener = self._opener
+                if opener is None:
+                    from aml_pipeline.tsdb import open_adapter as opener
+                self._handle = opener(self.url, read_only=self.read_only, lock_timeout_s=self.lock_timeout_s)
                 self.opens += 1
             return self._handle
 
@@ -124,21 +137,18 @@ class BriefHandle(PortCalls):
                 self._since = None
 
     def prefetch(self, *args, **kwargs) -> bool:
-        """The embedded adapter's optional hint (False where the adapter has none). Served pages
-        stay with the handle: a hold that ends before they are read drops them, and the rest of
-        the slice is read page by page from the reopened handle."""
+        """The handle's :meth:`~aml_pipeline.tsdb.port.TsdbPort.prefetch`. Served pages stay with
+        the handle: a hold that ends before they are read drops them, and the rest of the slice
+        is read page by page from the reopened handle."""
         # A hold that is already over ends here, before the slice is read: were each prefetch to
         # restart the hold, a build of short runs would keep the file from a waiting ingest until
         # its last run.
         if self._since is not None and time.monotonic() - self._since >= self.hold_s:
             self.release()
         handle = self.session.acquire()
-        fn = getattr(handle, "prefetch", None)
-        if not callable(fn):
-            return False
         if self._since is None or not self.session.holding:
             self._since = time.monotonic()
-        return fn(*args, **kwargs)
+        return handle.prefetch(*args, **kwargs)
 
     def release(self) -> None:
         """Let go of the handle now (e.g. at the end of a step)."""

@@ -10,7 +10,7 @@ import pytest
 from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
 from aml_pipeline.spec import DatasetSpec, parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 @pytest.fixture(scope="session")

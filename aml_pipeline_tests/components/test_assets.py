@@ -8,8 +8,10 @@ import os
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from aml_pipeline.definitions import defs as load_definitions
+from aml_pipeline.errors import AmlError
 from aml_pipeline.components.assets import dataset_assets
 from aml_pipeline.components.dataset import dataset_definitions
 from aml_pipeline.runner.build import materialize_dataset, sync_run_partitions
@@ -93,8 +95,17 @@ def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dags
     # The run's plot, drawn from the traces summarised while the run streamed (no run in memory).
     assert "data:image/png;base64," in cleaning["plot"].value
     assert (resources["store"].dataset_store(dagster_spec).run_dir(runs[0]) / "grid.traces.npz").is_file()
-    causes = {c.name for c in cleaning["cleaning"].value.schema.columns}
-    assert {"unit", "non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier", "missing_ratio"} <= causes
+    per_node = cleaning["cleaning"].value
+    assert [c.name for c in per_node.schema.columns] == ["node", "unit", "input", "removed", "kept", "missing_ratio"]
+    assert sorted(r.data["node"] for r in per_node.records) == sorted(dagster_spec.node_ids)
+    assert all(r.data["input"] - r.data["removed"] == r.data["kept"] for r in per_node.records)
+    by_cause = cleaning["removed_by_cause"].value
+    assert [c.name for c in by_cause.schema.columns] == ["node", "cause", "points"]
+    assert {r.data["cause"] for r in by_cause.records} <= {"non_finite", "bad_state", "out_of_range", "duplicate_ts",
+                                                          "hampel_outlier"}
+    removed = {n: sum(r.data["points"] for r in by_cause.records if r.data["node"] == n) for n in dagster_spec.node_ids}
+    assert removed == {r.data["node"]: r.data["removed"] for r in per_node.records}
+    assert cleaning["points_removed"].value == sum(removed.values()) > 0
     assert cleaning["worst_missing_node"].value.split(" ")[0] in dagster_spec.node_ids
     assert windows["windows"].value > 0
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
@@ -321,18 +332,21 @@ def test_schedule_rebuilds_the_dataset_assets(dagster_spec, resources):
     assert verify.default_status == dg.DefaultScheduleStatus.STOPPED
 
 
-def test_a_broken_spec_does_not_take_the_others_down(dagster_spec, tmp_path, monkeypatch, caplog):
+def test_a_broken_spec_stops_the_code_location_loading_naming_the_file_and_field(dagster_spec, tmp_path, monkeypatch):
+    """The specs folder fails closed: a code location without one of its datasets is no success.
+    (`dg check defs` prints the line alone: components/test_dataset.py.)"""
     specs = tmp_path / "specs"
     specs.mkdir()
     (specs / "good.yaml").write_text(json.dumps(dagster_spec.to_json_dict()))
     (specs / "broken.yaml").write_text(json.dumps({**dagster_spec.to_json_dict(), "id": "broken", "historySteps": 0}))
     monkeypatch.setenv("AML_SPECS", str(specs))
-    with caplog.at_level(logging.ERROR):
-        defs = load_definitions()  # the project's entry point, as `dagster dev` loads it
-    asset_keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert f"{dagster_spec.id}/dataset_manifest" in asset_keys
-    assert not any(k.startswith("broken/") for k in asset_keys)
-    assert "broken.yaml" in caplog.text and "historySteps" in caplog.text
+    with pytest.raises(Exception) as err:
+        load_definitions()  # the project's entry point, as `dagster dev` loads it
+    cause = err.value
+    while not isinstance(cause, AmlError) and cause.__cause__ is not None:
+        cause = cause.__cause__
+    assert isinstance(cause, AmlError), err.value
+    assert cause.one_line().startswith(f"SPEC_INVALID: {specs / 'broken.yaml'}: field historySteps:"), cause.one_line()
 
 
 def test_verify_job_rechecks_the_published_snapshot(dagster_spec, instance, resources):
@@ -361,3 +375,50 @@ def test_verify_job_rechecks_the_published_snapshot(dagster_spec, instance, reso
     assert not checks["hash_verifies"].passed and "arrays/x.f32" in checks["hash_verifies"].description
     record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(manifest_key, "hash_verifies"))
     assert record is not None and record.evaluation is not None and not record.evaluation.passed
+
+
+def test_a_split_with_val_or_test_empty_is_a_warning_in_the_run_log_naming_the_rule(dagster_spec, instance, resources):
+    summary = materialize_dataset(
+        dagster_spec, tsdb_url=resources["tsdb"].url, home=Path(resources["store"].home), instance=instance
+    )
+    n = sum(summary["runs"][p] for p in ("train", "val", "test"))
+    assert summary["runs"]["val"] == 0 < n < 7, summary  # few runs: floor(n x 0.15) = 0
+    [record] = instance.fetch_materializations(dg.AssetKey([dagster_spec.id, "dataset_split"]), limit=1).records
+    warnings = [e.user_message for e in instance.all_logs(record.run_id)
+                if e.level == logging.WARNING and "no runs" in e.user_message]
+    assert any(f"the chronological split of {n} runs gives floor({n} x 0.15) = 0 for val" in w
+               and "(docs/spec.md, split)" in w for w in warnings), warnings
+
+
+def test_a_series_dataset_has_the_windows_datasets_figures_and_checks(dagster_spec, instance, resources, tmp_path):
+    """The same spec in the series layout through Dagster: its blocking checks pass on its own
+    files, its metadata (windows, runs, statistics, lag correlations) is the windows layout's,
+    and the verify job names a tampered row file."""
+    from aml_pipeline.components.resources import StoreResource
+
+    series_spec = parse_spec({**dagster_spec.to_json_dict(), "layout": "series"})
+    figures = {}
+    for spec, home in ((dagster_spec, tmp_path / "w"), (series_spec, tmp_path / "s")):
+        store = StoreResource(home=str(home))
+        summary = materialize_dataset(spec, tsdb_url=resources["tsdb"].url, home=home, instance=instance)
+        assert summary["checks"] == dict.fromkeys(MANIFEST_CHECKS, True) and summary["current"]
+        m = latest(instance, dg.AssetKey([spec.id, "dataset_manifest"]))
+        figures[spec.layout] = {k: m.metadata[k].value for k in ("lag_cross_correlation", "norm", "windows_train",
+                                                                  "windows_val", "windows_test", "runs_train")}
+        snapshot = Path(summary["snapshotDir"])
+    assert figures["series"] == figures["windows"]
+    assert figures["series"]["lag_cross_correlation"].records  # there are lag figures to compare
+    assert json.loads((snapshot / "manifest.json").read_text())["layout"] == "series"
+
+    all_resources = {**plant_resources(), **resources, "store": store}
+    defs = dg.Definitions.merge(dataset_definitions(series_spec), dg.Definitions(resources=all_resources))
+    verify = defs.resolve_job_def(f"{series_spec.id}__verify")
+    assert all(e.passed for e in verify.execute_in_process(instance=instance).get_asset_check_evaluations())
+    rows = snapshot / "arrays" / "x_rows.f32"
+    os.chmod(rows, 0o644)
+    data = bytearray(rows.read_bytes())
+    data[100] ^= 1
+    rows.write_bytes(bytes(data))
+    checks = {e.check_name: e for e in verify.execute_in_process(instance=instance, raise_on_error=False)
+              .get_asset_check_evaluations()}
+    assert not checks["hash_verifies"].passed and "arrays/x_rows.f32" in checks["hash_verifies"].description

@@ -68,7 +68,7 @@ def test_baseline_beats_persistence_on_test_in_model_units(demo, env):
             f"{r['val_rmse_persistence']:.4f}; test RMSE model {r['test_rmse_model']:.4f} vs persistence "
             f"{r['test_rmse_persistence']:.4f}"
         )
-        # Holds per target on the simulated plant (measured: the model is 2-10x better).
+        # Holds per target on the simulated plant, whose targets follow its controls.
         assert r["test_rmse_model"] < r["test_rmse_persistence"], target
         assert r["val_rmse_model"] < r["val_rmse_persistence"], target
         assert meta[f"test_rmse_model/{target}"] == r["test_rmse_model"]

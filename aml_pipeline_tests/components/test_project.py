@@ -25,7 +25,7 @@ import yaml
 from aml_pipeline.runner.build import materialize_dataset
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 REPO = Path(__file__).resolve().parents[2]
 DG = Path(sys.executable).parent / "dg"
@@ -85,6 +85,17 @@ with dg.DagsterInstance.ephemeral() as instance:
 """
 
 
+# The plant's daily retention job, as the daemon runs it: through the project's definitions.
+GC = """\
+import dagster as dg
+
+from plant_project.definitions import defs as load_defs
+
+with dg.DagsterInstance.ephemeral() as instance:
+    assert load_defs().resolve_job_def("aml_gc").execute_in_process(instance=instance).success
+"""
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The second project, with its environment: this package installed from a copy of the
@@ -97,6 +108,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (package / "defs" / "__init__.py").write_text("")
     (package / "definitions.py").write_text(DEFINITIONS)
     (root / "materialize.py").write_text(MATERIALIZE)
+    (root / "gc.py").write_text(GC)
 
     source = tmp_path_factory.mktemp("aml_pipeline_source")
     for name in ("pyproject.toml", "README.md"):
@@ -170,6 +182,21 @@ def test_a_dataset_added_to_another_project_builds_the_same_snapshot(project: Pa
     ours = materialize_dataset(parse_spec(spec), tsdb_url=url, home=tmp_path / "repo_home")
     assert theirs["current"] and theirs["manifestVersion"] == 1
     assert theirs["sha256"] == ours["sha256"]
+
+    # The plant's gc knows the dataset of the defs.yaml: after an edit of its cleaning, the aml_gc
+    # job of the project removes the cleaned grids built for the old spec, and keeps the raw
+    # series, which the edit does not change.
+    runs = tmp_path / "plant_home" / "store" / "reactor_b" / "runs"
+    built = sorted(runs.glob("*/grid.json"))
+    assert built and len(sorted(runs.glob("*/raw.json"))) == len(built)
+    spec["cleaning"] = {**spec.get("cleaning", {}), "hampelK": 7}
+    dataset_yaml.write_text(yaml.safe_dump({"type": "aml_pipeline.components.AmlDataset", "attributes": {"spec": spec}},
+                                           sort_keys=False))
+    done = subprocess.run([str(project / ".venv" / "bin" / "python"), "gc.py"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not sorted(runs.glob("*/grid.*")) and not sorted(runs.glob("*/windows.*")), "gc left the old grids"
+    assert sorted(runs.glob("*/raw.json")) == [p.with_name("raw.json") for p in built]
 
 
 def test_a_bad_attribute_fails_dg_check_yaml_naming_the_field(project: Path, tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ from aml_pipeline.components.assets import TSDB_POINTS
 from aml_pipeline.components.resources import TsdbResource
 from aml_pipeline.components.sources import OBSERVE_JOB, observe_tsdb, observe_tsdb_schedule
 from aml_pipeline.simulate.plant import simulate_plant
-from aml_pipeline.tsdb import PointColumns, open_tsdb
+from aml_pipeline.tsdb import PointColumns
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 def tick(instance, url):

@@ -9,8 +9,9 @@ aml_pipeline.definitions`` on a free loopback port, and through its GraphQL API:
    the rebuild job, the new-run sensor (stopped by default) and the schedule;
 2. the finished runs added as dynamic partitions (``addDynamicPartition``) and read back;
 3. a partition backfill of the run assets over a non-contiguous selection of runs (the daemon
-   launches one run per contiguous range of at most ``AML_BACKFILL_RUNS_PER_CHUNK`` runs), waited for, and exactly
-   those partitions materialised, each with its own metadata;
+   launches one run per contiguous range: the run stages' single-run backfill policy), waited for,
+   and exactly those partitions materialised, each with its own metadata; what a person sees of
+   them in a real browser on a 1366 x 768 screen (the run plot whole, the cleaning table uncut);
 4. the ``reactor_a__rebuild`` job launched and waited for; the manifest's materialisation carries
    its sha256, its blocking checks passed, and ``current`` points at the published snapshot.
 """
@@ -31,7 +32,7 @@ from aml_pipeline.demo import DEMO_SPEC, seed_plant
 from aml_pipeline.pipeline.plan import run_scope
 from aml_pipeline.pipeline.registry import DATASET_ASSETS, RUN_ASSETS
 from aml_pipeline.spec import load_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.browser import browser_page, dismiss_dialogs
 from aml_pipeline_tests.dagster_server import (
     DagsterDev,
@@ -316,8 +317,8 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
         assert n["groupName"] == SPEC_ID, n
         assert n["isPartitioned"] and n["isMaterializable"], n
         assert n["partitionDefinition"] == {"type": "DYNAMIC", "name": partitions_def}, n
-        # Backfills in chunks of at most AML_BACKFILL_RUNS_PER_CHUNK (default 50) runs per Dagster run.
-        assert n["backfillPolicy"] == {"policyType": "MULTI_RUN", "maxPartitionsPerRun": 50}, n
+        # A backfill runs each contiguous range of runs in one Dagster run.
+        assert n["backfillPolicy"] == {"policyType": "SINGLE_RUN", "maxPartitionsPerRun": None}, n
     for name in DATASET_ASSETS:
         n = nodes[(SPEC_ID, name)]
         assert n["groupName"] == SPEC_ID, n
@@ -390,7 +391,7 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
     # than it.
     own = {
         "raw_node_series": {"points", "pages", "per_node"},
-        "cleaned_grid": {"cleaning", "plot", "max_missing_ratio", "worst_missing_node", "points_removed"},
+        "cleaned_grid": {"cleaning", "removed_by_cause", "plot", "max_missing_ratio", "worst_missing_node", "points_removed"},
         "run_windows": {"windows", "reason"},
     }
     for run_id in selected:
@@ -431,16 +432,51 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
         # boxes are scaled until it ends.
         shown = image.evaluate("""async e => {
             await Promise.all(document.getAnimations().map(a => a.finished));
+            // and until the dialog stands still (it also slides in): 10 frames in the same place
+            for (let still = 0, last = null; still < 10;) {
+                await new Promise(requestAnimationFrame);
+                const r = e.getBoundingClientRect(), at = `${r.top},${r.left},${r.width},${r.height}`;
+                still = at === last ? still + 1 : 0;
+                last = at;
+            }
             let box = e.parentElement;  // the dialog's scrolling box
             while (getComputedStyle(box).overflowX === 'visible') box = box.parentElement;
+            let vbox = e.parentElement;  // the box that scrolls it vertically
+            while (vbox && !['auto', 'scroll'].includes(getComputedStyle(vbox).overflowY)) vbox = vbox.parentElement;
+            vbox = vbox || document.documentElement;
             return {complete: e.complete, width: e.naturalWidth, height: e.naturalHeight, rendered: e.offsetWidth,
                     right: e.getBoundingClientRect().right, boxRight: box.getBoundingClientRect().right,
-                    hidden: box.scrollWidth - box.clientWidth};
+                    hidden: box.scrollWidth - box.clientWidth,
+                    bottom: e.getBoundingClientRect().bottom, boxBottom: vbox.getBoundingClientRect().bottom,
+                    hiddenBelow: vbox.scrollHeight - vbox.clientHeight, windowHeight: window.innerHeight,
+                    top: e.getBoundingClientRect().top};
         }""")
         page.screenshot(path=str(plant["tmp"] / "ui-plot.png"))
         assert shown["complete"] and shown["width"] >= 1000 and shown["height"] >= 400, shown
         assert shown["rendered"] == shown["width"], shown  # not shrunk
         assert shown["hidden"] <= 0 and shown["right"] <= shown["boxRight"], shown  # nothing cut off
+        # and its last band and time axis above the fold: nothing to scroll to, inside the window
+        assert shown["hiddenBelow"] <= 0 and shown["bottom"] <= min(shown["boxBottom"], shown["windowHeight"]), str(shown)
+
+    # The cleaning table on the same screen: every column in view, none cut at the right edge.
+    with browser_page(1366, 768) as page:
+        page.goto(f"{server.url}/assets/{SPEC_ID}/cleaned_grid?view=partitions&partition={selected[0]}")
+        dismiss_dialogs(page)
+        header = page.get_by_role("columnheader", name="missing_ratio", exact=True).first
+        header.wait_for(timeout=BROWSER_TIMEOUT_MS)
+        header.scroll_into_view_if_needed()
+        seen = header.evaluate("""e => {
+            const table = e.closest('table');
+            let box = table.parentElement;  // the nearest box that clips or scrolls it
+            while (box && getComputedStyle(box).overflowX === 'visible') box = box.parentElement;
+            const right = r => r.getBoundingClientRect().right;
+            return {header: right(e), table: right(table), box: box ? right(box) : window.innerWidth,
+                    hidden: box ? box.scrollWidth - box.clientWidth : 0, window: document.documentElement.clientWidth,
+                    pageHidden: document.documentElement.scrollWidth - document.documentElement.clientWidth};
+        }""")
+        page.screenshot(path=str(plant["tmp"] / "ui-cleaning-1366.png"), full_page=True)
+        assert seen["hidden"] <= 0 and seen["pageHidden"] <= 0, seen
+        assert seen["header"] <= seen["box"] <= seen["window"], seen
 
     # 4. The rebuild job: split, normalise and publish from the partitions materialised so far.
     launched = server.graphql(
@@ -478,3 +514,24 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
     assert snapshot.name == sha256[:16], (snapshot, sha256)
     assert snapshot == Path(metadata["snapshot_dir"]["path"]).resolve(), (snapshot, metadata["snapshot_dir"])
     assert (snapshot / "manifest.json").is_file(), sorted(p.name for p in snapshot.iterdir())
+
+    # The split's overview, as a person opens it on a laptop: whole in its dialog (its columns are
+    # labelled by run id: test_plots.py checks the labels, the screenshot shows them).
+    with browser_page(1366, 768) as page:
+        page.goto(f"{server.url}/assets/{SPEC_ID}/dataset_split")
+        dismiss_dialogs(page)
+        row = page.locator("tr", has=page.get_by_role("cell", name="overview", exact=True)).first
+        row.get_by_text("[Show Markdown]").click(timeout=BROWSER_TIMEOUT_MS)
+        image = page.locator("img[alt='dataset overview']").first
+        image.wait_for(timeout=BROWSER_TIMEOUT_MS)
+        seen = image.evaluate("""async e => {
+            await Promise.all(document.getAnimations().map(a => a.finished));
+            let box = e.parentElement;
+            while (getComputedStyle(box).overflowX === 'visible') box = box.parentElement;
+            return {complete: e.complete, width: e.naturalWidth, rendered: e.offsetWidth,
+                    right: e.getBoundingClientRect().right, boxRight: box.getBoundingClientRect().right,
+                    hidden: box.scrollWidth - box.clientWidth};
+        }""")
+        page.screenshot(path=str(plant["tmp"] / "ui-overview.png"))
+        assert seen["complete"] and seen["rendered"] == seen["width"], seen
+        assert seen["hidden"] <= 0 and seen["right"] <= seen["boxRight"], seen

@@ -41,7 +41,7 @@ from aml_pipeline.demo import DEMO_SPEC, seed_plant
 from aml_pipeline.pipeline.plan import run_scope
 from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline.spec import DatasetSpec, load_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.dagster_server import (
     MARKER_ENV,
     DagsterDev,
@@ -157,6 +157,18 @@ class Deployment:
         assert launched["__typename"] == "LaunchBackfillSuccess", launched
         return launched["backfillId"]
 
+    def launch_chunks(self, partitions: Sequence[str], title: str) -> list[str]:
+        """The run assets' backfills over contiguous ranges of at most ``runs_per_chunk`` of
+        ``partitions``, one Dagster run each (the run stages' single-run policy): the chunks the
+        new-run sensor requests, launched as the UI's backfill dialog would, range by range."""
+        size = int(self.env["AML_BACKFILL_RUNS_PER_CHUNK"])
+        return [self.launch_backfill(partitions[i:i + size], f"{title} ({partitions[i]}...)")
+                for i in range(0, len(partitions), size)]
+
+    def chunk_runs(self, backfill_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The runs of these backfills (``runId``, ``status``, ``tags``), in their order."""
+        return [r for b in backfill_ids for r in self.backfill(b)["runs"]]
+
     def reexecute_backfill_from_failure(self, backfill_id: str) -> str:
         launched = self.graphql(REEXECUTE_BACKFILL, {"params": {
             "parentRunId": backfill_id, "strategy": "FROM_FAILURE",
@@ -230,11 +242,11 @@ class Deployment:
         return launched["run"]["runId"]
 
 
-def raw_step_process(d: Deployment, backfill_id: str, first_run: str, spared: set[str]) -> tuple[str, int] | None:
+def raw_step_process(d: Deployment, backfill_ids: Sequence[str], first_run: str, spared: set[str]) -> tuple[str, int] | None:
     """(Dagster run, pid) of the raw step of the chunk starting at ``first_run``, once it waits
     inside its fetch; runs in ``spared`` are skipped (already killed)."""
     started = []
-    for r in d.backfill(backfill_id)["runs"]:
+    for r in d.chunk_runs(backfill_ids):
         if r["runId"] in spared:
             continue
         run = d.run(r["runId"])

@@ -6,7 +6,8 @@ the TSDB), ``redis-server`` (broker and result backend), two Celery workers
 webserver and the daemon, each a separate process sharing only the databases and the artifact
 store directory, as hosts would. Eight finished runs, three runs per chunk.
 
-1. The run assets are backfilled through the daemon (GraphQL ``launchPartitionBackfill``) with
+1. The run assets are backfilled through the daemon (GraphQL ``launchPartitionBackfill``) in
+   chunks of three runs, one Dagster run each (as the new-run sensor requests them), with
    the TSDB's points table locked, so every fetch waits inside its query. Once every raw step a
    worker has taken is waiting there, the worker running one chunk's raw step is SIGKILLed with
    its whole process group (as if its host died), and the lock is released.
@@ -61,11 +62,11 @@ def step_executions(run: dict[str, Any], step: str) -> list[str]:
     ]
 
 
-def raw_step_waiting(d: Deployment, backfill_id: str) -> tuple[str, str] | None:
+def raw_step_waiting(d: Deployment, backfill_ids: list[str]) -> tuple[str, str] | None:
     """(Dagster run, worker) of a chunk's raw step running on a worker, once every raw step the
     workers have taken is waiting inside its fetch."""
     taken = []
-    for r in d.backfill(backfill_id)["runs"]:
+    for r in d.chunk_runs(backfill_ids):
         run = d.run(r["runId"])
         taken += [(run["runId"], w) for w in step_executions(run, "run_stages")]
     if taken and d.fetches_waiting() >= len(taken):
@@ -116,10 +117,10 @@ def test_celery_workers_build_the_same_bytes_and_survive_a_killed_worker(tmp_pat
 
         # 1. The backfill, and a worker killed while its chunk's fetch waits.
         with d.points_locked():
-            backfill_id = d.launch_backfill(finished, "test: Celery workers, one killed")
+            backfill_ids = d.launch_chunks(finished, "test: Celery workers, one killed")
             hit_run, hit_worker = wait_for(
-                lambda: raw_step_waiting(d, backfill_id), timeout=900,
-                what="a raw step waiting in its fetch on a worker", diagnostics=lambda: d.backfill_diagnostics(backfill_id),
+                lambda: raw_step_waiting(d, backfill_ids), timeout=900,
+                what="a raw step waiting in its fetch on a worker", diagnostics=lambda: d.backfill_diagnostics(backfill_ids[0]),
             )
             victim = next(w for w in d.workers if hit_worker.startswith(f"{w.name}@"))
             victim.kill()
@@ -131,23 +132,23 @@ def test_celery_workers_build_the_same_bytes_and_survive_a_killed_worker(tmp_pat
 
         # 2. The other chunks end and are recorded while the killed step waits for redelivery.
         def others_done() -> tuple[dict[str, Any], list[str]] | None:
-            runs = [d.run(r["runId"]) for r in d.backfill(backfill_id)["runs"]]
+            runs = [d.run(r["runId"]) for r in d.chunk_runs(backfill_ids)]
             if all(r["status"] == "SUCCESS" for r in runs if r["runId"] != hit_run) and len(runs) == len(chunks):
                 return d.run(hit_run), d.materialized("run_windows")
             return None
 
         hit_then, recorded = wait_for(
             others_done, timeout=900, what="the chunks on the surviving worker",
-            diagnostics=lambda: d.backfill_diagnostics(backfill_id),
+            diagnostics=lambda: "\n".join(d.backfill_diagnostics(b) for b in backfill_ids),
         )
         assert set(others) <= set(recorded), (recorded, others)
         if hit_then["status"] != "SUCCESS":
             assert not set(lost) & set(recorded), (recorded, lost, hit_then["status"])
 
-        backfill = d.wait_for_backfill(backfill_id)
-        diagnostics = d.backfill_diagnostics(backfill_id)
-        assert backfill["status"] == "COMPLETED_SUCCESS", diagnostics
-        runs = {r["runId"]: d.run(r["runId"]) for r in backfill["runs"]}
+        backfills = [d.wait_for_backfill(b) for b in backfill_ids]
+        diagnostics = "\n".join(d.backfill_diagnostics(b) for b in backfill_ids)
+        assert all(b["status"] == "COMPLETED_SUCCESS" for b in backfills), diagnostics
+        runs = {r["runId"]: d.run(r["runId"]) for b in backfills for r in b["runs"]}
         # ceil(8 / 3) chunks, each one Dagster run; none retried by Dagster.
         assert sorted(chunk_range(r) for r in runs.values()) == sorted((c[0], c[-1]) for c in chunks), diagnostics
         assert all(r["status"] == "SUCCESS" and "dagster/parent_run_id" not in r["tags"] for r in runs.values()), diagnostics

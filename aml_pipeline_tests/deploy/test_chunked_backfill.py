@@ -1,14 +1,15 @@
-"""Backfills in chunks on the production instance, without Celery: a crash loses one chunk at most.
+"""Chunks on the production instance, without Celery: a crash loses one chunk at most.
 
 The deployment of ``cluster.py`` with Dagster's default executor (one process per step on the
 code server's host): PostgreSQL instance from ``deploy/dagster.yaml``, code server, webserver,
 daemon. Eight finished runs, ``AML_BACKFILL_RUNS_PER_CHUNK=3``:
 
-1. the backfill of the run assets becomes ceil(8 / 3) = 3 Dagster runs over contiguous chunks;
+1. the run assets are backfilled in ceil(8 / 3) = 3 contiguous chunks, as the new-run sensor
+   requests them, each one Dagster run (the run stages' single-run backfill policy);
 2. the first chunk's TSDB fetch is held (a lock on the points table) and its step process is
    SIGKILLed, and so are the step processes of the run retries the instance launches for it
    (``run_retries``); every other chunk completes and its partitions are recorded;
-3. the backfill ends failed with exactly the first chunk's runs missing; re-executing it from
+3. the first chunk's backfill ends failed with exactly its runs missing; re-executing it from
    failure launches one Dagster run over exactly those runs, and redoes nothing else.
 """
 
@@ -51,22 +52,23 @@ def test_a_killed_chunk_loses_only_its_runs_and_a_rerun_redoes_only_them(tmp_pat
 
         killed: list[str] = []
         with d.points_locked():
-            backfill_id = d.launch_backfill(finished, "test: chunks, one of them killed")
+            backfill_ids = d.launch_chunks(finished, "test: chunks, one of them killed")
+            lost_id = backfill_ids[0]
             # The chunk's run, then each retry the instance launches for it: kill its raw step.
             for _ in range(max_retries + 1):
                 run_id, pid = wait_for(
-                    lambda: raw_step_process(d, backfill_id, lost[0], set(killed)),
+                    lambda: raw_step_process(d, backfill_ids, lost[0], set(killed)),
                     timeout=900, what=f"the raw step of chunk {lost[0]}..{lost[-1]} waiting in its fetch",
-                    diagnostics=lambda: d.backfill_diagnostics(backfill_id),
+                    diagnostics=lambda: d.backfill_diagnostics(lost_id),
                 )
                 assert code_server.owns(pid), f"pid {pid} is not a process of this deployment"
                 os.kill(pid, signal.SIGKILL)
                 killed.append(run_id)
 
-        backfill = d.wait_for_backfill(backfill_id)
-        runs = {r["runId"]: d.run(r["runId"]) for r in backfill["runs"]}
-        diagnostics = d.backfill_diagnostics(backfill_id)
-        assert backfill["status"] == "COMPLETED_FAILED", diagnostics
+        backfills = [d.wait_for_backfill(b) for b in backfill_ids]
+        runs = {r["runId"]: d.run(r["runId"]) for b in backfills for r in b["runs"]}
+        diagnostics = "\n".join(d.backfill_diagnostics(b) for b in backfill_ids)
+        assert [b["status"] for b in backfills] == ["COMPLETED_FAILED"] + ["COMPLETED_SUCCESS"] * (len(chunks) - 1), diagnostics
 
         # 1. One Dagster run per chunk of at most K runs, plus the retries of the killed chunk.
         originals = [r for r in runs.values() if "dagster/parent_run_id" not in r["tags"]]
@@ -94,7 +96,7 @@ def test_a_killed_chunk_loses_only_its_runs_and_a_rerun_redoes_only_them(tmp_pat
         assert d.failed("run_windows") == lost, diagnostics
 
         # 3. Re-executed from failure: one Dagster run over exactly the lost chunk; nothing else redone.
-        rerun_id = d.reexecute_backfill_from_failure(backfill_id)
+        rerun_id = d.reexecute_backfill_from_failure(lost_id)
         rerun = d.wait_for_backfill(rerun_id)
         rerun_diagnostics = d.backfill_diagnostics(rerun_id)
         assert rerun["status"] == "COMPLETED_SUCCESS", rerun_diagnostics

@@ -80,7 +80,7 @@ def test_runs_whose_host_died_are_failed_after_their_max_runtime_and_a_chunk_ret
             backfill_id = d.launch_backfill(chunk, "test: a chunk whose host dies",
                                             tags={dg.MAX_RUNTIME_SECONDS_TAG: str(BACKFILL_MAX_RUNTIME_S)})
             run_id, pid = wait_for(
-                lambda: raw_step_process(d, backfill_id, chunk[0], set()),
+                lambda: raw_step_process(d, [backfill_id], chunk[0], set()),
                 timeout=900, what=f"the raw step of chunk {chunk[0]}..{chunk[-1]} waiting in its fetch",
                 diagnostics=lambda: d.backfill_diagnostics(backfill_id),
             )

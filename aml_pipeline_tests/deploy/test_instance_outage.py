@@ -30,7 +30,7 @@ from aml_pipeline.demo import DEMO_SPEC, seed_plant
 from aml_pipeline.pipeline.plan import run_scope
 from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline.spec import load_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests import pg_server
 from aml_pipeline_tests.dagster_server import wait_for
 from aml_pipeline_tests.deploy.cluster import (

@@ -18,7 +18,7 @@ from aml_pipeline.runner.build import materialize_dataset
 from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.deploy.cluster import database, instance_env, production_home
 from aml_pipeline_tests.pgbouncer import (
     PgBouncerMissing,

@@ -44,16 +44,19 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---- chunks ------------------------------------------------------------------------------------
 
 
-def test_run_assets_backfill_in_chunks_of_the_configured_size(monkeypatch) -> None:
+def test_a_backfill_of_the_run_assets_is_one_run_per_range_and_the_sensor_chunks(monkeypatch) -> None:
     assert config.backfill_runs_per_chunk() == config.DEFAULT_BACKFILL_RUNS_PER_CHUNK == 50
-    assert run_backfill_policy() == dg.BackfillPolicy.multi_run(50)
+    assert run_backfill_policy() == dg.BackfillPolicy.single_run()
 
+    # The chunk size is the sensor's and the build's; a backfill (the UI's, `dg launch
+    # --partition-range`) runs each contiguous range in one Dagster run whatever it is.
     monkeypatch.setenv("AML_BACKFILL_RUNS_PER_CHUNK", "7")
     assets = {k.path[-1]: a for a in dataset_assets(DEMO, StageVersions.of(DEMO)) for k in a.keys}
     for name in RUN_ASSETS:
-        assert assets[name].backfill_policy == dg.BackfillPolicy.multi_run(7), name
-    for name in DATASET_ASSETS:  # not partitioned: no chunks
+        assert assets[name].backfill_policy == dg.BackfillPolicy.single_run(), name
+    for name in DATASET_ASSETS:  # not partitioned
         assert assets[name].backfill_policy is None, name
+    assert config.backfill_runs_per_chunk() == 7
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "ten", "2.5"])

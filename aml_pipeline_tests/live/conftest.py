@@ -18,7 +18,7 @@ from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
 from aml_pipeline.snapshot import Snapshot, open_snapshot
 from aml_pipeline.spec import DatasetSpec, parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.pipeline.registry import WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 def build(spec, url, roots):

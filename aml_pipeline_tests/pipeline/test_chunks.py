@@ -18,7 +18,7 @@ from aml_pipeline.pipeline.stages.raw import fetch_run
 from aml_pipeline.pipeline.stages.split import plan_dataset
 from aml_pipeline.pipeline.stages.windows import window_run
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 def _digest(path) -> str:
@@ -69,6 +69,14 @@ def test_small_grid_blocks_give_the_same_windows_and_arrays(fetched, monkeypatch
     files_small = write_snapshot_files(store, plan, norm, tmp_path / "small", availability_watermark=1, captured_at="t")
     for name in ("arrays/x.f32", "arrays/u.f32", "arrays/y.f32", "arrays/timestamps.f64", "arrays/mask.f32"):
         assert files_small.files[name] == files_big.files[name], name
+    # The series layout's rows and index, written block by block, likewise.
+    series = DatasetStore(store.root, spec.model_copy(update={"layout": "series"}), store.versions)
+    files_series = write_snapshot_files(series, plan, norm, tmp_path / "series", availability_watermark=1, captured_at="t")
+    monkeypatch.setattr(windows, "grid_block_rows", lambda n: 10**6)
+    files_series_big = write_snapshot_files(series, plan, norm, tmp_path / "series-big", availability_watermark=1,
+                                            captured_at="t")
+    for name in ("arrays/x_rows.f32", "arrays/u_rows.f32", "arrays/y_rows.f32", "arrays/segments.i64"):
+        assert files_series.files[name] == files_series_big.files[name], name
     # The statistics are accumulated one block per batch: the same up to rounding.
     small_norm = fit_normalization(store, plan)
     for k in ("x", "u", "y"):

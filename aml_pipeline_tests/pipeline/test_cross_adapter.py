@@ -20,11 +20,12 @@ from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.stages.manifest import PublishedDataset
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
 from aml_pipeline.spec import DatasetSpec, parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
 from aml_pipeline.tsdb.port import PointColumns, TsdbPort
 from aml_pipeline.tsdb.postgres import PostgresTsdb
 from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
+from aml_pipeline_tests.tsdb.series import point_count
 
 ARRAYS = ("x.f32", "u.f32", "y.f32", "timestamps.f64", "mask.f32")
 
@@ -98,7 +99,7 @@ def test_postgres_and_embedded_builds_are_byte_identical(small_plant, pg_url, tm
         assert dd.list_runs(finished_only=False) == pg.list_runs(finished_only=False)
         assert dd.list_nodes() == pg.list_nodes()
         assert dd.availability_watermark() == pg.availability_watermark() == int(plant.points.ts.max())
-        assert dd.point_count() == pg.point_count() == len(plant.points)
+        assert point_count(dd) == point_count(pg) == len(plant.points)
 
     spec = parse_spec(plant_spec_dict(plant, "cross_ds", history_steps=20, horizon_steps=10, extras=True))
     from_duck = build(spec, duck_url, tmp_path / "duck")

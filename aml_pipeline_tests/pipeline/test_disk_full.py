@@ -17,7 +17,7 @@ from aml_pipeline.errors import DiskFullError
 from aml_pipeline.faults import TRACE_ENV
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import traced
 from aml_pipeline_tests.small_fs import fill, small_filesystem
 from aml_pipeline_tests.thin_fs import thin_ext4
@@ -31,20 +31,29 @@ def _visible(root: Path) -> list[str]:
 
 
 @pytest.fixture
-def snapshot_kb(make_spec, plant_url, tmp_path) -> int:
+def layout() -> str:
+    return "windows"
+
+
+@pytest.fixture
+def snapshot_kb(make_spec, plant_url, tmp_path, layout) -> int:
     with open_tsdb(plant_url) as db:
-        p = build_dataset(make_spec(extras=True), db, store_root=tmp_path / "probe-store", datasets_root=tmp_path / "probe")
+        p = build_dataset(make_spec(extras=True, layout=layout), db, store_root=tmp_path / "probe-store",
+                          datasets_root=tmp_path / "probe")
     return sum(f.stat().st_size for f in p.snapshot_dir.rglob("*") if f.is_file()) // 1024
 
 
-def test_a_full_snapshot_root_fails_in_one_line_and_keeps_the_previous_snapshot(make_spec, plant_url, tmp_path, snapshot_kb):
-    spec = make_spec(extras=True)
+@pytest.mark.parametrize("layout", ["windows", "series"])
+def test_a_full_snapshot_root_fails_in_one_line_and_keeps_the_previous_snapshot(make_spec, plant_url, tmp_path, snapshot_kb,
+                                                                                  layout):
+    spec = make_spec(extras=True, layout=layout)
     with small_filesystem(tmp_path / "small", int(snapshot_kb * 1.6)) as root:
         with open_tsdb(plant_url) as db:
             first = build_dataset(spec, db, store_root=tmp_path / "store", datasets_root=root)
             before = _visible(root / spec.id)
             # A split edit rewrites every array: there is room for one snapshot, not two.
-            edited = make_spec(extras=True, split={"method": "hashed", "train": 0.6, "val": 0.2, "test": 0.2, "seed": 1})
+            edited = make_spec(extras=True, layout=layout,
+                               split={"method": "hashed", "train": 0.6, "val": 0.2, "test": 0.2, "seed": 1})
             with pytest.raises(DiskFullError) as err:
                 build_dataset(edited, db, store_root=tmp_path / "store", datasets_root=root)
         line = err.value.one_line()

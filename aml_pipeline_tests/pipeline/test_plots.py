@@ -289,7 +289,9 @@ def test_a_16_node_run_is_a_small_4_bit_palette_png_with_what_the_legend_names(p
     assert len(markdown.encode()) <= 64_000
     rgb = decode(png)
     figure = rf.run_figure(tuple(plots._label(n, u) for n, u in zip(traces.node_ids, units)))
-    assert figure.band >= 36 and rgb.shape == (rf.TOP_PX + 16 * figure.band + rf.BOTTOM_PX, figure.w_px, 3)
+    assert figure.band >= rf.MIN_BAND_PX and rgb.shape == (rf.TOP_PX + 16 * figure.band + rf.BOTTOM_PX, figure.w_px, 3)
+    # whole below the dialog's header on a 768 px high screen (test_webserver.py looks in a browser)
+    assert rgb.shape[0] <= 640
     assert palette_only(rgb)
     for index in (rf.RAW, rf.GRID, rf.OUTLIER, rf.GAP, rf.PARTIAL_GAP):
         assert has(rgb[rf.TOP_PX :], index), index
@@ -374,6 +376,20 @@ def test_bins_never_mix_splits_and_cover_every_run():
     assert all(a[2] == b[1] for a, b in zip(bins, bins[1:]))  # contiguous, no overlap
     assert all(len({splits[i] for i in range(lo, hi)}) == 1 and splits[lo] == s for s, lo, hi in bins)
     assert plots._bins(splits[:300], plots.OVERVIEW_COLUMNS) == [(s, i, i + 1) for i, s in enumerate(splits[:300])]
+
+
+def test_overview_columns_are_labelled_by_run_id():
+    runs, _, _, _ = dataset(30)
+    ids = [r for r, _, _ in runs]
+    positions, labels, step = plots.run_ticks(ids, plots._bins([s for _, s, _ in runs], plots.OVERVIEW_COLUMNS))
+    assert (labels, positions, step) == (ids, [i + 0.5 for i in range(30)], 1)  # every run, under its column
+    runs, _, _, _ = dataset(10_000)
+    ids = [r for r, _, _ in runs]
+    bins = plots._bins([s for _, s, _ in runs], plots.OVERVIEW_COLUMNS)
+    positions, labels, step = plots.run_ticks(ids, bins)
+    assert len(labels) <= plots.OVERVIEW_LABELS and step > 1
+    assert labels[0] == ids[0] + "…" and all(label.removesuffix("…") in ids for label in labels)
+    assert positions == [(a + b) / 2 for _, a, b in bins[::step]]
 
 
 def test_overview_names_a_bad_shape_or_split():

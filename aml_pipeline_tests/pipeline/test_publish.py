@@ -22,14 +22,21 @@ from aml_pipeline.pipeline.snapshot_writer import write_snapshot_files
 from aml_pipeline.pipeline.stages.norm import fit_normalization
 from aml_pipeline.pipeline.stages.split import DatasetPlan, load_plan
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import count_phases, last_point, traced
 
 
-@pytest.fixture
-def published(make_spec, plant_url, roots):
+@pytest.fixture(params=["windows", "series"])
+def published(request, make_spec, plant_url, roots):
     with open_tsdb(plant_url) as db:
-        return build_dataset(make_spec(extras=True), db, **roots)
+        return build_dataset(make_spec(extras=True, layout=request.param), db, **roots)
+
+
+# What each layout must hash, beside spec.json and manifest.json.
+HASHED_ARRAYS = {
+    "windows": {"arrays/x.f32", "arrays/u.f32", "arrays/y.f32", "arrays/timestamps.f64", "arrays/mask.f32"},
+    "series": {"arrays/x_rows.f32", "arrays/u_rows.f32", "arrays/y_rows.f32", "arrays/segments.i64"},
+}
 
 
 def flip_byte(path: Path, offset: int = 0) -> None:
@@ -41,8 +48,9 @@ def flip_byte(path: Path, offset: int = 0) -> None:
 def test_every_hashed_file_is_covered(published):
     snap = published.snapshot_dir
     names = ["spec.json", *hashed_files(published.manifest)]
-    assert set(names) >= {"spec.json", "manifest.json", "arrays/x.f32", "arrays/u.f32", "arrays/y.f32",
-                          "arrays/timestamps.f64", "arrays/mask.f32", "arrays/sidecar.json"}
+    layout = published.manifest.get("layout", "windows")
+    assert set(names) == {"spec.json", "manifest.json", "arrays/sidecar.json", *HASHED_ARRAYS[layout]}
+    assert {str(p.relative_to(snap)) for p in (snap / "arrays").iterdir()} == set(names) - {"spec.json", "manifest.json"}
     for name in names:
         path = snap / name
         original = path.read_bytes()
@@ -55,7 +63,7 @@ def test_every_hashed_file_is_covered(published):
 
 def test_rewritten_digest_file_still_fails_against_the_catalog(published, roots):
     snap = published.snapshot_dir
-    flip_byte(snap / "arrays/y.f32", 10)
+    flip_byte(snap / ("arrays/y.f32" if "layout" not in published.manifest else "arrays/y_rows.f32"), 10)
     # An attacker who also rewrites sha256.json fools the directory alone, not the catalog.
     from aml_pipeline.core.hashing import digest_snapshot
 
@@ -68,7 +76,8 @@ def test_rewritten_digest_file_still_fails_against_the_catalog(published, roots)
 
 def test_checks_catch_what_they_check(published, make_spec, roots, tmp_path):
     snap, m = published.snapshot_dir, published.manifest
-    spec = make_spec(extras=True)
+    series = m.get("layout") == "series"
+    spec = make_spec(extras=True, layout=m.get("layout", "windows"))
     store = DatasetStore(roots["store_root"], spec)
 
     assert check_norm_from_train(snap, m).passed
@@ -89,12 +98,20 @@ def test_checks_catch_what_they_check(published, make_spec, roots, tmp_path):
     assert not check_disjoint_splits(twice).passed
 
     assert check_finite_arrays(snap, m).passed
-    x = np.memmap(snap / "arrays/x.f32", dtype="<f4", mode="r+")
+    x = np.memmap(snap / ("arrays/x_rows.f32" if series else "arrays/x.f32"), dtype="<f4", mode="r+")
     x[123] = np.nan
     x.flush()
     del x
     outcome = check_finite_arrays(snap, m)
-    assert not outcome.passed and "x: 1" in outcome.description
+    assert not outcome.passed and ("xRows: 1" if series else "x: 1") in outcome.description
+    if series:  # a window index that places a window's rows outside the files
+        segments = np.memmap(snap / "arrays/segments.i64", dtype="<i8", mode="r+", shape=tuple(m["shapes"]["segments"]))
+        segments[4, -1] += m["shapes"]["xRows"][0]
+        segments.flush()
+        del segments
+        for check in (check_finite_arrays, check_norm_from_train):
+            outcome = check(snap, m)
+            assert not outcome.passed and "history rows lie outside x_rows" in outcome.description
 
 
 BUILD_LOOP = """
@@ -102,7 +119,7 @@ import json, os, sys
 from pathlib import Path
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 spec = json.loads(sys.argv[2])
 trace = os.environ["AML_FAULT_TRACE"]
 with open_tsdb(sys.argv[1]) as db:

@@ -15,7 +15,7 @@ import pytest
 from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import armed, kill_stopped, wait_stopped
 
 BUILD = """
@@ -23,7 +23,7 @@ import json, sys
 from pathlib import Path
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 spec = parse_spec(json.loads(sys.argv[2]))
 with open_tsdb(sys.argv[1]) as db:
     out = build_dataset(spec, db, store_root=Path(sys.argv[3]), datasets_root=Path(sys.argv[4]))
@@ -51,13 +51,14 @@ def assert_consistent(datasets: Path, spec_id: str) -> None:
         assert verify_snapshot(path).ok, f"{path} is visible but not a complete snapshot"
 
 
-@pytest.mark.parametrize("point", STAGED + PLACED + CURRENT)
-def test_a_build_killed_at_each_step_of_publication(point, make_spec, plant_url, roots, tmp_path):
-    datasets, spec = roots["datasets_root"], make_spec(note="before")
+@pytest.mark.parametrize("point,layout", [*((p, "windows") for p in STAGED + PLACED + CURRENT),
+                                          *((p, "series") for p in ("publish.array_written", "publish.renamed"))])
+def test_a_build_killed_at_each_step_of_publication(point, layout, make_spec, plant_url, roots, tmp_path):
+    datasets, spec = roots["datasets_root"], make_spec(note="before", layout=layout)
     with open_tsdb(plant_url) as db:
         before = build_dataset(spec, db, **roots)
     # The edited note changes the manifest, so this build publishes a new snapshot.
-    edited = make_spec(note="after")
+    edited = make_spec(note="after", layout=layout)
     env = armed(point, tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-c", BUILD, plant_url, json.dumps(edited.to_json_dict()), str(roots["store_root"]), str(datasets)],

@@ -25,7 +25,7 @@ from aml_pipeline.fsutil import READ_ONLY_DIR, READ_ONLY_FILE, remove_tree
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import remove_abandoned_staging
 from aml_pipeline.snapshot import SnapshotError, open_snapshot
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 NOBODY = 65534
 
@@ -184,17 +184,19 @@ def test_a_dead_builds_read_only_staging_is_removed_by_the_next(make_spec, plant
     assert removed == [staging.name] and not staging.exists() and snap.exists()
 
 
-def test_gc_of_a_snapshot_leaves_the_hard_links_it_shares_read_only(make_spec, plant_url, home):
+@pytest.mark.parametrize("layout,name", [("windows", "x.f32"), ("series", "x_rows.f32"), ("series", "segments.i64")])
+def test_gc_of_a_snapshot_leaves_the_hard_links_it_shares_read_only(make_spec, plant_url, home, layout, name):
     """A rebuild after a spec note edit hard-links the unchanged arrays of the current snapshot;
     removing the old snapshot (gc) must not make the kept snapshot's shared files writable."""
     from aml_pipeline.pipeline.retention import collect_garbage
 
-    old = build(make_spec, plant_url, home, note="first")
-    spec = make_spec(note="second")
+    old = build(make_spec, plant_url, home, note="first", layout=layout)
+    spec = make_spec(note="second", layout=layout)
     with open_tsdb(plant_url) as db:
         new = build_dataset(spec, db, store_root=home / "store", datasets_root=home / "datasets")
-    shared = new.snapshot_dir / "arrays" / "x.f32"
-    assert shared.stat().st_ino == (old.snapshot_dir / "arrays" / "x.f32").stat().st_ino  # one file, two snapshots
+    assert new.linked == sorted(str(p.relative_to(old.snapshot_dir)) for p in (old.snapshot_dir / "arrays").iterdir())
+    shared = new.snapshot_dir / "arrays" / name
+    assert shared.stat().st_ino == (old.snapshot_dir / "arrays" / name).stat().st_ino  # one file, two snapshots
     report = collect_garbage(home / "datasets", home / "store", {spec.id: spec}, keep=0)
     assert str(old.snapshot_dir) in map(str, report.removed_snapshots) and not old.snapshot_dir.exists()
     assert stat.S_IMODE(shared.stat().st_mode) == READ_ONLY_FILE and shared.stat().st_nlink == 1

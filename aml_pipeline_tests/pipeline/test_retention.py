@@ -20,16 +20,16 @@ from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.pipeline.retention import collect_garbage
 from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import armed, count_phases, kill_stopped, last_point, traced, wait_stopped
 
 
-def _publish_versions(make_spec, plant_url, roots, n: int, first: int = 0):
+def _publish_versions(make_spec, plant_url, roots, n: int, first: int = 0, layout: str = "windows"):
     """n snapshots of one spec (edited notes), the last one current."""
     specs = []
     with open_tsdb(plant_url) as db:
         for i in range(first, first + n):
-            spec = make_spec(note=f"edit {i}")
+            spec = make_spec(note=f"edit {i}", layout=layout)
             build_dataset(spec, db, **roots)
             specs.append(spec)
     return specs
@@ -43,8 +43,9 @@ def _assert_consistent(roots, spec_id: str) -> None:
         assert Path(entry.path).is_dir() and verify_snapshot(entry.path, entry.sha256).ok, entry.path
 
 
-def test_gc_keeps_current_and_the_newest_and_removes_the_rest(make_spec, plant_url, roots):
-    specs = _publish_versions(make_spec, plant_url, roots, 5)
+@pytest.mark.parametrize("layout", ["windows", "series"])
+def test_gc_keeps_current_and_the_newest_and_removes_the_rest(make_spec, plant_url, roots, layout):
+    specs = _publish_versions(make_spec, plant_url, roots, 5, layout=layout)
     spec_id = specs[-1].id
     entries = Catalog(roots["datasets_root"]).entries(spec_id)
     assert len(entries) == 5
@@ -187,7 +188,7 @@ from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import current_snapshot
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 spec, stop = json.loads(sys.argv[2]), Path(sys.argv[5])
 with open_tsdb(sys.argv[1]) as db:
     i = 0

@@ -13,7 +13,7 @@ from aml_pipeline.pipeline.runs import build_runs
 from aml_pipeline.pipeline.stages.raw import fetch_run, run_fetcher
 from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 def test_runs_come_back_in_order_with_each_failure_kept_to_its_run(make_spec, plant_url, tmp_path):

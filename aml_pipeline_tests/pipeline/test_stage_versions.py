@@ -23,7 +23,7 @@ from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.registry import STAGES, StageVersions
 from aml_pipeline.simulate.plant import plant_spec_dict
 from aml_pipeline.spec import load_spec, parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,6 +117,7 @@ CHANGES: dict[str, Change] = {
     "split.test": _all(_set("split.train", 0.55), _set("split.test", 0.3)),
     "split.seed": _all(_set("split.method", "hashed"), _set("split.seed", 5)),
     "note": _set("note", "another note"),
+    "layout": _set("layout", "series"),
     "schedule": _set("schedule", "0 * * * *"),
     "extras.specRef": _set("extras.specRef", "specs/other.yaml"),
     "extras.specVersion": _set("extras.specVersion", 2),

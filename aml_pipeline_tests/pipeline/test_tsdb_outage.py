@@ -28,7 +28,7 @@ from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog
 from aml_pipeline.pipeline.registry import RAW
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.retry import RETRY_ENV, RetryPolicy
 from aml_pipeline_tests import pg_server
 from aml_pipeline_tests.faults import armed, process_state, wait_stopped
@@ -78,7 +78,7 @@ import json, sys
 from pathlib import Path
 from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb.retry import retrying_tsdb
+from aml_pipeline.tsdb_open import retrying_tsdb
 spec = parse_spec(json.loads(sys.argv[2]))
 # lock_timeout_s: how long a reader of the embedded file waits for a writer before that open
 # counts as a transient failure (short here, so the test need not hold a writer for 10 s).

@@ -11,7 +11,7 @@ from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.stages.manifest import PublishedDataset
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +55,19 @@ def v1(plant, plant_url, tmp_path_factory) -> PublishedDataset:
 @pytest.fixture
 def fresh_v2(plant, plant_url, tmp_path) -> PublishedDataset:
     return publish(plant, plant_url, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def series_v2(plant, plant_url, tmp_path_factory) -> PublishedDataset:
+    """The v2 dataset in the series layout (same spec and data as ``v2``)."""
+    return publish(plant, plant_url, tmp_path_factory.mktemp("series-v2"), layout="series")
+
+
+@pytest.fixture(scope="session")
+def series_v1(plant, plant_url, tmp_path_factory) -> PublishedDataset:
+    return publish(plant, plant_url, tmp_path_factory.mktemp("series-v1"), extras=False, layout="series")
+
+
+@pytest.fixture
+def fresh_series_v2(plant, plant_url, tmp_path) -> PublishedDataset:
+    return publish(plant, plant_url, tmp_path, layout="series")

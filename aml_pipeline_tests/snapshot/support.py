@@ -77,3 +77,47 @@ def flip_byte(path: Path, offset: int | None = None) -> None:
     data[len(data) // 2 if offset is None else offset] ^= 0x01
     with open(path, "r+b") as f:
         f.write(bytes(data))
+
+
+def write_series_snapshot(root: Path, *, runs=(50, 20, 20), H=4, F=3, nodes=("T1", "Q1", "C1", "F1"), controls=("C1",),
+                          targets=("T1", "Q1"), seed=0) -> Path:
+    """A small series-layout snapshot (v1): one run per split, each its given number of windows
+    at stride 1 (one segment), rows random, hashed by aml_pipeline.core.hashing."""
+    from aml_pipeline.snapshot.layout import SEGMENT_FIELDS, SERIES_ARRAYS
+
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True)
+    (root / "arrays").mkdir()
+    x_rows = sum(n + H - 1 for n in runs)
+    f_rows = sum(n + F - 1 for n in runs)
+    files = {"xRows": (x_rows, len(nodes)), "uRows": (f_rows, len(controls)), "yRows": (f_rows, len(targets))}
+    for key, shape in files.items():
+        rng.normal(size=shape).astype("<f4").tofile(root / SERIES_ARRAYS[key][0])
+    seg, window, x0, f0 = [], 0, 0, 0
+    for i, n in enumerate(runs):
+        seg.append((i, window, H, 1_700_000_000_000 + i * 10**7 + H * 1000, x0, f0))
+        window, x0, f0 = window + n, x0 + n + H - 1, f0 + n + F - 1
+    np.asarray(seg, dtype="<i8").T.copy().tofile(root / SERIES_ARRAYS["segments"][0])
+    spec = {"id": "synthetic", "note": "test", "stride": 1, "layout": "series"}
+    (root / "spec.json").write_text(json.dumps(spec))
+    parts = ("train", "val", "test")
+    blocks = [{"blockId": f"{p}-0#0", "runId": f"{p}-0", "split": p, "purgeBeforeSteps": 0, "purgeAfterSteps": 0,
+               "uniqueSteps": n} for p, n in zip(parts, runs, strict=True)]
+    N = sum(runs)
+    manifest = {
+        "version": 1, "spec": spec, "allNodes": list(nodes), "controls": list(controls), "targets": list(targets),
+        "historySteps": H, "horizonSteps": F, "beatMs": 1000,
+        "shapes": {"x": [N, H, len(nodes)], "u": [N, F, len(controls)], "y": [N, F, len(targets)],
+                   **{k: list(s) for k, s in files.items()}, "segments": [len(SEGMENT_FIELDS), len(runs)]},
+        "split": {**dict(zip(parts, runs, strict=True)), "trainRunIds": ["train-0"], "valRunIds": ["val-0"],
+                  "testRunIds": ["test-0"], "excluded": [], "blocks": blocks},
+        "norm": {g: {"mean": [0.0] * len(c), "std": [1.0] * len(c), "zeroStd": []}
+                 for g, c in (("x", nodes), ("u", controls), ("y", targets))},
+        "lineageVerified": 0,
+        "artifacts": {k: f for k, (f, _) in SERIES_ARRAYS.items()},
+        "layout": "series",
+        "series": {"stride": 1, "segmentFields": list(SEGMENT_FIELDS)},
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    rehash(root)
+    return root

@@ -60,7 +60,7 @@ def check_against_every_window(snap, df: pd.DataFrame) -> None:
             assert np.array_equal(np.isnan(values[:, j]), expect_nan), node
 
 
-@pytest.mark.parametrize("which", ["v2", "sparse"])
+@pytest.mark.parametrize("which", ["v2", "sparse", "series_v2"])
 def test_the_grid_is_what_the_windows_hold(which, request, tmp_path):
     published = request.getfixturevalue(which)
     snap = open_snapshot(published.snapshot_dir)
@@ -181,14 +181,15 @@ def test_cover_is_minimal_and_loses_nothing():
     assert cover(np.arange(1000), 60).size == 18  # stride 1: 1059 rows, ceil(1059 / 60) windows read
 
 
-def test_a_dataset_without_controls(plant, plant_url, tmp_path):
+@pytest.mark.parametrize("layout", ["windows", "series"])
+def test_a_dataset_without_controls(plant, plant_url, tmp_path, layout):
     from aml_pipeline.simulate.plant import plant_spec_dict
 
     base = plant_spec_dict(plant, "snap_ds", extras=True)
     controls = {n["nodeId"] for n in base["nodes"] if n["role"] == "control"}
     extras = {**base["extras"], "variables": [v for v in base["extras"]["variables"] if v["nodeId"] not in controls]}
     published = publish(plant, plant_url, tmp_path / "b", nodes=[n for n in base["nodes"] if n["nodeId"] not in controls],
-                        extras=extras)
+                        extras=extras, layout=layout)
     snap = open_snapshot(published.snapshot_dir)
     assert snap.controls == [] and snap.u.shape[2] == 0
     export_parquet(snap, tmp_path / "e")

@@ -14,10 +14,11 @@ from aml_pipeline.snapshot import SnapshotError, open_snapshot
 from aml_pipeline.snapshot.torch import SnapshotDataset
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_dataloader_workers_serve_the_numpy_values(v2, context):
-    snap = open_snapshot(v2.snapshot_dir)
-    ds = SnapshotDataset(v2.snapshot_dir, split="train", fields=("x", "u", "y", "timestamps"))
+@pytest.mark.parametrize("context,which", [("fork", "v2"), ("spawn", "v2"), ("spawn", "series_v2")])
+def test_dataloader_workers_serve_the_numpy_values(context, which, request):
+    published = request.getfixturevalue(which)
+    snap = open_snapshot(published.snapshot_dir)
+    ds = SnapshotDataset(published.snapshot_dir, split="train", fields=("x", "u", "y", "timestamps"))
     loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=2, multiprocessing_context=context,
                         generator=torch.Generator().manual_seed(0))
     seen = []
@@ -31,8 +32,9 @@ def test_dataloader_workers_serve_the_numpy_values(v2, context):
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(train.start, train.stop))
 
 
-def test_items_match_the_snapshot_and_a_pickled_dataset_carries_no_arrays(v2):
-    snap = open_snapshot(v2.snapshot_dir)
+@pytest.mark.parametrize("which", ["v2", "series_v2"])
+def test_items_match_the_snapshot_and_a_pickled_dataset_carries_no_arrays(which, request):
+    snap = open_snapshot(request.getfixturevalue(which).snapshot_dir)
     ds = SnapshotDataset(snap, split="val")
     val = snap.split_range("val")
     assert len(ds) == len(val) > 0
@@ -48,6 +50,11 @@ def test_items_match_the_snapshot_and_a_pickled_dataset_carries_no_arrays(v2):
         ds[len(ds)]
     data = pickle.dumps(ds)
     assert len(data) < 4096 < snap.x.nbytes
+    if snap.layout == "series":  # the same items as the windows layout's dataset of the same data
+        windows = SnapshotDataset(request.getfixturevalue("v2").snapshot_dir, split="val", fields=ds.fields + ("timestamps",))
+        for i in (0, 7, len(ds) - 1):
+            for key in ("x", "u", "y"):
+                assert torch.equal(ds[i][key], windows[i][key])
     copy = pickle.loads(data)
     assert copy._snap is None  # maps are opened by whoever uses it
     np.testing.assert_array_equal(copy[5]["x"].numpy(), ds[5]["x"].numpy())

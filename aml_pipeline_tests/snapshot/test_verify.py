@@ -35,7 +35,7 @@ def copy_root(published, tmp_path: Path) -> Path:
     return tmp_path / "copied" / "datasets" / published.snapshot_dir.parent.name / published.snapshot_dir.name
 
 
-@pytest.mark.parametrize("which", ["v1", "v2"])
+@pytest.mark.parametrize("which", ["v1", "v2", "series_v1", "series_v2"])
 def test_hash_equals_the_pipeline_and_the_cli(which, request):
     published = request.getfixturevalue(which)
     snap = open_snapshot(published.snapshot_dir)
@@ -44,8 +44,9 @@ def test_hash_equals_the_pipeline_and_the_cli(which, request):
     assert hashed_files(snap.manifest) == core_hashed_files(snap.manifest)
     cli = cli_verify(published.snapshot_dir)
     assert cli.returncode == 0 and cli.stdout.split()[:2] == ["OK", snap.sha256]
-    assert snap.version == (2 if which == "v2" else 1)
-    assert (snap.timestamps is not None) == (which == "v2")
+    assert snap.version == (2 if which.endswith("v2") else 1)
+    assert (snap.timestamps is not None) == which.endswith("v2")
+    assert snap.layout == ("series" if which.startswith("series") else "windows")
 
 
 @pytest.mark.parametrize(

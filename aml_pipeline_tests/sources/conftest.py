@@ -18,7 +18,7 @@ import pytest
 from aml_pipeline.pipeline.build import PublishedDataset, build_dataset
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
 from aml_pipeline.spec import DatasetSpec, parse_spec
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
 from aml_pipeline.tsdb.port import PointColumns
 from aml_pipeline_tests.pipeline.test_cross_adapter import ingest_plant

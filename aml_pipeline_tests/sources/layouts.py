@@ -113,9 +113,11 @@ def pg_tag_table(con: Any, schema: str, plant: SimulatedPlant) -> None:
     _copy_rows(con, f"{schema}.tags", ["tag_id", "name", "eng_unit", "lo", "hi"], rows)
 
 
-def pg_narrow_layout(con: Any, schema: str, url: str, plant: SimulatedPlant, points: PointColumns | None = None) -> dict[str, Any]:
+def pg_narrow_layout(con: Any, schema: str, url: str, plant: SimulatedPlant, points: PointColumns | None = None,
+                     *, mes_schema: str | None = None) -> dict[str, Any]:
     """A TimescaleDB-style narrow table ``samples(id, tag, ts timestamptz, value, quality)``
-    (quality as OPC UA codes), an MES table and a tag table. ``id`` is the insert order."""
+    (quality as OPC UA codes), an MES table (in ``mes_schema``, default ``schema``) and a tag
+    table. ``id`` is the insert order."""
     p = points if points is not None else plant.points
     con.execute(f"CREATE TABLE {schema}.samples (id bigserial PRIMARY KEY, tag text NOT NULL, "
                 "ts timestamptz NOT NULL, value double precision, quality int NOT NULL)")
@@ -124,19 +126,37 @@ def pg_narrow_layout(con: Any, schema: str, url: str, plant: SimulatedPlant, poi
     _copy_rows(con, f"{schema}.samples", ["tag", "ts", "value", "quality"], rows)
     con.execute(f"CREATE INDEX ON {schema}.samples (tag, ts)")
     con.execute(f"ANALYZE {schema}.samples")
-    pg_mes_table(con, schema, plant)
+    mes_schema = mes_schema or schema
+    pg_mes_table(con, mes_schema, plant)
     pg_tag_table(con, schema, plant)
     return {
         "backend": "postgresql",
         "connection": url,
         "points": {"table": f"{schema}.samples", "node": "tag", "time": "ts", "value": "value",
                    "quality": {"column": "quality", **OPC_QUALITY}, "order": ["id"]},
-        "runs": {"table": f"{schema}.batches", **RUNS_MAPPING},
+        "runs": {"table": f"{mes_schema}.batches", **RUNS_MAPPING},
         "node_table": {"table": f"{schema}.tags", "id": "name", "unit": "eng_unit", "low": "lo", "high": "hi"},
     }
 
 
-def pg_wide_layout(con: Any, schema: str, url: str, plant: SimulatedPlant) -> dict[str, Any]:
+def pg_batch_tag(con: Any, schema: str, plant: SimulatedPlant) -> list[int]:
+    """A ``BATCH`` tag added to ``{schema}.samples`` (of :func:`pg_narrow_layout`) and its tag
+    table: the batch number while a run lasts and 0 between runs, on change and every 10 s.
+    Returns each run's batch number (101, 102, ...)."""
+    numbers = [101 + k for k in range(len(plant.runs))]
+    beats = []
+    for number, r in zip(numbers, plant.runs):
+        end = r.ended_at if r.ended_at is not None else int(plant.points.ts.max())
+        beats += [(t, number) for t in range(r.started_at, end + 1, 10_000)]
+        if r.ended_at is not None:
+            beats.append((r.ended_at + 1, 0))
+    _copy_rows(con, f"{schema}.samples", ["tag", "ts", "value", "quality"],
+               [("BATCH", _utc(t), float(v), OPC[0]) for t, v in beats])
+    con.execute(f"INSERT INTO {schema}.tags VALUES (999, 'BATCH', '', NULL, NULL)")
+    return numbers
+
+
+def pg_wide_layout(con: Any, schema: str, url: str, plant: SimulatedPlant, *, mes_schema: str | None = None) -> dict[str, Any]:
     """A wide table, one row per sample time and a column (and a status column) per node, times
     as local wall-clock ``timestamp`` in Europe/Berlin; a re-sent sample is another row. Units
     and ranges are listed in the description."""
@@ -159,18 +179,19 @@ def pg_wide_layout(con: Any, schema: str, url: str, plant: SimulatedPlant) -> di
     names = ["t"] + [c for n in nodes for c in (cols[n], qcols[n])]
     _copy_rows(con, f"{schema}.wide", names, rows)
     con.execute(f"CREATE INDEX ON {schema}.wide (t)")
-    pg_mes_table(con, schema, plant, naive_zone="Europe/Berlin")
+    mes_schema = mes_schema or schema
+    pg_mes_table(con, mes_schema, plant, naive_zone="Europe/Berlin")
     return {
         "backend": "postgresql",
         "connection": url,
         "points": {"table": f"{schema}.wide", "time": "t", "time_zone": "Europe/Berlin", "order": ["row_no"],
                    "columns": {n: {"column": cols[n], "quality": {"column": qcols[n], **WORD_QUALITY}} for n in nodes}},
-        "runs": {"table": f"{schema}.batches", **RUNS_MAPPING, "time_zone": "Europe/Berlin"},
+        "runs": {"table": f"{mes_schema}.batches", **RUNS_MAPPING, "time_zone": "Europe/Berlin"},
         "nodes": node_entries(plant),
     }
 
 
-def pg_monthly_layout(con: Any, schema: str, url: str, plant: SimulatedPlant) -> dict[str, Any]:
+def pg_monthly_layout(con: Any, schema: str, url: str, plant: SimulatedPlant, *, mes_schema: str | None = None) -> dict[str, Any]:
     """An SCADA historian: samples split into monthly tables ``samples_YYYY_MM(tag_id, ts epoch
     ms, val, status)`` keyed by integer tag ids, names in a tag table; read with the query form.
     """
@@ -186,7 +207,8 @@ def pg_monthly_layout(con: Any, schema: str, url: str, plant: SimulatedPlant) ->
         rows = [(int(i), ids[str(p.node_id[i])], int(p.ts[i]), float(p.value[i]), OPC[int(p.state[i])]) for i in sel]
         _copy_rows(con, table, ["seq", "tag_id", "ts", "val", "status"], rows)
         con.execute(f"CREATE INDEX ON {table} (tag_id, ts)")
-    pg_mes_table(con, schema, plant)
+    mes_schema = mes_schema or schema
+    pg_mes_table(con, mes_schema, plant)
     query = (
         f"SELECT s.ts, s.val AS value, s.status, s.seq FROM {{table}} s JOIN {schema}.tags t ON t.tag_id = s.tag_id "
         "WHERE t.name = :node AND s.ts >= :from AND s.ts <= :to"
@@ -197,7 +219,7 @@ def pg_monthly_layout(con: Any, schema: str, url: str, plant: SimulatedPlant) ->
         "points": {"query": query, "periods": {"table": f"{schema}.samples_{{period}}", "every": "month"},
                    "time": "ts", "time_type": "epoch_ms", "value": "value",
                    "quality": {"column": "status", **OPC_QUALITY}, "order": ["seq"]},
-        "runs": {"query": f"SELECT * FROM {schema}.batches", **RUNS_MAPPING},
+        "runs": {"query": f"SELECT * FROM {mes_schema}.batches", **RUNS_MAPPING},
         "node_table": {"table": f"{schema}.tags", "id": "name", "unit": "eng_unit", "low": "lo", "high": "hi"},
     }
 

@@ -76,6 +76,20 @@ def test_postgres_mapping_errors(plant, pg_schema, postgres_url, tmp_path, capsy
     assert "points.periods: no table matches" in err
 
 
+def test_descriptions_that_cannot_be_read_are_one_line(tmp_path, capsys):
+    """Not UTF-8, or a table name SQL cannot read: exit 2, one line naming the file (and the key)."""
+    desc = {"backend": "postgresql", "connection": "postgresql://nobody@127.0.0.1:1/plant",
+            "points": {"table": "s", "node": "tag", "time": "ts", "value": "v"},
+            "runs": {"windows": {"every": "1d", "start": "2025-01-01", "line": "L", "product": "P", "recipe": "R"}}}
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(layouts.write_description(tmp_path / "ok.yaml", desc).read_bytes() + 'note: "K\u00fchler"\n'.encode("latin-1"))
+    err = one_error(capsys, latin1)
+    assert err.startswith(f"SOURCE_INVALID: {latin1}: cannot read the source description: line ") and "UTF-8" in err
+    bad = layouts.write_description(tmp_path / "quoted.yaml", {**desc, "points": {**desc["points"], "table": 'public."samples"x'}})
+    err = one_error(capsys, bad)
+    assert err.startswith(f"SOURCE_INVALID: {bad}: points.table: table name "), err
+
+
 def test_an_unreachable_server_is_unavailable(plant, tmp_path, capsys):
     desc = {"backend": "postgresql", "connection": f"postgresql://nobody@127.0.0.1:{free_port()}/plant?connect_timeout=2",
             "points": {"table": "s", "node": "tag", "time": "ts", "value": "v"},

@@ -58,6 +58,15 @@ def error_of(data) -> str:
     (good(points={**NARROW, "partition": {"column": "date"}}), "points.partition", "only for backend files"),
     ({"backend": "influxdb", "connection": "http://h:8086", "database": "d", "runs": WINDOWS,
       "points": {"measurement": "m", "node": "tag", "value": "v", "order": ["x"]}}, "points.order", "nothing to order"),
+    (good(points={**NARROW, "table": 'public."samples"x'}), "points.table",
+     """table name 'public."samples"x': expected '.' after a quoted part"""),
+    (good(points={**NARROW, "table": "hist..samples"}), "points.table", "has an empty part"),
+    (good(runs={"table": 'mes."batch', "id": "i", "start": "s", "end": "e", "line": "l", "product": "p", "recipe": "r"}),
+     "runs.table", "a quoted part is not closed"),
+    (good(node_table={"table": '"tags"x', "id": "name"}), "node_table.table", "expected '.' after a quoted part"),
+    (good(points={"query": "SELECT * FROM {table} WHERE tag = :node AND ts BETWEEN :from AND :to", "time": "ts",
+                  "value": "v", "periods": {"table": '"hist"_x.s_{period}', "every": "day"}}, nodes={"A": None}),
+     "points.periods.table", "expected '.' after a quoted part"),
 ])
 def test_a_bad_description_names_its_key(data, key, fragment):
     line = error_of(data)
@@ -74,6 +83,24 @@ def test_load_reports_yaml_and_missing_files(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(SourceError, match="expected a mapping"):
         load_description(tmp_path / "list.yaml")
+
+
+def test_a_description_that_is_not_utf8_is_one_line_naming_the_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(yaml.safe_dump(good()).encode() + 'note: "K\u00fchler"\n'.encode("latin-1"))
+    with pytest.raises(SourceError) as e:
+        load_description(path)
+    line = e.value.one_line()
+    assert line.startswith(f"SOURCE_INVALID: {path}: cannot read the source description: ") and "\n" not in line
+    n = path.read_bytes().count(b"\n")  # the last line holds the Latin-1 byte
+    assert f"line {n} is not UTF-8 text (byte 0xfc" in line, line
+
+
+def test_quoted_table_names_that_parse_are_taken_as_written():
+    loaded = parse_description(good(points={**NARROW, "table": 'hist."Samples ""2024"""'}), Path("/p.yaml"))
+    from aml_pipeline.sources.sqlbuild import quote_dotted
+
+    assert quote_dotted(loaded.spec.points.table) == '"hist"."Samples ""2024"""'
 
 
 def test_connection_takes_variables_from_the_environment(tmp_path, monkeypatch):

@@ -187,7 +187,7 @@ def test_what_is_held_stays_within_the_prefetch_share(tmp_path, queries, monkeyp
     per_day = max(int(np.sum(rows["ts"] < day)), int(np.sum(rows["ts"] >= day)))
     held_at_midnight = int(np.sum((rows["ts"] >= day - 90 * 60_000) & (rows["ts"] < day)))
     if bounded:
-        monkeypatch.setattr(mapped, "prefetch_limit", lambda: per_day + held_at_midnight // 2)
+        monkeypatch.setattr(mapped.MappedTsdb, "prefetch_limit", classmethod(lambda cls: per_day + held_at_midnight // 2))
     run_bound = 4_000  # a run holds about 3,300 points; a day, eight times that
     with open_source(url) as db:
         runs = [r for r in db.list_runs(finished_only=False) if r.ended_at is not None]

@@ -118,22 +118,13 @@ def test_build_from_a_batch_id_tag(plant, pg_schema, postgres_url, tmp_path):
     and every 10 s): the runs it gives, built, equal the embedded build of the same runs."""
     con, schema = pg_schema()
     desc = layouts.pg_narrow_layout(con, schema, postgres_url, plant)
-    beats = []
-    for k, r in enumerate(plant.runs):
-        end = r.ended_at if r.ended_at is not None else int(plant.points.ts.max())
-        beats += [(t, 101 + k) for t in range(r.started_at, end + 1, 10_000)]
-        if r.ended_at is not None:
-            beats.append((r.ended_at + 1, 0))
-    with con.cursor() as cur, cur.copy(f"COPY {schema}.samples (tag, ts, value, quality) FROM STDIN") as copy:
-        for t, v in beats:
-            copy.write_row(("BATCH", layouts._utc(t), float(v), 192))
-    con.execute(f"INSERT INTO {schema}.tags VALUES (999, 'BATCH', '', NULL, NULL)")
+    numbers = layouts.pg_batch_tag(con, schema, plant)
     const = {"line": "L1", "product": "P100", "recipe": "R7", "recipe_version": 3,
              "recipe_hash": plant.runs[0].recipe_content_hash, "evidence": "simulation", "confirmed": True}
     desc["runs"] = {"batch_tag": {"node": "BATCH", "idle": [0], "id_prefix": "B", **const}}
     url = str(layouts.write_description(tmp_path / "tag.yaml", desc))
 
-    runs = [dataclasses.replace(r, run_id=f"B{101 + k}", context_confirmed=True) for k, r in enumerate(plant.runs)]
+    runs = [dataclasses.replace(r, run_id=f"B{n}", context_confirmed=True) for n, r in zip(numbers, plant.runs)]
     starts = np.array([r.started_at for r in plant.runs])
     ids = np.array([r.run_id for r in runs], dtype=object)
     reference = embedded_reference(plant, tmp_path / "embedded", runs=runs,

@@ -18,7 +18,7 @@ import yaml
 
 from aml_pipeline.cli import main
 from aml_pipeline.sources.backend import NO_END
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.tsdb.series import fetch_node_series
 from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
 from aml_pipeline_tests.sources import layouts

@@ -28,6 +28,15 @@ def test_ridge_path_equals_the_normal_equations():
         np.testing.assert_allclose(path.coef(alpha), expected, rtol=1e-8, atol=1e-10)
     # The intercept is not shrunk: a huge alpha predicts the train mean.
     np.testing.assert_allclose(path.predict(X[:2], path.coef(1e12)), np.tile(Y.mean(0), (2, 1)), atol=1e-6)
+    # Accumulated in batches of any size (offset data: the merge must not cancel), the same solution.
+    X, Y = X + 1e3, Y - 5e2
+    whole = RidgePath(X, Y)
+    batched = RidgePath()
+    for part in np.split(np.arange(50), [1, 17, 18, 40]):
+        batched.add(X[part], Y[part])
+    for alpha in (0.0, 0.5, 30.0):
+        np.testing.assert_allclose(batched.coef(alpha), whole.coef(alpha), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(batched.predict(X, batched.coef(1.0)), whole.predict(X, whole.coef(1.0)), rtol=1e-10)
 
 
 def _rewrite(root, x=None, u=None, y=None, norm=None):
@@ -94,3 +103,32 @@ def test_model_and_metrics_are_saved(tmp_path):
     doc = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert doc["snapshotSha256"] == snap.sha256 and len(version) == 24
     assert save_model(tmp_path / "out2", snap, result, metrics)[1] == version  # deterministic
+
+
+def test_both_layouts_give_the_same_model(tmp_path, monkeypatch):
+    """The same spec and data in the windows and the series layout: the same batches, hence
+    the same model and metrics, bit for bit."""
+    from aml_pipeline.pipeline.build import build_dataset
+    from aml_pipeline.training import ridge_baseline
+    from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
+    from aml_pipeline.spec import parse_spec
+    from aml_pipeline.tsdb_open import open_tsdb
+
+    plant = simulate_plant(n_runs=6, run_minutes=8, seed=5)
+    url = f"duckdb://{tmp_path / 'tsdb.duckdb'}"
+    with open_tsdb(url, read_only=False) as db:
+        db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
+    results = {}
+    monkeypatch.setattr(ridge_baseline, "BATCH_WINDOWS", 256)
+    with open_tsdb(url) as db:
+        for layout in ("windows", "series"):
+            spec = parse_spec({**plant_spec_dict(plant, "ridge_ds", history_steps=12, horizon_steps=6, extras=True,
+                                                 split={"method": "chronological", "train": 0.5, "val": 0.25,
+                                                        "test": 0.25, "seed": 0}), "layout": layout})
+            published = build_dataset(spec, db, store_root=tmp_path / layout / "store", datasets_root=tmp_path / layout / "ds")
+            snap = open_snapshot(published.snapshot_dir)
+            assert snap.layout == layout and len(snap) > 4 * 256  # several batches per pass
+            results[layout] = train_and_evaluate(snap)
+    a, b = results["windows"], results["series"]
+    assert a["alpha"] == b["alpha"] and a["rmse"] == b["rmse"] and a["val_score_by_alpha"] == b["val_score_by_alpha"]
+    assert np.array_equal(a["coef"], b["coef"])

@@ -78,3 +78,28 @@ def held(session: TsdbSession) -> Iterator[TsdbPort]:
         yield handle
     finally:
         session.release()
+
+
+def point_count(db: TsdbPort, run_id: str | None = None, node_id: str | None = None) -> int:
+    """The rows of the embedded or PostgreSQL adapter's ``points`` table (of one run and/or node),
+    counted in SQL on the handle's own connection: what is stored, rows no page would show
+    included (what a failed ingest must not leave behind)."""
+    from aml_pipeline.tsdb.duckdb import DuckDBTsdb
+    from aml_pipeline.tsdb.postgres import PostgresTsdb
+
+    if isinstance(db, PostgresTsdb):
+        schema, mark = f"{db._s}.", "%s"
+    elif isinstance(db, DuckDBTsdb):
+        schema, mark = "", "?"
+    else:
+        raise TypeError(f"point_count counts the rows of the embedded or PostgreSQL adapter, not {db!r}")
+    where, params = [], []
+    if run_id is not None:
+        where.append(f"run_key = (SELECT run_key FROM {schema}runs WHERE run_id = {mark})")
+        params.append(run_id)
+    if node_id is not None:
+        where.append(f"node_key = (SELECT node_key FROM {schema}nodes WHERE node_id = {mark})")
+        params.append(node_id)
+    query = f"SELECT count(*) FROM {schema}points" + (" WHERE " + " AND ".join(where) if where else "")
+    with db._lock:
+        return int(db._c.execute(query, params).fetchone()[0])

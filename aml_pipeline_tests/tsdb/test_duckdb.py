@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from aml_pipeline.errors import AmlError, IngestError, TsdbBusyError, TsdbError
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.duckdb import SCHEMA_VERSION, DuckDBTsdb, parse_duckdb_url
 from aml_pipeline.tsdb.port import Node, PointColumns, Run
-from aml_pipeline_tests.tsdb.series import fetch_node_series
+from aml_pipeline_tests.tsdb.series import fetch_node_series, point_count
 
 REPO = Path(__file__).resolve().parents[2]
 FAR = 2**62
@@ -413,7 +413,7 @@ def test_ingest_error_messages_name_the_offender(tmp_path):
                     np.array([0], dtype=np.int32),
                 )
             )
-        assert db.point_count() == 0
+        assert point_count(db) == 0
 
 
 # ---- schema version 1 -> 2 -----------------------------------------------------------------

@@ -18,8 +18,9 @@ def page(ts, seq=None, *, done: bool, cursor: Cursor | None | str = "last") -> P
     return Page(ts, ts.astype(np.float64), np.zeros(len(ts), np.int32), seq, cursor, done)
 
 
-class Keyset:
-    """A correct keyset backend over (ts, seq) rows; subclasses break it in one way."""
+class Keyset(TsdbPort):
+    """A correct keyset backend over (ts, seq) rows; subclasses break it in one way. (The port's
+    ``prefetch`` is its documented default: no hint taken.)"""
 
     url = "fake://keyset"
 

@@ -14,7 +14,7 @@ import pytest
 from aml_pipeline.cli import main
 from aml_pipeline.errors import IngestError
 from aml_pipeline.simulate.plant import simulate_plant, write_plant_files
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.ingest import ingest_into
 from aml_pipeline_tests.tsdb.series import fetch_node_series
 

@@ -20,9 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from aml_pipeline.simulate.plant import simulate_plant
-from aml_pipeline.tsdb import open_tsdb
+from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.port import PointColumns
 from aml_pipeline_tests.faults import armed, kill_stopped, process_state, traced, wait_stopped
+from aml_pipeline_tests.tsdb.series import point_count
 
 REPO = Path(__file__).resolve().parents[2]
 POINTS = ("ingest.files_read", "ingest.mid_transaction", "ingest.commit")
@@ -71,7 +72,7 @@ def state_of(url: str, plant) -> dict:
         return {
             "versions": db.run_versions(run_ids),
             "runs": db.list_runs(finished_only=False),
-            "points": {r: db.point_count(run_id=r) for r in run_ids},
+            "points": {r: point_count(db, run_id=r) for r in run_ids},
             "watermark": db.availability_watermark(),
         }
 

@@ -119,6 +119,19 @@ def test_pagination_keeps_every_point_sharing_a_timestamp_across_page_boundaries
     assert series.pages == pages
 
 
+@pytest.mark.parametrize("limit", [1, 2, 4, 12])
+def test_the_prefetch_serves_the_pages_the_reads_serve(tricky, limit):
+    """``prefetch`` is part of the port: every adapter takes the call, and whether it takes the
+    hint or not, the pages after it are the ones without it."""
+    plain = read_all(tricky, "A", "R1", limit, lo=10, hi=40)
+    took = tricky.prefetch("R1", ["A", "B", "NOT_A_NODE"], 10, 40)
+    assert isinstance(took, bool)
+    assert read_all(tricky, "A", "R1", limit, lo=10, hi=40) == plain
+    assert read_all(tricky, "B", "R1", limit, lo=10, hi=40)[0] == [101.0, 102.0]
+    assert not tricky.prefetch("R1", ["A"], 10, 40, max_points=1)  # more than that: not kept
+    assert read_all(tricky, "A", "R1", limit, lo=10, hi=40) == plain
+
+
 @pytest.mark.parametrize("limit", [1, 2, 3, 5])
 def test_pagination_inside_a_window_is_inclusive_at_both_ends(tricky, limit):
     values, ts, _, _ = read_all(tricky, "A", "R1", limit, lo=20, hi=30)

@@ -227,7 +227,7 @@ def any_url(request, tmp_path):
         server = request.getfixturevalue("postgres_url")
         schema = f"t_{uuid.uuid4().hex[:16]}"
         url, cleanup = with_schema(server, schema), (server, schema)
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     with open_tsdb(url, read_only=False) as db:
         db.ingest(runs=[Run("R0", "L1", "P1", "RC", 1, "h", 0, 10**9)], nodes=[Node(n) for n in NODES],
@@ -240,7 +240,7 @@ def any_url(request, tmp_path):
 
 
 def test_a_session_holds_a_handle_per_chunk_and_sees_new_data_in_the_next(any_url):
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     embedded = any_url.startswith("duckdb://")
     with TsdbSession(any_url) as session:
@@ -354,5 +354,5 @@ def test_a_brief_handle_ends_its_hold_even_when_every_chunk_starts_with_a_prefet
         chunks += 1
     session.close()
     assert chunks >= 8
-    # One hold per about 0.2 s of the second: not one hold for all of it.
+    # One hold per hold_s of the second: not one hold for all of it.
     assert session.opens >= 3, session.opens

@@ -172,10 +172,17 @@ class GridSummary:
             "grid_rows": self.rows,
             "points_kept": totals["kept"],
             "points_removed": totals["input"] - totals["kept"],
+            # Two narrow tables rather than one with a column per cause: the partition view gives a
+            # table the width of its metadata column, which is narrow on a laptop screen.
             "cleaning": Table(
-                [{"node": n, "unit": units.get(n, ""), **{c: self.counts[n][c] for c in ("input", *CLEAN_CAUSES, "kept")},
+                [{"node": n, "unit": units.get(n, ""), "input": self.counts[n]["input"],
+                  "removed": self.counts[n]["input"] - self.counts[n]["kept"], "kept": self.counts[n]["kept"],
                   "missing_ratio": round(self.missing[n], 4),
                   "median_period_ms": _period(self.sample_period_ms.get(n))} for n in spec.node_ids]
+            ),
+            "removed_by_cause": Table(
+                [{"node": n, "cause": c, "points": self.counts[n][c]} for n in spec.node_ids for c in CLEAN_CAUSES
+                 if self.counts[n][c]]
             ),
             "max_missing_ratio": max(self.missing.values()),
             "worst_missing_node": worst_missing(self.missing),

@@ -39,7 +39,7 @@ from aml_pipeline.pipeline.stages.base import Stage, inputs_key
 from aml_pipeline.pipeline.stages.norm import Normalization
 from aml_pipeline.pipeline.stages.split import DatasetPlan
 from aml_pipeline.pipeline.store import DatasetStore
-from aml_pipeline.snapshot.layout import DIGEST_FILE, SPLITS
+from aml_pipeline.snapshot.layout import DIGEST_FILE, SERIES_ARRAYS, SERIES_LAYOUT, SPLITS, manifest_layout
 from aml_pipeline.spec import DatasetSpec
 
 
@@ -81,6 +81,7 @@ class PublishedDataset:
             "snapshotDir": str(self.snapshot_dir),
             "sha256": self.sha256,
             "manifestVersion": self.manifest["version"],
+            "layout": manifest_layout(self.manifest),
             "windows": {p: split[p] for p in SPLITS},
             "runs": {
                 "train": len(split["trainRunIds"]),
@@ -114,6 +115,7 @@ class PublishedDataset:
             "sha256": self.sha256,
             "published": self.published,
             "manifest_version": m["version"],
+            "layout": summary["layout"],
             "current": self.current,
             "lineage_verified": m.get("lineageVerified", 0),
             "lineage": lineage_summary(store, plan),
@@ -145,6 +147,11 @@ def file_keys(store: DatasetStore, plan: DatasetPlan, norm: Normalization) -> di
     spec = store.spec
     stats = norm.to_json(spec)
     base = (MANIFEST.algorithm, plan.key())
+    if spec.layout == SERIES_LAYOUT:
+        # The window index depends on the runs' windows alone, each row file also on its statistics.
+        keys = {SERIES_ARRAYS[k][0]: inputs_key(k, *base, stats[g]) for k, g in (("xRows", "x"), ("uRows", "u"), ("yRows", "y"))}
+        keys[SERIES_ARRAYS["segments"][0]] = inputs_key("segments", *base, spec.stride)
+        return keys
     keys = {array_name(k): inputs_key(k, *base, stats[k]) for k in ("x", "u", "y")}
     if spec.extras is not None:
         keys.update({array_name(k): inputs_key(k, *base) for k in ("timestamps", "mask")})
@@ -235,10 +242,17 @@ def _publishing(spec_dir: Path, wait_s: float = 300.0) -> Iterator[None]:
 
 
 def snapshot_bytes(plan: DatasetPlan, spec: DatasetSpec) -> int:
-    """About how many bytes a snapshot of ``plan`` takes (its arrays)."""
+    """About how many bytes a snapshot of ``plan`` takes (its arrays; the series layout's rows:
+    at most ``min(stride, H)`` history and ``min(stride, F)`` future rows a window, plus a
+    window's whole rows per run)."""
     n = sum(int(plan.split[p]) for p in ("train", "val", "test"))
-    H, F = spec.history_steps, spec.horizon_steps
-    per_window = 4 * (H * len(spec.nodes) + F * (len(spec.control_ids) + len(spec.target_ids)))
+    H, F, stride = spec.history_steps, spec.horizon_steps, spec.stride
+    future_cols = len(spec.control_ids) + len(spec.target_ids)
+    if spec.layout == SERIES_LAYOUT:
+        runs = len(plan.runs)
+        rows = 4 * (min(stride, H) * len(spec.nodes) + min(stride, F) * future_cols)
+        return n * rows + runs * 4 * (H * len(spec.nodes) + F * future_cols)
+    per_window = 4 * (H * len(spec.nodes) + F * future_cols)
     if spec.extras is not None:
         per_window += 12 * (H + F)
     return n * per_window

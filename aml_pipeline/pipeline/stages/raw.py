@@ -94,11 +94,9 @@ def fetch_run(
     """
     spec = store.spec
     lo, hi = run_bounds(spec, run)
-    # The embedded TSDB can serve a small run's nodes from one query (a query per node costs more);
-    # a run larger than one cleaning chunk is read page by page instead.
-    prefetch = getattr(tsdb, "prefetch", None)
-    if callable(prefetch):
-        prefetch(run.run_id, spec.node_ids, lo, hi, max_points=clean_chunk_points())
+    # A TSDB may serve a small run's nodes from one read (a query per node costs more); a run
+    # larger than one cleaning chunk is read page by page instead.
+    tsdb.prefetch(run.run_id, spec.node_ids, lo, hi, max_points=clean_chunk_points())
     content = hashlib.sha256()
     points: dict[str, int] = {}
     pages: dict[str, int] = {}

@@ -7,6 +7,7 @@ the reason); runs without windows are excluded too. Chronological or hashed
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,6 +168,30 @@ def save_plan(store: DatasetStore, plan: DatasetPlan) -> Path:
 
 def load_plan(store: DatasetStore) -> DatasetPlan:
     return DatasetPlan.from_json(store.require_dataset_stage(SPLIT))
+
+
+def empty_splits(spec: DatasetSpec, runs: Mapping[str, int]) -> str | None:
+    """Why val or test got no runs though the spec gives it a share, naming the split rule, in one
+    line; None when every split with a share has runs. ``runs``: runs per split."""
+    split = spec.split
+    empty = [p for p in ("val", "test") if runs[p] == 0 and getattr(split, p) > 0]
+    if not empty:
+        return None
+    n = runs["train"] + runs["val"] + runs["test"]
+    which = f"{' and '.join(empty)} {'has' if len(empty) == 1 else 'have'} no runs"
+    if split.method == "chronological":
+        rule = ", ".join(f"floor({n} x {getattr(split, p):g}) = 0 for {p}" for p in empty)
+        return (f"{which}: the chronological split of {n} runs gives {rule} (docs/spec.md, split); "
+                f"{runs_for_every_split(spec)} runs with windows give each at least one")
+    shares = ", ".join(f"{p} {getattr(split, p):g}" for p in empty)
+    return (f"{which}: the hashed split places each run by a hash of its id and seed {split.seed}, and none of "
+            f"the {n} runs fell in the share of {shares} (docs/spec.md, split); more runs or another seed fill it")
+
+
+def runs_for_every_split(spec: DatasetSpec) -> int:
+    """The fewest runs a chronological split gives at least one run in every split with a share."""
+    shares = [s for s in (spec.split.val, spec.split.test) if s > 0]
+    return next(k for k in range(1, 1_000_000) if all(math.floor(k * s) >= 1 for s in shares))
 
 
 def split_figures(store: DatasetStore, plan: DatasetPlan) -> dict[str, Any]:

@@ -158,7 +158,7 @@ def test_a_node_sampled_faster_than_twice_the_beat_is_named_unless_it_takes_the_
     from aml_pipeline.pipeline.plan import BuildPlan
     from aml_pipeline.pipeline.runs import build_runs
     from aml_pipeline.pipeline.store import DatasetStore
-    from aml_pipeline.tsdb import open_tsdb
+    from aml_pipeline.tsdb_open import open_tsdb
 
     data = plant_spec_dict(plant, f"fast_{aggregate or 'point'}", history_steps=5, horizon_steps=2, beat_ms=2000)
     if aggregate:

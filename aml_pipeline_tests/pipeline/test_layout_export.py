@@ -1,0 +1,129 @@
+"""``export --layout windows``: a series snapshot rewritten is the windows build of the same spec."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import aml_pipeline.pipeline.layout_export as layout_export
+from aml_pipeline.core.hashing import verify_snapshot
+from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline.pipeline.layout_export import export_windows_layout
+from aml_pipeline.snapshot import open_snapshot
+from aml_pipeline.tsdb_open import open_tsdb
+
+CLI = [sys.executable, "-m", "aml_pipeline.cli"]
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+CASES = {
+    "v1": {},
+    "v1_no_controls": {"no_controls": True},
+    "v2_stride_3": {"extras": True, "stride": 3},
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def built(request, plant, plant_url, tmp_path_factory):
+    """The same spec and data built in both layouts."""
+    from aml_pipeline.simulate.plant import plant_spec_dict
+    from aml_pipeline.spec import parse_spec
+
+    case = dict(CASES[request.param])
+    data = plant_spec_dict(plant, "plant_ds", history_steps=20, horizon_steps=10, extras=case.pop("extras", False),
+                           stride=case.pop("stride", 1))
+    if case.pop("no_controls", False):
+        data["nodes"] = [n for n in data["nodes"] if n["role"] != "control"]
+    root = tmp_path_factory.mktemp(request.param)
+    out = {}
+    with open_tsdb(plant_url) as db:
+        for layout in ("windows", "series"):
+            spec = parse_spec({**data, "layout": layout})
+            out[layout] = build_dataset(spec, db, store_root=root / layout / "store", datasets_root=root / layout / "ds")
+    return request.param, out["windows"], out["series"]
+
+
+def test_the_export_is_the_windows_build(built, tmp_path):
+    name, windows, series = built
+    summary = export_windows_layout(series.snapshot_dir, tmp_path / "out")
+    assert summary["verified"] and summary["layout"] == "windows"
+    got, want = files_of(tmp_path / "out"), files_of(windows.snapshot_dir)
+    assert set(got) == set(want)
+    if windows.manifest["version"] == 1:  # byte-reproducible, hash included
+        assert summary["sha256"] == windows.sha256
+        for f in want:
+            if f != "sha256.json":  # the build's also records what each file was computed from
+                assert got[f] == want[f], f
+        assert json.loads(got["sha256.json"])["files"] == json.loads(want["sha256.json"])["files"]
+    else:  # v2: the arrays byte for byte; the manifest differs only in the capture time
+        for f in want:
+            if f not in ("manifest.json", "sha256.json"):
+                assert got[f] == want[f], f
+        m_got, m_want = json.loads(got["manifest.json"]), json.loads(want["manifest.json"])
+        assert m_got["provenance"].pop("capturedAt") == series.manifest["provenance"]["capturedAt"]
+        m_want["provenance"].pop("capturedAt")
+        assert m_got == m_want
+    assert verify_snapshot(tmp_path / "out").ok
+    assert open_snapshot(tmp_path / "out").layout == "windows"
+    # A windows snapshot exports as itself.
+    again = export_windows_layout(windows.snapshot_dir, tmp_path / "copy")
+    assert again["sha256"] == windows.sha256
+
+
+def test_the_cli(built, tmp_path):
+    _, windows, series = built
+    proc = subprocess.run([*CLI, "export", str(series.snapshot_dir), "--layout", "windows", "--out", str(tmp_path / "w")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["outDir"] == str(tmp_path / "w") and summary["layout"] == "windows"
+    assert subprocess.run([*CLI, "verify", str(tmp_path / "w")], capture_output=True).returncode == 0
+
+    def fails(*args: str) -> str:
+        proc = subprocess.run([*CLI, "export", *args], capture_output=True, text=True)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        return proc.stderr.strip().splitlines()[-1]
+
+    assert fails(str(series.snapshot_dir), "--layout", "windows", "--out", str(tmp_path / "w")).startswith("EXPORT_EXISTS: ")
+    assert fails(str(series.snapshot_dir), "--layout", "windows", "--split", "train", "--out", str(tmp_path / "s")).startswith("USAGE: ")
+    assert "not allowed with argument" in fails(str(series.snapshot_dir), "--layout", "windows", "--format", "parquet",
+                                                "--out", str(tmp_path / "f"))
+    assert not (tmp_path / "s").exists() and not (tmp_path / "f").exists()
+
+
+def test_a_tampered_series_snapshot_is_refused(plant, plant_url, make_spec, tmp_path):
+    with open_tsdb(plant_url) as db:
+        published = build_dataset(make_spec(layout="series"), db, store_root=tmp_path / "store", datasets_root=tmp_path / "ds")
+    path = published.snapshot_dir / "arrays" / "u_rows.f32"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    with open(path, "r+b") as f:  # as root, through the read-only mode
+        f.write(bytes(data))
+    proc = subprocess.run([*CLI, "export", str(published.snapshot_dir), "--layout", "windows", "--out", str(tmp_path / "w")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("SNAPSHOT_TAMPERED: ") and "arrays/u_rows.f32" in line and not (tmp_path / "w").exists()
+
+
+def test_nothing_half_written_is_left_when_an_export_fails(built, tmp_path, monkeypatch):
+    _, _, series = built
+    real, calls = layout_export._blocks, []
+
+    def failing(snap, kind):
+        calls.append(kind)
+        if kind == "y":
+            raise OSError(28, "No space left on device")
+        return real(snap, kind)
+
+    monkeypatch.setattr(layout_export, "_blocks", failing)
+    with pytest.raises(OSError, match="No space left"):
+        export_windows_layout(series.snapshot_dir, tmp_path / "e" / "out")
+    assert calls == ["x", "u", "y"] and list((tmp_path / "e").iterdir()) == []

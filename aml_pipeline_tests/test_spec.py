@@ -1,0 +1,38 @@
+"""Spec validation as a user meets it: an unknown key is named with the key that was meant."""
+
+from __future__ import annotations
+
+import pytest
+
+from aml_pipeline.errors import SpecError
+from aml_pipeline.spec import parse_spec
+
+BASE = {"id": "s", "lineId": "L1", "productId": "P1", "recipeId": "R1", "nodes": [{"nodeId": "A", "role": "target"}]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "meant"),
+    [
+        ({"cleaning": {"hampleK": 5}}, "cleaning.hampleK", "hampelK"),
+        ({"histroySteps": 3}, "histroySteps", "historySteps"),
+        ({"history_step": 3}, "history_step", "historySteps"),  # named as written, snake_case too
+        ({"split": {"metod": "hashed"}}, "split.metod", "method"),
+        ({"nodes": [{"nodeId": "A", "role": "target", "maxInterpMS": 5}]}, "nodes[0].maxInterpMS", "maxInterpMs"),
+        ({"extras": {"recipeVersion": 1, "recipeContentHash": "h", "variables": [{"id": "a", "nodeId": "A", "scal": 1}]}},
+         "extras.variables[0].scal", "scale"),
+    ],
+)
+def test_an_unknown_key_is_named_with_the_nearest_valid_key(extra: dict, field: str, meant: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec(BASE | extra, source="specs/x.yaml")
+    line = err.value.one_line()
+    assert line.startswith(f"SPEC_INVALID: specs/x.yaml: field {field}: unknown key; did you mean {meant}?"), line
+    assert "Extra inputs" not in line
+
+
+def test_a_key_near_no_valid_one_lists_the_keys_of_its_mapping() -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec(BASE | {"cleaning": {"zzz": 1}}, source="specs/x.yaml")
+    line = err.value.one_line()
+    assert line.startswith("SPEC_INVALID: specs/x.yaml: field cleaning.zzz: unknown key (the keys here: goodStates, "
+                           "hampelK, hampelMinDev, hampelSigma; docs/spec.md)"), line
