@@ -396,6 +396,7 @@ def test_every_command_exits_with_the_codes_docs_cli_md_documents(small_plant, i
         "datasets": ["datasets", "--root", f"{t}/root"],
         "gc": ["gc", "--keep", "-1"],
         "baseline": ["baseline", f"{t}/missing.yaml"],
+        "inputs": ["inputs", str(tampered), "--at", "1735718460000", "--tsdb", ingested],
         "env status": ["env", "status", "--location", f"{t}/afile"],
         "env rebuild": ["env", "rebuild", "--wait-s", "-1", "--location", f"{t}/lease", "--venv", f"{t}/venv"],
     }

@@ -60,10 +60,10 @@ def _mean(
     np.maximum(p, 0, out=p)
     np.maximum(q, 0, out=q)
     dt = np.diff(ts)
-    # Gaps longer than max_gap between consecutive points, counted by prefix sums (exact integers).
-    long_gaps = np.zeros(n, dtype=np.int64)
-    np.cumsum(dt > max_gap, out=long_gaps[1:])
-    ok &= long_gaps[q] == long_gaps[p]
+    # Segments longer than max_gap (few): a row is ok only if none lies between its p and q.
+    long_gaps = np.flatnonzero(dt > max_gap)
+    if long_gaps.size:
+        ok &= np.searchsorted(long_gaps, p) == np.searchsorted(long_gaps, q)
     t_q, v_q = ts[q], value[q]
     seg_dt = dt.astype(np.float64)
     # Every row gets its three pieces computed; rows that are not ok are NaN at the end (cheaper
@@ -79,10 +79,13 @@ def _mean(
             towards &= soon
         else:
             ok &= (t_q == grid) | towards
-        seg_area = (value[:-1] + value[1:]) * seg_dt * 0.5
+        seg_area = np.empty(n)  # one more: reduceat's indices must be < len
+        np.multiply((value[:-1] + value[1:]) * seg_dt, 0.5, out=seg_area[:-1])
     else:
         ok &= grid - t_q <= max_gap
-        seg_area = value[:-1] * seg_dt
+        seg_area = np.empty(n)
+        np.multiply(value[:-1], seg_dt, out=seg_area[:-1])
+    seg_area[-1] = 0.0
     inside = p < q  # a kept point lies in (g - beat, g]
 
     # The whole segments p+1 .. q-1 between the interval's kept points, summed per row (a row
@@ -90,7 +93,7 @@ def _mean(
     p1 = np.minimum(p + 1, n - 1)
     idx = np.empty(2 * grid.size, dtype=np.intp)
     idx[0::2], idx[1::2] = p1, q
-    whole = np.add.reduceat(np.append(seg_area, 0.0), idx)[::2]  # indices must be < len: a zero after
+    whole = np.add.reduceat(seg_area, idx)[::2]
     whole[q <= p1] = 0.0
 
     # From g - beat to the first kept point inside the interval (p < q), on segment p -> p + 1;
