@@ -177,8 +177,7 @@ class GridSummary:
             "cleaning": Table(
                 [{"node": n, "unit": units.get(n, ""), "input": self.counts[n]["input"],
                   "removed": self.counts[n]["input"] - self.counts[n]["kept"], "kept": self.counts[n]["kept"],
-                  "missing_ratio": round(self.missing[n], 4),
-                  "median_period_ms": _period(self.sample_period_ms.get(n))} for n in spec.node_ids]
+                  "missing_ratio": round(self.missing[n], 4)} for n in spec.node_ids]
             ),
             "removed_by_cause": Table(
                 [{"node": n, "cause": c, "points": self.counts[n][c]} for n in spec.node_ids for c in CLEAN_CAUSES
@@ -187,9 +186,9 @@ class GridSummary:
             "max_missing_ratio": max(self.missing.values()),
             "worst_missing_node": worst_missing(self.missing),
         }
-        if self.fast:
-            figures["sampled_faster_than_beat"] = "; ".join(
-                f"{n}: median sample period {p:g} ms, beat {spec.beat_ms} ms" for n, p in self.fast.items())
+        # Always present (the partitions of an asset show the same keys): "none", or the nodes.
+        figures["sampled_faster_than_beat"] = "; ".join(
+            f"{n}: median sample period {p:g} ms, beat {spec.beat_ms} ms" for n, p in self.fast.items()) or "none"
         if plot and self.traces is not None:
             from aml_pipeline.pipeline.plots import (
                 run_traces_markdown,  # matplotlib, only when drawing
@@ -197,10 +196,6 @@ class GridSummary:
 
             figures["plot"] = Markdown(run_traces_markdown(self.traces, [units.get(n, "") for n in spec.node_ids], self.run_id))
         return figures
-
-
-def _period(ms: float | None) -> float:
-    return float("nan") if ms is None else ms  # a table column of one type: NaN = a beat or more
 
 
 # Nodes already warned about in this process, per spec: a build of many runs says it once.
