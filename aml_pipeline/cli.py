@@ -384,6 +384,81 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inputs(args: argparse.Namespace) -> int:
+    """A model's input at one forecast origin, from the snapshot's own recipe (aml_pipeline.live)."""
+    import numpy as np
+
+    from aml_pipeline.live import LiveRecipe
+    from aml_pipeline.live.points import epoch_ms, when
+    from aml_pipeline.snapshot import SnapshotError, open_snapshot
+
+    _check_looks_like_a_snapshot(Path(args.snapshot_dir))
+    try:
+        recipe = LiveRecipe(open_snapshot(args.snapshot_dir))
+    except SnapshotError as e:
+        raise AmlError(str(e), code=e.code) from None
+    at = epoch_ms(args.at, "--at")
+    origin = at - at % recipe.beat_ms  # the last grid time at or before it
+    controls: Any = None
+    if args.controls == "realised":
+        controls = "realised"
+    elif args.controls:
+        controls = _points_file(args.controls, args.run)
+    if args.points:
+        run_start = epoch_ms(args.run_start, "--run-start") if args.run_start else None
+        got = recipe.inputs(origin, _points_file(args.points, args.run), controls=controls, run_start_ms=run_start)
+    else:
+        got = recipe.inputs(origin, tsdb=args.tsdb or config.tsdb_url(), run_id=args.run, controls=controls)
+    if args.out:
+        import io
+
+        from aml_pipeline.pipeline.store import atomic_write_bytes
+
+        buf = io.BytesIO()
+        np.savez(buf, x=got.x, **({"u": got.u} if got.u is not None else {}), times_ms=got.times_ms,
+                 nodes=np.array(got.nodes), controls=np.array(got.controls), may_differ=got.may_differ)
+        atomic_write_bytes(Path(args.out), buf.getvalue())
+    summary = {
+        "snapshotDir": str(recipe.snapshot.root), "sha256": recipe.snapshot.sha256, "originMs": got.origin_ms,
+        "runId": got.run_id, "causal": got.causal, "nodes": list(got.nodes), "timesMs": got.times_ms.tolist(),
+        "x": got.x.tolist(), "controls": list(got.controls), "u": None if got.u is None else got.u.tolist(),
+        "mayDiffer": {n: [int(t) for t in got.times_ms[got.may_differ[:, j]]] for j, n in enumerate(got.nodes)
+                      if got.may_differ[:, j].any()},
+        "why": got.why, **({"out": str(args.out)} if args.out else {}),
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"snapshot  {recipe.snapshot.root} (sha256 {recipe.snapshot.sha256[:16]}, verified)")
+    print(f"origin    {when(got.origin_ms)}" + (f", run {got.run_id}" if got.run_id else "")
+          + ("" if got.causal else "  (built without causal: true: rows marked * may differ from the windows')"))
+    print(f"x         [{recipe.history_steps}, {len(got.nodes)}] normalised, float32, as a window's x")
+    width = max(9, *(len(n) for n in got.nodes))
+    print(f"  {'time':<24}" + "".join(f"{n:>{width + 1}}" for n in got.nodes))
+    for r, t in enumerate(got.times_ms):
+        cells = "".join(f"{got.x[r, j]:>{width}.4f}{'*' if got.may_differ[r, j] else ' '}" for j in range(len(got.nodes)))
+        print(f"  {when(int(t)).split(' ')[0]:<24}{cells}")
+    if got.u is not None:
+        print(f"u         [{recipe.horizon_steps}, {len(got.controls)}] normalised: " + json.dumps(got.u.tolist()))
+    for node, reason in got.why.items():
+        print(f"* {node}: {reason}")
+    if args.out:
+        print(f"written   {args.out}")
+    return 0
+
+
+def _points_file(path: str, run_id: str | None):
+    """A points file (the ingest format, docs/ingest.md), only ``run_id``'s points when given."""
+    from aml_pipeline.tsdb.ingest import read_points
+    from aml_pipeline.tsdb.port import PointColumns
+
+    points = read_points(path)
+    if run_id is None:
+        return points
+    rows = points.run_id == run_id
+    return PointColumns(points.run_id[rows], points.node_id[rows], points.ts[rows], points.value[rows], points.state[rows])
+
+
 def _env_settings(args: argparse.Namespace):
     from aml_pipeline.envs import EnvSettings
 
@@ -573,6 +648,21 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--alphas", type=float, nargs="+", help="ridge penalties to choose from on val (default 0.01 … 10000)")
     bl.add_argument("--json", action="store_true", help="print only JSON")
     bl.set_defaults(func=cmd_baseline)
+
+    li = sub.add_parser(
+        "inputs",
+        help="a model's input at a forecast origin, from live points by the snapshot's own recipe (docs/consumers.md)",
+    )
+    li.add_argument("snapshot_dir")
+    li.add_argument("--at", required=True, help="forecast origin: epoch ms or ISO-8601 (UTC); the last grid time at or before it")
+    li.add_argument("--tsdb", help="TSDB URL or source description to read from (default: $AML_TSDB_URL or the embedded file)")
+    li.add_argument("--run", help="the run (default: the one of the spec's line, product and recipe under way at the origin)")
+    li.add_argument("--points", help="read the points from this file (CSV or Parquet, the ingest format) instead of a TSDB")
+    li.add_argument("--run-start", help="with --points: when the run started (epoch ms or ISO-8601)")
+    li.add_argument("--controls", help="planned controls: 'realised' (the TSDB's points after the origin) or a points file")
+    li.add_argument("--out", help="also write the arrays to this .npz file (x, u, times_ms, nodes, controls, may_differ)")
+    li.add_argument("--json", action="store_true", help="print only JSON")
+    li.set_defaults(func=cmd_inputs)
 
     # Named from the subcommands themselves, so a new one is never missing from --help.
     p.description = (

@@ -25,6 +25,7 @@ from aml_pipeline.errors import AmlError, InvalidIdError, SpecError, UnitContrac
 from aml_pipeline.ids import check_external_id, check_spec_id
 
 Role = Literal["feature", "control", "target"]
+Aggregate = Literal["point", "mean"]
 
 
 class _Model(BaseModel):
@@ -50,6 +51,9 @@ class NodeSpec(_Model):
     hampel_k: int | None = Field(default=None, ge=0)
     hampel_min_dev: float | None = Field(default=None, ge=0)
     max_interp_ms: int | None = Field(default=None, ge=0)
+    # Written to spec.json only when set (DatasetSpec.to_json_dict), like every key added after
+    # datasets existed: specs without it keep their bytes and hash.
+    aggregate: Aggregate | None = None
 
     @field_validator("node_id")
     @classmethod
@@ -135,9 +139,11 @@ class DatasetSpec(_Model):
     to_ms: int | None = None
     beat_ms: int = Field(default=1000, ge=1)
     max_interp_ms: int = Field(default=5000, ge=0)
+    aggregate: Aggregate | None = None  # every node's, unless it sets its own; None = point values
     history_steps: int = Field(default=60, ge=1)
     horizon_steps: int = Field(default=30, ge=1)
     stride: int = Field(default=1, ge=1)
+    causal: bool = False  # a window's history depends only on points before its origin
     nodes: tuple[NodeSpec, ...] = Field(min_length=1)
     cleaning: CleaningSpec = CleaningSpec()
     split: SplitSpec = SplitSpec()
@@ -197,7 +203,20 @@ class DatasetSpec(_Model):
         )
 
     def to_json_dict(self) -> dict[str, Any]:
-        exclude = {"schedule"} | ({"layout"} if self.layout == "windows" else set())
+        """spec.json's content: every field, except ``schedule`` (operational) and the keys added
+        after datasets existed while they have their default (``layout: windows``, ``aggregate``,
+        ``causal``), so the specs that do not use them keep the bytes, hash and stage versions
+        they had."""
+        exclude: dict[str, Any] = {"schedule": True}
+        if self.layout == "windows":
+            exclude["layout"] = True
+        if self.aggregate is None:
+            exclude["aggregate"] = True
+        if not self.causal:
+            exclude["causal"] = True
+        plain = {i: {"aggregate"} for i, n in enumerate(self.nodes) if n.aggregate is None}
+        if plain:
+            exclude["nodes"] = plain
         return self.model_dump(mode="json", by_alias=True, exclude=exclude)
 
     def to_json_bytes(self) -> bytes:

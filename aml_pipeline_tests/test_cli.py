@@ -396,6 +396,7 @@ def test_every_command_exits_with_the_codes_docs_cli_md_documents(small_plant, i
         "datasets": ["datasets", "--root", f"{t}/root"],
         "gc": ["gc", "--keep", "-1"],
         "baseline": ["baseline", f"{t}/missing.yaml"],
+        "inputs": ["inputs", str(tampered), "--at", "1735718460000", "--tsdb", ingested],
         "env status": ["env", "status", "--location", f"{t}/afile"],
         "env rebuild": ["env", "rebuild", "--wait-s", "-1", "--location", f"{t}/lease", "--venv", f"{t}/venv"],
     }
@@ -482,3 +483,54 @@ def test_the_readme_own_data_block_ends_with_the_dataset_materialised_in_the_ui(
     assert sha == summary["sha256"]
     stats = data["windows"]["partitionStats"]
     assert stats["numMaterialized"] == stats["numPartitions"] >= built > 0, stats
+
+
+def test_inputs_prints_and_writes_a_causal_window_s_x_and_refuses_bad_input_in_one_line(
+    small_plant, ingested, tmp_path, capsys, monkeypatch
+):
+    """`inputs SNAPSHOT --at TIME`: the model's input at a window's origin, read from the TSDB or
+    from a points file, equal to that window's x and u; a bad time or a node missing is one line."""
+    import numpy as np
+
+    from aml_pipeline.pipeline.registry import WINDOWS
+    from aml_pipeline.pipeline.store import DatasetStore
+    from aml_pipeline.snapshot import open_snapshot
+    from aml_pipeline.spec import load_spec
+
+    monkeypatch.setenv("AML_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    spec = write_spec(tmp_path / "cli_ds.yaml", small_plant, causal=True)
+    assert main(["build", str(spec), "--tsdb", ingested, "--out", str(tmp_path / "published"), "--json"]) == 0
+    snapshot = Path(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["snapshotDir"])
+    snap = open_snapshot(snapshot)
+    block = snap.runs("train")[0]
+    store = DatasetStore(config.store_dir(tmp_path / "home"), load_spec(spec))
+    start = int(store.read_flat(block.run_id, WINDOWS, "starts", 5, 6)[0])
+    origin = store.read_meta(block.run_id, WINDOWS)["firstMs"] + start * 1000
+    window = block.start + 5
+
+    assert main(["inputs", str(snapshot), "--at", str(origin + 300), "--tsdb", ingested, "--controls", "realised",
+                 "--json", "--out", str(tmp_path / "x.npz")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["originMs"] == origin and out["runId"] == block.run_id and out["causal"] and not out["mayDiffer"]
+    assert np.array(out["x"], dtype=np.float32).tobytes() == np.asarray(snap.x[window]).tobytes()
+    assert np.array(out["u"], dtype=np.float32).tobytes() == np.asarray(snap.u[window]).tobytes()
+    saved = np.load(tmp_path / "x.npz")
+    assert saved["x"].tobytes() == np.asarray(snap.x[window]).tobytes() and list(saved["nodes"]) == snap.nodes
+
+    points = tmp_path / "files" / "points.csv"
+    write_plant_files(small_plant, points.parent, fmt="csv")
+    run_start = next(r.started_at for r in small_plant.runs if r.run_id == block.run_id)
+    assert main(["inputs", str(snapshot), "--at", str(origin), "--points", str(points), "--run", block.run_id,
+                 "--run-start", str(run_start)]) == 0
+    text = capsys.readouterr().out
+    assert "origin    " in text and f"({origin})" in text and "normalised" in text
+    first_row = next(line for line in text.splitlines() if line.startswith("  20"))
+    assert [float(v) for v in first_row.split()[1:]] == pytest.approx(np.asarray(snap.x[window][0]).tolist(), abs=5e-5)
+
+    expect_user_error(capsys, ["inputs", str(snapshot), "--at", "yesterday", "--tsdb", ingested], "LIVE_ORIGIN_INVALID", "yesterday")
+    early = next(r.started_at for r in small_plant.runs if r.run_id == block.run_id) + 5_000
+    expect_user_error(capsys, ["inputs", str(snapshot), "--at", str(early), "--tsdb", ingested, "--run", block.run_id],
+                      "LIVE_TOO_FEW_POINTS", "historySteps")
+    expect_user_error(capsys, ["inputs", str(snapshot), "--at", str(origin), "--points", str(points.parent / "runs.csv")],
+                      "INGEST_INVALID")

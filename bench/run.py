@@ -93,9 +93,14 @@ GOALS = (
     Goal("mapped_pg_fetch_over_copy", "<=", 1.5, "x", "mapped PostgreSQL table: run fetch / binary COPY", "sources"),
     Goal("lake_over_scan", "<=", 1.5, "x", "Parquet lake: the build's read / DuckDB's plain scan of its rows", "sources"),
     Goal("mapped_version_over_fetch", "<=", 0.25, "x", "mapped table: per-run version query / run fetch", "sources"),
+    Goal("causal_windows_equal_live_share", "==", 1.0, "", "causal snapshot: windows whose live x from points before the origin is theirs", "live"),
+    Goal("live_inputs_from_points_ms", "<=", 2.0, "ms", "live input at one origin from held points, H 60, 16 nodes (median)", "live"),
+    Goal("live_inputs_from_tsdb_ms", "<=", 25.0, "ms", "live input read from the embedded file (p99 of the calls)", "live"),
+    Goal("live_inputs_from_tsdb_pg_ms", "<=", 25.0, "ms", "live input read from PostgreSQL (p99 of the calls)", "live"),
+    Goal("aggregate_mean_mpts_per_s", ">=", 0.8, "x", "grid stage points/s with aggregate: mean / without", "live"),
 )
 PARTS = ("build", "hampel", "windows", "snapshot", "series", "plots", "dagster", "incremental", "parallel",
-         "orchestration", "run_figures", "rss", "pg", "sources")
+         "orchestration", "run_figures", "rss", "pg", "sources", "live")
 
 # The Dagster build of the 2,000 small runs is the longest side of the full run, so that figure
 # gets one repetition there (raise orchestration_repeat where time allows).
@@ -461,10 +466,40 @@ def _sources(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path,
         res.missing("mapped_version_over_fetch", pg["reason"])
 
 
+def _live(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
+    from bench import live_bench
+
+    _log("live inputs: causal and plain snapshots of the workload, every window's live x, latency from memory, "
+         "the embedded file and PostgreSQL, the grid stage with beat means")
+    out = live_bench.run(ctx["w"], work / "live", repeat=cfg["repeat"], quick=a.quick)
+    res["live"] = out
+    share = out["share"]
+    res.figure("causal_windows_equal_live_share", share["causal"]["share"])
+    res.check("causal snapshot: every live x compared equals its window", share["causal"]["share"] == 1.0)
+    res.check("plain snapshot: every differing live x row is marked may_differ",
+              share["plain"]["differing_all_marked_may_differ"])
+    p = out["points"]
+    res.figure("live_inputs_from_points_ms", {"value": p["ms"]["ours"]["median"], "min": p["ms"]["ours"]["min"],
+                                              "max": p["ms"]["ours"]["max"], "repeat": p["timings"]["repeat"]})
+    res.check("live input from held points equals its window", p["equal_to_window"])
+    if p["pf"].get("available"):
+        res.check("PyTorch Forecasting's encoder for the same history equals the live x", p["pf"]["encoder_equals_live_x"])
+    t = out["tsdb"]
+    res.figure("live_inputs_from_tsdb_ms", {"value": t["embedded"]["p99_ms"], "min": t["embedded"]["min_ms"],
+                                            "max": t["embedded"]["max_ms"], "repeat": t["calls"]})
+    if "p99_ms" in t.get("postgresql", {}):
+        res.figure("live_inputs_from_tsdb_pg_ms", {"value": t["postgresql"]["p99_ms"], "min": t["postgresql"]["min_ms"],
+                                                   "max": t["postgresql"]["max_ms"], "repeat": t["calls"]})
+    else:
+        res.missing("live_inputs_from_tsdb_pg_ms", t["postgresql"]["reason"])
+    res.check("live inputs read from the TSDBs equal their windows", all(t["equal_to_windows"].values()))
+    res.figure("aggregate_mean_mpts_per_s", out["aggregate"]["ratio"])
+
+
 PART_FUNCS = {
     "build": _build, "hampel": _hampel, "windows": _windows, "snapshot": _snapshot, "series": _series, "plots": _plots,
     "dagster": _dagster, "incremental": _incremental, "parallel": _parallel, "orchestration": _orchestration,
-    "run_figures": _run_figures, "rss": _rss, "pg": _pg, "sources": _sources,
+    "run_figures": _run_figures, "rss": _rss, "pg": _pg, "sources": _sources, "live": _live,
 }
 
 
@@ -717,6 +752,35 @@ def render(d: dict[str, Any]) -> str:
             L.append(f"  versions of every run, one call {_t(t['versions'])}, a call per run {_t(t['versions_one_by_one'])}")
         else:
             L.append(f"  PostgreSQL: {pg['reason']}")
+    if "live" in d:
+        lv = d["live"]
+        L.append("")
+        for name in ("causal", "plain"):
+            sh = lv["share"][name]
+            every = "every window" if sh["stride"] == 1 else f"every {sh['stride']}th window"
+            L.append(f"live x equal to its window, {name} snapshot ({sh['of']:,} windows): {sh['equal']:,} of {sh['windows']:,} "
+                     f"({every}): {_fmt(sh['share'], 4)}; {sh['differ']:,} differ "
+                     f"(all rows marked may_differ: {_fmt(sh['differing_all_marked_may_differ'])}), "
+                     f"{sh['refused_live_gap']:,} need a point after the origin")
+        for how, wy in lv["why"].items():
+            L.append(f"  one 1 Hz node ({how.replace('_', ' ')}), {wy['points']:,} points, 60 spikes, H {wy['H']}: windows whose "
+                     f"history differs from the live one: plain {wy['plain']['differ']:,} of {wy['plain']['windows']:,} "
+                     f"({_fmt(100 * wy['plain']['share_differ'], 1)}%, {wy['plain']['rows_differ']:,} rows), causal "
+                     f"{wy['causal']['differ']:,} of {wy['causal']['windows']:,}")
+        pm = lv["points"]["ms"]
+        L.append(f"live input from held points: ours {pm['ours']['median']:.3f} ms [{pm['ours']['min']:.3f}-{pm['ours']['max']:.3f}]"
+                 + (f"; PyTorch Forecasting from_dataset(predict=True) {pm['pytorch_forecasting']['median']:.3f} ms "
+                    f"[{pm['pytorch_forecasting']['min']:.3f}-{pm['pytorch_forecasting']['max']:.3f}]"
+                    if "pytorch_forecasting" in pm else f"; PyTorch Forecasting: {lv['points']['pf'].get('reason', '-')}"))
+        for db in ("embedded", "postgresql"):
+            t = lv["tsdb"].get(db, {})
+            if "p99_ms" in t:
+                L.append(f"  read from the {db} TSDB: median {t['median_ms']:.2f} ms, p99 {t['p99_ms']:.2f} ms over "
+                         f"{lv['tsdb']['calls']} origins")
+        ag = lv["aggregate"]
+        L.append(f"grid stage over {ag['points']:,} points: point values {_fmt(ag['mpts_per_s']['point'])} M points/s, "
+                 f"beat means {_fmt(ag['mpts_per_s']['mean'])} M points/s; ratio {ag['ratio']['value']:.2f} "
+                 f"[{ag['ratio']['min']:.2f}-{ag['ratio']['max']:.2f}]")
     L.append("")
     note = "   (quick mode: the goals are for the full run)" if d["mode"] == "quick" else ""
     L.append(f"{'goal':<36}{'median':>10}  {'[min-max] xN':<22}{'target':<18}met{note}")

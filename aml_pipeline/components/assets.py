@@ -116,6 +116,13 @@ def run_stage_assets(spec: DatasetSpec, versions: StageVersions) -> dg.AssetsDef
                     context.log.error(f"run {outcome.run_id} ({i}/{len(run_ids)}) failed: {_describe(outcome.error)}")
                 elif progress_line_due(i, len(run_ids)):
                     context.log.info(f"run {outcome.run_id} ({i}/{len(run_ids)}): {outcome.line()}")
+            fast = [(o.run_id, o.figures[GRID]["sampled_faster_than_beat"]) for o in outcomes
+                    if "sampled_faster_than_beat" in o.figures.get(GRID, {})]
+            if fast:
+                context.log.warning(
+                    f"{len(fast)} of {len(outcomes)} runs have nodes sampled faster than twice the beat that take the "
+                    f"value at each grid time (set aggregate: mean to take each beat's mean, docs/spec.md); "
+                    f"run {fast[0][0]}: {fast[0][1]}")
         yield from _record(spec, stages, outcomes)
 
     return run_stages

@@ -6,6 +6,7 @@ rule that removed it, so the counts always add up: ``input == sum(causes) + kept
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,30 @@ from aml_pipeline.core.grid_params import NodeGridParams
 from aml_pipeline.core.hampel import hampel_outliers
 
 CLEAN_CAUSES: tuple[str, ...] = ("non_finite", "bad_state", "out_of_range", "duplicate_ts", "hampel_outlier")
+
+
+def point_removals(
+    value: np.ndarray, state: np.ndarray, good: np.ndarray, lo: float | np.ndarray | None, hi: float | np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rules that judge each point alone, in order, each removed point charged to the first
+    rule that removes it: masks of the non-finite values, the states not in ``good``, and the
+    values outside the inclusive ``[lo, hi]`` (``None``: open on that side; a bound may be one per
+    point)."""
+    non_finite = ~np.isfinite(value)
+    if good.size <= 4:  # the usual case ([0]): a few comparisons beat np.isin's setup
+        is_good = state == good[0]
+        for g in good[1:]:
+            is_good |= state == g
+    else:
+        is_good = np.isin(state, good)
+    bad_state = ~non_finite & ~is_good
+    # NaN compares false, but non-finite points are already charged; only the others are.
+    out = np.zeros(value.size, dtype=bool)
+    if lo is not None:
+        out |= value < lo
+    if hi is not None:
+        out |= value > hi
+    return non_finite, bad_state, ~non_finite & is_good & out
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,7 +71,9 @@ class SeriesCleaner:
       for ``k`` more, and ``k`` resolved ones stay as left context (``2k`` points). A chunk's flags
       are computed on context + chunk, and taken only where the whole window lies inside it (or
       is clipped by the true start of the series); :meth:`finish` resolves the rest against the
-      true end.
+      true end. With ``params.causal`` the window is the point and the ``2k`` survivors before
+      it (:func:`~aml_pipeline.core.hampel.hampel_outliers`, ``trailing``): nothing waits, and
+      ``2k`` resolved points stay as context.
 
     So the kept points, the outliers and the counts are those of the whole series fed at once,
     wherever the chunks are cut (the tests cut at duplicates, outliers, bad states and every
@@ -58,6 +85,9 @@ class SeriesCleaner:
         self._good = np.asarray(params.good_states)
         self._lo, self._hi = params.valid_range
         self._k, self._sigma, self._min_dev = params.hampel_k, params.hampel_sigma, params.hampel_min_dev
+        self._trailing = params.causal
+        # Survivors a flag waits for after its point, and resolved ones it needs before it.
+        self._wait, self._reach_back = (0, 2 * self._k) if self._trailing else (self._k, self._k)
         self.counts: dict[str, int] = {"input": 0, **dict.fromkeys(CLEAN_CAUSES, 0), "kept": 0}
         self._last_ts: int | None = None  # last timestamp fed (order check across chunks)
         self._held_ts, self._held_value = _NO_TS, _NO_VALUE  # at most one survivor held back
@@ -73,29 +103,10 @@ class SeriesCleaner:
         ts, value, state = self._checked(ts, value, state)
         n = int(ts.size)
         self.counts["input"] += n
-        keep = np.isfinite(value)
-        self.counts["non_finite"] += n - int(keep.sum())
-
-        good = self._good
-        if good.size <= 4:  # the usual case ([0]): a few comparisons beat np.isin's setup
-            is_good = state == good[0]
-            for g in good[1:]:
-                is_good |= state == g
-        else:
-            is_good = np.isin(state, good)
-        removed = keep & ~is_good
-        self.counts["bad_state"] += int(removed.sum())
-        keep &= ~removed
-
-        # NaN compares false, but non-finite points are already gone; only kept points are charged.
-        out = np.zeros(n, dtype=bool)
-        if self._lo is not None:
-            out |= value < self._lo
-        if self._hi is not None:
-            out |= value > self._hi
-        removed = keep & out
-        self.counts["out_of_range"] += int(removed.sum())
-        keep &= ~removed
+        non_finite, bad_state, out_of_range = point_removals(value, state, self._good, self._lo, self._hi)
+        for cause, removed in (("non_finite", non_finite), ("bad_state", bad_state), ("out_of_range", out_of_range)):
+            self.counts[cause] += int(removed.sum())
+        keep = ~(non_finite | bad_state | out_of_range)
 
         # Duplicates are judged among survivors only: a bad point must not knock out a good one
         # that shares its timestamp. Input order is (ts, seq), so the last of a group has the
@@ -158,23 +169,88 @@ class SeriesCleaner:
     def _resolve(self, *, final: bool) -> CleanedChunk:
         """Hampel-judge the buffered survivors whose window is complete; keep the context."""
         k, n = self._k, int(self._buf_ts.size)
-        end = n if final else max(self._context, n - k)
+        end = n if final else max(self._context, n - self._wait)
         if end <= self._context:
             return CleanedChunk(_NO_TS, _NO_VALUE, _NO_TS, _NO_VALUE)
         if k == 0:
             flags = np.zeros(n, dtype=bool)
         else:
-            # Flags at i depend only on buffer[i-k .. i+k]: exact for context..end-1.
-            flags = hampel_outliers(self._buf_value, k, self._sigma, self._min_dev)
+            # Flags at i depend only on buffer[i-k .. i+k] (trailing: [i-2k .. i]): exact for
+            # context..end-1.
+            flags = hampel_outliers(self._buf_value, k, self._sigma, self._min_dev, trailing=self._trailing)
         sl = slice(self._context, end)
         f = flags[sl]
         ts, value = self._buf_ts[sl], self._buf_value[sl]
         chunk = CleanedChunk(ts[~f], value[~f], ts[f], value[f])
         self.counts["hampel_outlier"] += int(f.sum())
         self.counts["kept"] += int((~f).sum())
-        drop = max(0, end - k)  # keep k resolved points as the next windows' left context
-        if drop:  # then context = k, so no kept flag comes from a window clipped at the buffer's start
+        drop = max(0, end - self._reach_back)  # resolved points kept as the next windows' left context
+        if drop:  # then the context is whole, so no kept flag comes from a window clipped at the buffer's start
             self._buf_ts, self._buf_value = self._buf_ts[drop:], self._buf_value[drop:]
         self._context = end - drop
         return chunk
 
+
+
+@dataclass(frozen=True, eq=False)
+class BatchCleaned:
+    """Per input point of :func:`clean_batch`: whether Hampel judged it (it passed every earlier
+    rule) and whether it is kept."""
+
+    judged: np.ndarray  # bool
+    kept: np.ndarray  # bool
+
+
+def clean_batch(
+    ts: np.ndarray, value: np.ndarray, state: np.ndarray, starts: np.ndarray, params: Sequence[NodeGridParams]
+) -> BatchCleaned:
+    """Several series back to back, each cleaned whole by its own parameters, with the rules and
+    results of :class:`SeriesCleaner` fed the series in one piece: series ``i`` is rows
+    ``starts[i] .. starts[i+1]-1`` in ``(ts, seq)`` order, cleaned by ``params[i]``.
+
+    For many short series at once (a model's live input: every node's last minutes) in a few array
+    operations, where a cleaner per series would spend most of its time on per-call overhead.
+    """
+    ts = np.asarray(ts, dtype=np.int64)
+    value = np.asarray(value, dtype=np.float64)
+    state = np.asarray(state)
+    bounds = np.append(np.asarray(starts, dtype=np.int64), ts.size)
+    if bounds.size - 1 != len(params) or (bounds.size and bounds[0] != 0) or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"clean_batch: starts must ascend from 0, one per series ({len(params)} params)")
+    series = np.repeat(np.arange(len(params)), np.diff(bounds))
+    back = np.flatnonzero((np.diff(ts) < 0) & (series[1:] == series[:-1]))
+    if back.size:
+        i = int(back[0]) + 1
+        raise ValueError(f"clean_batch: timestamps must be ordered by (ts, seq) within a series; ts decreases at index {i}")
+    goods = {p.good_states for p in params}
+    lo = np.array([-np.inf if p.valid_range[0] is None else p.valid_range[0] for p in params])[series]
+    hi = np.array([np.inf if p.valid_range[1] is None else p.valid_range[1] for p in params])[series]
+    if len(goods) == 1:
+        removed = point_removals(value, state, np.asarray(next(iter(goods))), lo, hi)
+    else:  # per series (a spec's goodStates are spec-wide, so only a caller's own mix gets here)
+        removed = tuple(np.zeros(ts.size, dtype=bool) for _ in range(3))
+        for i, p in enumerate(params):
+            a, b = int(bounds[i]), int(bounds[i + 1])
+            for mask, part in zip(removed, point_removals(value[a:b], state[a:b], np.asarray(p.good_states), lo[a:b], hi[a:b])):
+                mask[a:b] = part
+    candidates = np.flatnonzero(~(removed[0] | removed[1] | removed[2]))
+    # Of equal timestamps within a series, the last (the highest seq) survives.
+    last = np.ones(candidates.size, dtype=bool)
+    last[:-1] = (ts[candidates[:-1]] != ts[candidates[1:]]) | (series[candidates[:-1]] != series[candidates[1:]])
+    judged_idx = candidates[last]
+    judged = np.zeros(ts.size, dtype=bool)
+    judged[judged_idx] = True
+    kept = judged.copy()
+    groups: dict[tuple[int, float, float, bool], list[int]] = {}
+    for i, p in enumerate(params):
+        if p.hampel_k:
+            groups.setdefault((p.hampel_k, p.hampel_sigma, p.hampel_min_dev, p.causal), []).append(i)
+    for (k, sigma, min_dev, causal), members in groups.items():
+        idx = judged_idx[np.isin(series[judged_idx], members)]
+        if not idx.size:
+            continue
+        owner = series[idx]
+        first = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
+        flags = hampel_outliers(value[idx], k, sigma, min_dev, trailing=causal, starts=first)
+        kept[idx[flags]] = False
+    return BatchCleaned(judged, kept)

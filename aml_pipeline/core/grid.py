@@ -4,14 +4,21 @@ Grid times are ``ceil(start / beat) * beat + n * beat <= end`` in integer millis
 run's grid is phase-locked to epoch multiples of the beat. Values are never extrapolated, and a gap
 longer than ``max_interp_ms`` is never bridged: missing is NaN, and the window stage drops what
 it cannot use.
+
+A row takes the value at its grid time (``aggregate: point``) or the time-weighted mean over the
+beat that ends at it (``aggregate: mean``) of the function the node's ``interp`` defines between
+its kept points: linear (trapezoids, TimescaleDB Toolkit's ``time_weight('Linear')`` with
+``interpolated_average``) or hold (last observation carried forward, ``'LOCF'``). In a causal
+dataset a row depends only on points before the next grid time (docs/spec.md, causal).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from aml_pipeline.core.aggregate import mean_hold, mean_linear
 from aml_pipeline.core.args import as_int
 from aml_pipeline.core.grid_params import NodeGridParams
 
@@ -25,12 +32,19 @@ def grid_span(start_ms: int, end_ms: int, beat_ms: int) -> tuple[int, int]:
     return first, (0 if first > end else (end - first) // beat + 1)
 
 
-def align_linear(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_interp_ms: int) -> np.ndarray:
-    """Exact hit, else linear interpolation between the neighbouring points if their gap <= max_interp_ms."""
-    return _linear(*_check("align_linear", ts, value, grid, max_interp_ms))
+def align_linear(
+    ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_interp_ms: int, *, causal_beat_ms: int | None = None
+) -> np.ndarray:
+    """Exact hit, else linear interpolation between the neighbouring points if their gap <= max_interp_ms.
+
+    ``causal_beat_ms``: interpolate only towards a point less than that after the grid time; a
+    grid time whose next point is later (or absent) holds the last point if it is at most
+    ``max_interp_ms`` old.
+    """
+    return _linear(*_check("align_linear", ts, value, grid, max_interp_ms), causal_beat_ms)
 
 
-def _linear(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_gap: int) -> np.ndarray:
+def _linear(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_gap: int, causal_beat: int | None = None) -> np.ndarray:
     out = np.full(grid.size, np.nan)
     n = ts.size
     if n == 0 or grid.size == 0:
@@ -41,6 +55,15 @@ def _linear(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_gap: int) -
     out[exact] = value[r_c[exact]]
     # Strictly between two points: t_l < g < t_r; never before the first or after the last.
     between = ~exact & (r > 0) & (r < n)
+    if causal_beat is not None:
+        # The next point must come before the next grid time; if it does not (or never comes),
+        # the row holds the last point, as a live system one beat later knows it.
+        soon = (r < n) & (ts[r_c] - grid < causal_beat)  # exact hits included
+        held = (r > 0) & ~soon
+        last = r[held] - 1
+        fresh = grid[held] - ts[last] <= max_gap
+        out[np.flatnonzero(held)[fresh]] = value[last[fresh]]
+        between &= soon
     right = r[between]
     left = right - 1
     t_l, t_r = ts[left], ts[right]
@@ -73,17 +96,19 @@ def _hold(ts: np.ndarray, value: np.ndarray, grid: np.ndarray, max_age: int) -> 
 
 
 class GridAligner:
-    """One node's kept points aligned onto a run's regular grid by the node's ``interp`` and
-    ``max_interp_ms`` (:class:`~aml_pipeline.core.grid_params.NodeGridParams`), fed in chunks
-    (bounded memory).
+    """One node's kept points aligned onto a run's regular grid by the node's ``interp``,
+    ``max_interp_ms``, ``aggregate`` and ``causal``
+    (:class:`~aml_pipeline.core.grid_params.NodeGridParams`), fed in chunks (bounded memory).
 
     The grid is ``first_ms + r * beat_ms`` for rows ``r = 0 .. n_rows - 1``. A row's value is final
     once a kept point at or after its time has been seen: linear interpolation then knows both
     neighbours and hold the last point before it. So each :meth:`feed` emits the rows up to its last
-    point, carrying only that point (the left neighbour / held value) to the next chunk, and
-    :meth:`finish` emits the rest (hold may still fill them; linear never extrapolates). Values are
-    exactly :func:`align_linear`'s or :func:`align_hold`'s on the whole series, emitted in blocks of
-    at most ``block_rows`` rows.
+    point, carrying to the next chunk only the points a later row can still use (point values: the
+    last one, the left neighbour or held value; means: those from the last point at or before the
+    next row's interval on), and :meth:`finish` emits the rest (hold may still fill them; linear
+    never extrapolates). Values are exactly :func:`align_linear`'s, :func:`align_hold`'s or the
+    :mod:`~aml_pipeline.core.aggregate` kernels' on the whole series, emitted in blocks of at most
+    ``block_rows`` rows.
     """
 
     def __init__(
@@ -100,7 +125,9 @@ class GridAligner:
                 f"(got {self.beat}, {self.n_rows}, {self.block_rows})"
             )
         self.max_interp = params.max_interp_ms
-        self._kernel = _linear if params.interp == "linear" else _hold
+        self._kernel = _kernel(params, self.beat)
+        # How far before a row's time its value reaches: a mean covers the beat before it.
+        self._reach = self.beat if params.aggregate == "mean" else 0
         self.next_row = 0  # first row not emitted yet
         self._prev_ts = np.empty(0, dtype=np.int64)  # the last kept point seen (0 or 1 of it)
         self._prev_value = np.empty(0, dtype=np.float64)
@@ -115,7 +142,11 @@ class GridAligner:
         last = int(seg_ts[-1])
         stop = min(self.n_rows, max(0, (last - self.first) // self.beat + 1))
         yield from self._emit(stop, seg_ts, seg_value)
-        self._prev_ts, self._prev_value = seg_ts[-1:], seg_value[-1:]
+        # The next row's value starts at the last point at or before its reach (the last point
+        # for point values: every later row lies after it).
+        next_time = self.first + self.beat * self.next_row - self._reach
+        keep = min(seg_ts.size - 1, max(0, int(np.searchsorted(seg_ts, next_time, side="right")) - 1))
+        self._prev_ts, self._prev_value = seg_ts[keep:], seg_value[keep:]
 
     def finish(self) -> Iterator[tuple[int, np.ndarray]]:
         """The remaining rows, after the last point."""
@@ -128,10 +159,109 @@ class GridAligner:
             b = min(stop, a + self.block_rows)
             grid = self.first + self.beat * np.arange(a, b, dtype=np.int64)
             # Only the points around the block's times can be its neighbours (checked once in feed).
-            lo = max(0, int(np.searchsorted(seg_ts, grid[0], side="left")) - 1)
+            lo = max(0, int(np.searchsorted(seg_ts, grid[0] - self._reach, side="left")) - 1)
             hi = int(np.searchsorted(seg_ts, grid[-1], side="right")) + 1
             yield a, kernel(seg_ts[lo:hi], seg_value[lo:hi], grid, self.max_interp)
             self.next_row = b
+
+
+def align_batch(
+    ts: np.ndarray, value: np.ndarray, starts: np.ndarray, params: Sequence[NodeGridParams],
+    first_ms: int, beat_ms: int, n_rows: int,
+) -> np.ndarray:
+    """Several series' kept points (back to back, series ``i`` rows ``starts[i] .. starts[i+1]-1``,
+    each strictly increasing) aligned onto one grid of ``n_rows`` times from ``first_ms``, each by
+    its own ``params[i]``: ``[series, n_rows]``, the values :class:`GridAligner` gives each series.
+
+    The series sharing a kernel (``interp``, ``aggregate``, ``causal``, ``max_interp_ms``) go through
+    it in one call: each series and its grid are moved to a time span of their own, far enough
+    apart that no gap between two series is ever bridged. The kernels use only differences of
+    times, so the values are those of each series alone, bit for bit.
+    """
+    first, beat, rows = as_int("first_ms", first_ms), as_int("beat_ms", beat_ms), as_int("n_rows", n_rows)
+    ts = _int_array("align_batch", "ts", ts)
+    value = np.asarray(value, dtype=np.float64)
+    bounds = np.append(np.asarray(starts, dtype=np.int64), ts.size)
+    if bounds.size - 1 != len(params) or (bounds.size and bounds[0] != 0) or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"align_batch: starts must ascend from 0, one per series ({len(params)} params)")
+    out = np.full((len(params), rows), np.nan)
+    if rows == 0 or not len(params):
+        return out
+    grid = first + beat * np.arange(rows, dtype=np.int64)
+    groups: dict[tuple[str, str, bool, int], list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault((p.interp, p.aggregate, p.causal, p.max_interp_ms), []).append(i)
+    lo = min(int(ts.min()) if ts.size else first, first - beat)
+    hi = max(int(ts.max()) if ts.size else first, int(grid[-1]))
+    for (_, _, _, max_gap), members in groups.items():
+        span = hi - lo + 2 * (max_gap + beat) + 1  # wider than any gap a kernel may bridge or look back
+        if span * len(members) >= 1 << 62:
+            raise ValueError("align_batch: the series span too long a time to be aligned together")
+        parts = [(int(bounds[i]), int(bounds[i + 1])) for i in members]
+        shift = np.repeat(np.arange(len(members), dtype=np.int64) * span - lo, [b - a for a, b in parts])
+        seg_ts = np.concatenate([ts[a:b] for a, b in parts]) + shift
+        seg_value = np.concatenate([value[a:b] for a, b in parts])
+        _check("align_batch", seg_ts, seg_value, np.empty(0, np.int64), max_gap)  # strictly increasing per series
+        seg_grid = (grid - lo + (np.arange(len(members), dtype=np.int64) * span)[:, None]).ravel()
+        out[members] = _kernel(params[members[0]], beat)(seg_ts, seg_value, seg_grid, max_gap).reshape(len(members), rows)
+    return out
+
+
+def _kernel(params: NodeGridParams, beat: int):
+    """The whole-series kernel ``(ts, value, grid, max_gap) -> values`` of a node's alignment."""
+    causal_beat = beat if params.causal else None
+    if params.aggregate == "mean":
+        if params.interp == "linear":
+            return lambda ts, value, grid, max_gap: mean_linear(ts, value, grid, max_gap, beat, causal_beat)
+        return lambda ts, value, grid, max_gap: mean_hold(ts, value, grid, max_gap, beat)
+    if params.interp == "linear":
+        return lambda ts, value, grid, max_gap: _linear(ts, value, grid, max_gap, causal_beat)
+    return _hold  # the last point at or before the grid time: causal as it is
+
+
+class SamplePeriods:
+    """The median interval between consecutive points of a series fed in chunks, for telling a
+    node sampled faster than the grid's beat (whose points between grid times point values would
+    ignore). Intervals shorter than ``cap_ms`` (at most :data:`MAX_PERIOD_BINS` ms) are counted per
+    millisecond and longer ones only counted, so memory is bounded whatever the series' length, and
+    the median is exact (numpy's: the middle two averaged for an even count) whenever the middle
+    intervals are below the cap."""
+
+    MAX_PERIOD_BINS = 1 << 20
+
+    def __init__(self, cap_ms: int) -> None:
+        self.cap = min(as_int("cap_ms", cap_ms), self.MAX_PERIOD_BINS)
+        self._last: int | None = None
+        self._counts = np.zeros(0, dtype=np.int64)  # per interval in ms below the cap, grown as needed
+        self.intervals = 0
+
+    def feed(self, ts: np.ndarray) -> None:
+        ts = np.asarray(ts, dtype=np.int64)
+        if not ts.size:
+            return
+        d = np.diff(ts) if self._last is None else np.diff(ts, prepend=self._last)
+        self._last = int(ts[-1])
+        self.intervals += int(d.size)
+        short = d[d < self.cap]
+        if short.size:
+            counts = np.bincount(short)
+            if counts.size > self._counts.size:
+                self._counts = np.concatenate([self._counts, np.zeros(counts.size - self._counts.size, np.int64)])
+            self._counts[: counts.size] += counts
+
+    @property
+    def median_ms(self) -> float | None:
+        """The median interval in ms; None without intervals or when a middle one is not below the cap."""
+        n = self.intervals
+        if n == 0:
+            return None
+        cum = np.cumsum(self._counts)
+        hi = n // 2  # the middle element(s): (n - 1) // 2 and n // 2
+        if not cum.size or cum[-1] <= hi:
+            return None
+        lo_value = int(np.searchsorted(cum, (n - 1) // 2, side="right"))
+        hi_value = int(np.searchsorted(cum, hi, side="right"))
+        return (lo_value + hi_value) / 2.0
 
 
 def missing_ratio(column: np.ndarray) -> float:

@@ -18,6 +18,7 @@ from aml_pipeline.core.args import as_int
 from aml_pipeline.core.hampel import hampel_outliers
 
 INTERP_METHODS: tuple[str, ...] = ("linear", "hold")
+AGGREGATES: tuple[str, ...] = ("point", "mean")
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,15 @@ class NodeGridParams:
     ``good_states`` and its value lies in the inclusive ``valid_range`` (``None`` = unbounded on
     that side); Hampel then removes outliers with half window ``hampel_k`` (0 = off), threshold
     ``hampel_sigma`` robust standard deviations and floor ``hampel_min_dev``. Alignment:
-    ``interp`` ("linear" or "hold") onto the grid, bridging at most ``max_interp_ms``.
+    ``interp`` ("linear" or "hold") onto the grid, bridging at most ``max_interp_ms``, taking
+    the value at each grid time (``aggregate`` "point") or the time-weighted mean over the beat
+    that ends there ("mean"; ``None`` is "point").
+
+    ``causal``: a grid row depends only on points before the next grid time, so a window's
+    history depends only on points before its origin: Hampel judges each point by the point and
+    the ``2k`` before it (about the median of the newest of them), and linear alignment interpolates only towards a point less than one
+    beat after the grid time, else holds the last kept value within ``max_interp_ms``
+    (docs/spec.md, causal).
     """
 
     good_states: tuple[int, ...]
@@ -38,6 +47,8 @@ class NodeGridParams:
     hampel_min_dev: float
     interp: str
     max_interp_ms: int
+    aggregate: str | None = "point"
+    causal: bool = False
 
     def __post_init__(self) -> None:
         good = np.asarray(list(self.good_states))
@@ -58,10 +69,16 @@ class NodeGridParams:
         max_interp = as_int("max_interp_ms", self.max_interp_ms)
         if max_interp < 0:
             raise ValueError(f"NodeGridParams: max_interp_ms must be >= 0, got {max_interp}")
+        aggregate = "point" if self.aggregate is None else self.aggregate
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"NodeGridParams: aggregate must be one of {AGGREGATES} (or None), got {self.aggregate!r}")
+        if not isinstance(self.causal, (bool, np.bool_)):
+            raise ValueError(f"NodeGridParams: causal must be True or False, got {self.causal!r}")
         # Plain Python values: the object compares, hashes and prints the same whatever it was built from.
         for name, v in (("good_states", tuple(int(g) for g in good.tolist())), ("valid_range", (lo, hi)),
                         ("hampel_k", int(self.hampel_k)), ("hampel_sigma", float(self.hampel_sigma)),
-                        ("hampel_min_dev", float(self.hampel_min_dev)), ("max_interp_ms", max_interp)):
+                        ("hampel_min_dev", float(self.hampel_min_dev)), ("max_interp_ms", max_interp),
+                        ("aggregate", aggregate), ("causal", bool(self.causal))):
             object.__setattr__(self, name, v)
 
 

@@ -49,7 +49,11 @@ def build_manifest(
     extras: Mapping[str, Any] | None,
     availability_watermark: int | None,
     captured_at: str,
+    node_ranges: Mapping[str, Sequence[float | None]] | None = None,
 ) -> dict[str, Any]:
+    """The manifest. ``node_ranges`` (a causal dataset's: the range each node was cleaned with,
+    its own or the node catalog's) adds ``causal: true`` and ``nodeRanges``, so the snapshot holds
+    everything the live path needs; without it the manifest is the predecessor's."""
     n = int(split["train"]) + int(split["val"]) + int(split["test"])
     manifest: dict[str, Any] = {
         "version": 1,
@@ -70,7 +74,7 @@ def build_manifest(
         "lineageVerified": 0,
     }
     if extras is None:
-        return manifest
+        return _with_ranges(manifest, node_ranges)
     run_ids = [r for part in SPLITS for r in split[f"{part}RunIds"]]
     lineage = lineage or RunLineage()
     manifest.update(
@@ -99,6 +103,13 @@ def build_manifest(
         }
     )
     manifest["shapes"].update({"timestamps": [n, history + horizon], "mask": [n, history + horizon]})
+    return _with_ranges(manifest, node_ranges)
+
+
+def _with_ranges(manifest: dict[str, Any], node_ranges: Mapping[str, Sequence[float | None]] | None) -> dict[str, Any]:
+    if node_ranges is not None:
+        manifest["causal"] = True
+        manifest["nodeRanges"] = {node: list(r) for node, r in node_ranges.items()}
     return manifest
 
 

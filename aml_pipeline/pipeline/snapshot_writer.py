@@ -33,6 +33,7 @@ from aml_pipeline.core.stats import LagCorrelation, NodeSummary, add_lag_pairs
 from aml_pipeline.core.windows import window_block
 from aml_pipeline.errors import BuildError
 from aml_pipeline.faults import crash_point
+from aml_pipeline.pipeline.stages.grid import node_ranges
 from aml_pipeline.pipeline.stages.norm import Normalization
 from aml_pipeline.pipeline.stages.split import DatasetPlan
 from aml_pipeline.pipeline.stages.windows import Columns, RunWindows
@@ -326,6 +327,7 @@ def write_snapshot_files(
         extras=extras,
         availability_watermark=watermark,
         captured_at=captured_at,
+        node_ranges=node_ranges(store, [r for _, r in plan.ordered_runs()]) if spec.causal else None,
     )
     series = SeriesPlan.of(store, plan) if spec.layout == SERIES_LAYOUT else None
     if series is not None:

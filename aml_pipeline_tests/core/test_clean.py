@@ -254,3 +254,37 @@ def test_chunks_out_of_order_are_refused() -> None:
     cleaner.finish()
     with pytest.raises(ValueError, match="already finished"):
         cleaner.finish()
+
+
+# ---- causal cleaning ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 5, 20])
+def test_causal_streaming_equals_whole_for_every_single_cut(k) -> None:
+    ts, value, state = _adversarial_series()
+    kw = {**CLEAN_KW, "hampel_k": k, "causal": True}
+    whole = clean_series(ts, value, state, node_params(**kw))
+    assert whole.counts["hampel_outlier"]
+    for cut in range(0, len(ts) + 1):
+        _assert_same(_stream(ts, value, state, [cut], **kw), whole)
+    _assert_same(_stream(ts, value, state, list(range(1, len(ts))), **kw), whole)
+
+
+def test_causal_cleaning_decides_each_point_with_the_points_before_it_only() -> None:
+    """Every prefix of the series keeps and removes its points as the whole series does: a point's
+    fate never waits for a later point (the centred filter's last k points do)."""
+    ts, value, state = _adversarial_series(seed=11, n=250)
+    kw = {**CLEAN_KW, "causal": True}
+    whole = clean_series(ts, value, state, node_params(**kw))
+    centred_whole = clean_series(ts, value, state, node_params(**CLEAN_KW))
+    changed_centred = 0
+    for n in range(1, len(ts) + 1):
+        part = clean_series(ts[:n], value[:n], state[:n], node_params(**kw))
+        # The last point's duplicate-group fate needs the next point only if it shares its ts.
+        settled = ts[: n] < ts[n - 1] if n < len(ts) and ts[n] == ts[n - 1] else np.ones(n, bool)
+        limit = ts[:n][settled][-1] if settled.any() else -1
+        assert np.array_equal(part.ts[part.ts <= limit], whole.ts[whole.ts <= limit])
+        assert np.array_equal(part.outlier_ts[part.outlier_ts <= limit], whole.outlier_ts[whole.outlier_ts <= limit])
+        centred = clean_series(ts[:n], value[:n], state[:n], node_params(**CLEAN_KW))
+        changed_centred += not np.array_equal(centred.outlier_ts, centred_whole.outlier_ts[centred_whole.outlier_ts <= ts[n - 1]])
+    assert changed_centred > 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aml_pipeline.core.aggregate import mean_hold, mean_linear
 from aml_pipeline.core.grid import GridAligner, align_hold, align_linear, grid_span, missing_ratio
 from aml_pipeline_tests.core.whole_series import align, grid_times, node_params
 from aml_pipeline_tests.reference import align_hold_reference, align_linear_reference
@@ -167,8 +168,9 @@ def test_missing_ratio() -> None:
 
 
 
-def _stream_align(ts, value, first, beat, rows, cuts, *, interp, max_interp_ms, block_rows=7):
-    aligner = GridAligner(first, beat, rows, node_params(interp=interp, max_interp_ms=max_interp_ms), block_rows=block_rows)
+def _stream_align(ts, value, first, beat, rows, cuts, *, interp, max_interp_ms, block_rows=7, **more):
+    params = node_params(interp=interp, max_interp_ms=max_interp_ms, **more)
+    aligner = GridAligner(first, beat, rows, params, block_rows=block_rows)
     out = []
     bounds = [0, *sorted(cuts), len(ts)]
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -206,3 +208,85 @@ def test_hold_fills_after_the_last_point_only_within_max_interp() -> None:
     ts, value = np.array([0, 1000], np.int64), np.array([1.0, 2.0])
     got = _stream_align(ts, value, 0, 1000, 6, [1], interp="hold", max_interp_ms=2000)
     assert got.tolist()[:4] == [1.0, 2.0, 2.0, 2.0] and np.isnan(got[4:]).all()
+
+
+# ---- causal alignment and beat means, streamed ---------------------------------------------------
+
+
+def _whole_kernel(ts, value, grid, *, interp, aggregate, causal, max_interp_ms=5000, beat=1000):
+    causal_beat = beat if causal else None
+    if aggregate == "mean":
+        if interp == "linear":
+            return mean_linear(ts, value, grid, max_interp_ms, beat, causal_beat)
+        return mean_hold(ts, value, grid, max_interp_ms, beat)
+    if interp == "linear":
+        return align_linear(ts, value, grid, max_interp_ms, causal_beat_ms=causal_beat)
+    return align_hold(ts, value, grid, max_interp_ms)
+
+
+MODES = [(i, a, c) for i in ("linear", "hold") for a in ("point", "mean") for c in (False, True)]
+
+
+@pytest.mark.parametrize(("interp", "aggregate", "causal"), MODES, ids=[f"{i}-{a}-{'causal' if c else 'centred'}" for i, a, c in MODES])
+def test_streaming_means_and_causal_alignment_equal_whole_for_every_cut(interp, aggregate, causal) -> None:
+    rng = np.random.default_rng(6)
+    # Faster than the beat in places (means over several points), jittered, gaps on both sides of
+    # max_interp, points on grid times and on interval starts.
+    ts = np.unique(np.cumsum(rng.choice([100, 250, 300, 900, 1000, 1000, 4000, 12_000], 160)).astype(np.int64)) + 2_000
+    value = rng.normal(0, 1, ts.size)
+    first, rows = grid_span(0, int(ts[-1]) + 20_000, 1000)
+    whole = _whole_kernel(ts, value, grid_times(0, int(ts[-1]) + 20_000, 1000), interp=interp, aggregate=aggregate, causal=causal)
+    assert np.isnan(whole).any() and np.isfinite(whole).any()
+    kw = dict(interp=interp, max_interp_ms=5000, aggregate=aggregate, causal=causal)
+    for cut in range(0, ts.size + 1):
+        got = _stream_align(ts, value, first, 1000, rows, [cut], **kw)
+        assert got.tobytes() == whole.tobytes(), cut
+    for block_rows in (1, 3, 1 << 16):
+        got = _stream_align(ts, value, first, 1000, rows, list(range(1, ts.size)), block_rows=block_rows, **kw)
+        assert got.tobytes() == whole.tobytes()
+
+
+def test_causal_linear_interpolates_towards_a_point_within_the_beat_else_holds() -> None:
+    ts = np.array([0, 1400, 2300, 9000], np.int64)
+    value = np.array([0.0, 14.0, 23.0, 90.0])
+    grid = np.array([1000, 2000, 3000, 4000, 8000, 8500], np.int64)
+    # 1000: the next point (1400) is within a beat: interpolated. 2000: 2300 is: interpolated.
+    # 3000: nothing before 4000, so 2300's value is held; 4000 too; 8000: 2300 is older than 5 s.
+    # 8500 (not a grid multiple here, but the rule is per time): 9000 is 500 ms on, the gap is 6.7 s.
+    got = align_linear(ts, value, grid, 5000, causal_beat_ms=1000)
+    assert got[:4].tolist() == [10.0, 20.0, 23.0, 23.0] and np.isnan(got[4:]).all()
+    centred = align_linear(ts, value, grid, 5000)
+    assert centred[:2].tolist() == [10.0, 20.0] and np.isnan(centred[2:]).all()  # the 2300 -> 9000 gap is not bridged
+
+
+def test_a_causal_row_depends_only_on_points_before_the_next_grid_time() -> None:
+    """Every row of a causal alignment, point or mean, is the same whether or not the points from
+    the next grid time on exist: the property a window's history needs."""
+    rng = np.random.default_rng(8)
+    ts = np.unique(np.cumsum(rng.choice([100, 300, 900, 1000, 1300, 2500, 7000], 200)).astype(np.int64))
+    value = rng.normal(0, 1, ts.size)
+    grid = grid_times(0, int(ts[-1]), 1000)
+    for interp, aggregate in (("linear", "point"), ("linear", "mean"), ("hold", "point"), ("hold", "mean")):
+        whole = _whole_kernel(ts, value, grid, interp=interp, aggregate=aggregate, causal=True)
+        for r in range(0, grid.size, 3):
+            before = ts < grid[r] + 1000
+            row = _whole_kernel(ts[before], value[before], grid[r : r + 1], interp=interp, aggregate=aggregate, causal=True)
+            assert row.tobytes() == whole[r : r + 1].tobytes(), (interp, aggregate, r)
+
+
+def test_sample_periods_give_numpy_s_median_in_any_chunking_below_the_cap() -> None:
+    from aml_pipeline.core.grid import SamplePeriods
+
+    rng = np.random.default_rng(2)
+    for n in (0, 1, 2, 3, 10, 11, 500):
+        ts = np.cumsum(rng.choice([90, 100, 100, 110, 400, 5000], size=n)).astype(np.int64)
+        want = float(np.median(np.diff(ts))) if n > 1 else None
+        for cuts in ([], [1], list(range(1, n)), [n // 3, n // 2]):
+            periods = SamplePeriods(1000)
+            for a, b in zip([0, *cuts], [*cuts, n]):
+                periods.feed(ts[a:b])
+            got = periods.median_ms
+            assert got == (want if want is not None and want < 1000 else None), (n, cuts)
+    slow = SamplePeriods(1000)
+    slow.feed(np.arange(0, 100_000, 2000))
+    assert slow.median_ms is None and slow.intervals == 49

@@ -88,17 +88,57 @@ def _series(rng: np.random.Generator, n: int, kind: str) -> np.ndarray:
     return x
 
 
+@pytest.mark.parametrize("trailing", [False, True], ids=["centred", "trailing"])
 @pytest.mark.parametrize("k", range(0, 9))
-def test_flags_identical_to_reference(k: int) -> None:
+def test_flags_identical_to_reference(k: int, trailing: bool) -> None:
     rng = np.random.default_rng(1000 + k)
     for n in sorted({0, 1, 2, 3, k, 2 * k, 2 * k + 1, 2 * k + 2, 1000}):
         for kind in ("quantised", "coarse", "spiky", "normal"):
             x = _series(rng, n, kind)
             for sigma, min_dev in ((3.0, 0.0), (2.0, 0.0), (3.0, 1.0), (0.0, 0.0), (1.5, 0.25)):
-                got = hampel_outliers(x, k, sigma, min_dev)
-                want = hampel_reference(x, k, sigma, min_dev)
+                got = hampel_outliers(x, k, sigma, min_dev, trailing=trailing)
+                want = hampel_reference(x, k, sigma, min_dev, trailing=trailing)
                 assert got.dtype == bool and got.shape == (n,)
                 assert np.array_equal(got, want), (k, n, kind, sigma, min_dev, np.flatnonzero(got != want))
+
+
+@pytest.mark.parametrize("path", ["network", "sort"])
+@pytest.mark.parametrize("k", [1, 3, 5, 12])
+def test_trailing_flags_on_both_interior_paths_and_many_blocks(k: int, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hampel_mod, "_MIN_BLOCK", 7)
+    monkeypatch.setattr(hampel_mod, "_MAX_BLOCK", 7)
+    if path == "sort":
+        monkeypatch.setattr(hampel_mod, "_NETWORK_MAX_WINDOW", 0)
+    else:
+        monkeypatch.setattr(hampel_mod, "_NETWORK_MAX_WINDOW", 10_000)
+        monkeypatch.setattr(hampel_mod, "_NETWORK_MIN_POINTS_PER_W2", 0)
+    rng = np.random.default_rng(50 + k)
+    x = _series(rng, 300, "spiky")
+    want = hampel_reference(x, k, 3.0, 0.0, trailing=True)
+    assert want.any()
+    assert np.array_equal(hampel_outliers(x, k, 3.0, trailing=True), want)
+
+
+def test_a_trailing_flag_never_depends_on_a_later_point() -> None:
+    """Each prefix of a series gets the flags the whole series gives its points; the centred
+    window does not (its last k points are judged again once later points arrive)."""
+    rng = np.random.default_rng(7)
+    x = _series(rng, 400, "spiky")
+    whole = hampel_outliers(x, 5, 3.0, trailing=True)
+    for n in range(1, 400, 7):
+        assert np.array_equal(hampel_outliers(x[:n], 5, 3.0, trailing=True), whole[:n])
+    centred = hampel_outliers(x, 5, 3.0)
+    assert any(not np.array_equal(hampel_outliers(x[:n], 5, 3.0), centred[:n]) for n in range(1, 400, 7))
+
+
+def test_a_spike_is_flagged_by_the_trailing_window_and_a_step_is_followed_after_k_points() -> None:
+    x = np.zeros(40)
+    x[::2] = 0.1
+    x[10] = 5.0  # a spike
+    x[25:] += 3.0  # a step: the first points after it are judged against the old level
+    flags = hampel_outliers(x, 3, 3.0, trailing=True)
+    assert flags[10]
+    assert flags[25] and not flags[25 + 3 + 1 :].any()
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
@@ -232,3 +272,25 @@ def test_input_is_not_modified_and_strided_input_works() -> None:
 def test_bad_arguments_raise_value_error(args: tuple, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         hampel_outliers(*args)
+
+
+@pytest.mark.parametrize("trailing", [False, True], ids=["centred", "trailing"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_several_series_in_one_call_get_each_series_own_flags(k: int, trailing: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(20 + k)
+    lengths = [0, 1, 2, k, 2 * k, 2 * k + 1, 3, 60, 0, 250, 7]
+    series = [_series(rng, n, "spiky") + 100.0 * j for j, n in enumerate(lengths)]  # levels far apart
+    starts = np.cumsum([0, *lengths[:-1]])
+    x = np.concatenate(series)
+    want = np.concatenate([hampel_reference(s, k, 3.0, 0.0, trailing=trailing) for s in series])
+    assert want.any()
+    for path in ("default", "sort", "network"):
+        if path == "sort":
+            monkeypatch.setattr(hampel_mod, "_NETWORK_MAX_WINDOW", 0)
+        elif path == "network":
+            monkeypatch.setattr(hampel_mod, "_NETWORK_MAX_WINDOW", 10_000)
+            monkeypatch.setattr(hampel_mod, "_NETWORK_MIN_POINTS_PER_W2", 0)
+        got = hampel_outliers(x, k, 3.0, trailing=trailing, starts=starts)
+        assert np.array_equal(got, want), (path, np.flatnonzero(got != want))
+    with pytest.raises(ValueError, match="starts"):
+        hampel_outliers(x, k, 3.0, starts=np.array([1, 5]))

@@ -8,17 +8,19 @@ bounded by the budget, not by the run's length, and the bytes do not depend on t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from pydantic.alias_generators import to_snake
 
 from aml_pipeline.core.clean import CLEAN_CAUSES, SeriesCleaner
-from aml_pipeline.core.grid import GridAligner, grid_span
+from aml_pipeline.core.grid import GridAligner, SamplePeriods, grid_span
 from aml_pipeline.core.grid_params import NodeGridParams
 from aml_pipeline.core.traces import RunTraces, TraceAccumulator
+from aml_pipeline.errors import BuildError
 from aml_pipeline.pipeline.chunks import (
     clean_chunk_points,
     grid_block_rows,
@@ -43,6 +45,8 @@ FROM_SPEC: dict[str, tuple[str | None, str | None]] = {
     "hampel_min_dev": ("hampelMinDev", "cleaning.hampelMinDev"),
     "interp":         ("interp",       None),
     "max_interp_ms":  ("maxInterpMs",  "maxInterpMs"),
+    "aggregate":      ("aggregate",    "aggregate"),
+    "causal":         (None,           "causal"),
 }
 
 
@@ -58,6 +62,24 @@ def node_grid_params(spec: DatasetSpec, node: NodeSpec, catalog_range: Sequence[
     if fields["valid_range"] is None:
         fields["valid_range"] = tuple(catalog_range)
     return NodeGridParams(**fields)
+
+
+def node_ranges(store: DatasetStore, run_ids: Sequence[str]) -> dict[str, list[float | None]]:
+    """The inclusive range each node of the spec was cleaned with (``None``: unbounded on that side),
+    its own or the node catalog's as the runs' raw stages recorded it: what a causal snapshot's
+    manifest records for the live path. Runs fetched under different catalog ranges are refused."""
+    spec = store.spec
+    seen: dict[str, list[float | None]] | None = None
+    for run_id in run_ids:
+        catalog = store.require(run_id, RAW)["catalogRange"]
+        ranges = {n.node_id: list(node_grid_params(spec, n, catalog[n.node_id]).valid_range) for n in spec.nodes}
+        if seen is not None and ranges != seen:
+            changed = sorted(n for n in ranges if ranges[n] != seen[n])
+            raise BuildError(
+                f"spec {spec.id!r}: run {run_id!r} was cleaned with other node catalog ranges than the runs before it "
+                f"({', '.join(changed)}); rebuild it (aml-pipeline build --full)", code="CATALOG_CHANGED")
+        seen = ranges
+    return seen or {}
 
 
 def _attribute(model: Any, path: str) -> Any:
@@ -89,6 +111,8 @@ def _covers(spec: DatasetSpec, j: Mapping[str, Any]) -> dict[str, Any]:
     return covers
 
 
+log = logging.getLogger("aml_pipeline")
+
 GRID = Stage(
     name="grid",
     asset="cleaned_grid",
@@ -102,6 +126,19 @@ GRID = Stage(
         "Per run: counts per cause and node, missing ratios and the run's plot."
     ),
 )
+
+
+def fast_sampled(periods: Mapping[str, float | None], aggregates: Mapping[str, str], beat_ms: int) -> dict[str, float]:
+    """The nodes taking point values (no ``aggregate: mean``) whose median sample period is less
+    than half the beat: more than one point per beat is ignored, and what varies faster than the
+    grid can see shows as a slower variation that is not there (aliasing)."""
+    return {n: p for n, p in periods.items() if p is not None and p < beat_ms / 2 and aggregates.get(n) != "mean"}
+
+
+def fast_sampled_line(node: str, period_ms: float, beat_ms: int) -> str:
+    return (f"node {node} is sampled faster than twice the beat (median sample period {period_ms:g} ms, "
+            f"beat {beat_ms} ms) and its grid takes the value at each grid time, ignoring the points between: "
+            "set aggregate: mean on it (or for the whole spec) to take each beat's time-weighted mean (docs/spec.md)")
 
 
 def worst_missing(missing: Mapping[str, float]) -> str:
@@ -118,6 +155,9 @@ class GridSummary:
     missing: dict[str, float]  # node -> missing ratio on the grid
     data_version: str
     traces: RunTraces | None = None  # what the run's plot needs, summarised while streaming
+    # node -> median interval between its kept points (None: fewer than two, or a beat or more)
+    sample_period_ms: dict[str, float | None] = field(default_factory=dict)
+    fast: dict[str, float] = field(default_factory=dict)  # nodes sampled faster than beat / 2 taking point values
 
     @property
     def cleaning_totals(self) -> dict[str, int]:
@@ -146,6 +186,9 @@ class GridSummary:
             "max_missing_ratio": max(self.missing.values()),
             "worst_missing_node": worst_missing(self.missing),
         }
+        # Always present (the partitions of an asset show the same keys): "none", or the nodes.
+        figures["sampled_faster_than_beat"] = "; ".join(
+            f"{n}: median sample period {p:g} ms, beat {spec.beat_ms} ms" for n, p in self.fast.items()) or "none"
         if plot and self.traces is not None:
             from aml_pipeline.pipeline.plots import (
                 run_traces_markdown,  # matplotlib, only when drawing
@@ -153,6 +196,10 @@ class GridSummary:
 
             figures["plot"] = Markdown(run_traces_markdown(self.traces, [units.get(n, "") for n in spec.node_ids], self.run_id))
         return figures
+
+
+# Nodes already warned about in this process, per spec: a build of many runs says it once.
+_warned: set[tuple[str, str]] = set()
 
 
 def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = None) -> GridSummary:
@@ -169,6 +216,8 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
     offsets = meta["offsets"]
     counts: dict[str, dict[str, int]] = {}
     missing: dict[str, float] = {}
+    periods: dict[str, float | None] = {}
+    aggregates: dict[str, str] = {}
     traces = TraceAccumulator(meta["fromMs"], meta["toMs"], spec.node_ids)
     with store.stage_writer(run_id, GRID) as writer:
         values = writer.array("values", "<f8", (rows,))
@@ -176,6 +225,8 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
             params = node_grid_params(spec, node, meta["catalogRange"][node.node_id])
             cleaner = SeriesCleaner(params)
             aligner = GridAligner(first, spec.beat_ms, rows, params, block_rows=block_rows)
+            sampling = SamplePeriods(spec.beat_ms)
+            aggregates[node.node_id] = params.aggregate
             nan_rows = 0
 
             def emit(blocks, j=j) -> None:
@@ -185,8 +236,9 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
                     nan_rows += int(np.count_nonzero(np.isnan(block)))
                     traces.add_grid(j, first + spec.beat_ms * np.arange(r0, r0 + block.size, dtype=np.int64), block)
 
-            def removed(kept, j=j) -> None:
+            def cleaned(kept, j=j, sampling=sampling) -> None:
                 traces.add_removed(j, kept.outlier_ts, kept.outlier_value)
+                sampling.feed(kept.ts)
 
             for a in range(offsets[j], offsets[j + 1], chunk):
                 b = min(a + chunk, offsets[j + 1])
@@ -194,13 +246,14 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
                 value = store.read_flat(run_id, RAW, "value", a, b)
                 traces.add_raw(j, ts, value)
                 kept = cleaner.feed(ts, value, store.read_flat(run_id, RAW, "state", a, b))
-                removed(kept)
+                cleaned(kept)
                 emit(aligner.feed(kept.ts, kept.value))
             kept = cleaner.finish()
-            removed(kept)
+            cleaned(kept)
             emit(aligner.feed(kept.ts, kept.value))
             emit(aligner.finish())
             counts[node.node_id] = dict(cleaner.counts)
+            periods[node.node_id] = sampling.median_ms
             if offsets[j + 1] - offsets[j] > chunk:
                 release_freed_memory()
             # An empty grid has nothing usable (1.0), like core.grid.missing_ratio.
@@ -211,7 +264,12 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
             store.versions[GRID], meta, rows=rows, firstMs=first, counts=counts, missing=missing
         )
         writer.commit(summary)
-    return GridSummary(run_id, rows, counts, missing, summary["dataVersion"], run_traces)
+    fast = fast_sampled(periods, aggregates, spec.beat_ms)
+    for node, period in fast.items():
+        if (spec.id, node) not in _warned:
+            _warned.add((spec.id, node))
+            log.warning(f"spec {spec.id}: {fast_sampled_line(node, period, spec.beat_ms)}")
+    return GridSummary(run_id, rows, counts, missing, summary["dataVersion"], run_traces, periods, fast)
 
 
 def read_grid_rows(store: DatasetStore, run_id: str, n_nodes: int, rows: int, r0: int, r1: int) -> np.ndarray:

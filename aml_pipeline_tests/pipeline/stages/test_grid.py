@@ -34,6 +34,8 @@ OTHER_VALUE: dict[str, Any] = {
     "hampel_min_dev": 0.5,
     "interp": "hold",
     "max_interp_ms": 1000,
+    "aggregate": "mean",
+    "causal": True,
 }
 
 CATALOG_RANGE = (-100.0, 100.0)  # the first node's catalog range, wider than any value below
@@ -126,3 +128,54 @@ def test_a_key_spec_json_leaves_out_is_left_out_of_the_version(base) -> None:
     expected = copy.deepcopy(full)
     del expected["cleaning"]["hampelSigma"], expected["nodes"][0]["interp"], expected["maxInterpMs"]
     assert GRID.covers(spec, j) == expected
+
+
+def test_the_keys_added_later_are_written_to_spec_json_only_when_set(base) -> None:
+    """``aggregate`` and ``causal`` leave spec.json (and so its hash and every stage version) as it
+    was for a spec that does not set them, and are written when set."""
+    plain = parse_spec(base)
+    assert not {"aggregate", "causal"} & set(plain.to_json_dict())
+    assert all("aggregate" not in n for n in plain.to_json_dict()["nodes"])
+    data = copy.deepcopy(base)
+    data["causal"] = True
+    data["aggregate"] = "mean"
+    data["nodes"][1]["aggregate"] = "point"
+    j = parse_spec(data).to_json_dict()
+    assert j["causal"] is True and j["aggregate"] == "mean"
+    assert j["nodes"][1]["aggregate"] == "point" and "aggregate" not in j["nodes"][0]
+    assert parse_spec(j).to_json_bytes() == parse_spec(data).to_json_bytes()  # spec.json reads back as itself
+    params = [node_grid_params(parse_spec(data), n, CATALOG_RANGE) for n in parse_spec(data).nodes[:2]]
+    assert [(p.aggregate, p.causal) for p in params] == [("mean", True), ("point", True)]
+
+
+@pytest.mark.parametrize("aggregate", [None, "mean"])
+def test_a_node_sampled_faster_than_twice_the_beat_is_named_unless_it_takes_the_beat_mean(
+    aggregate, plant, plant_url, tmp_path, caplog
+) -> None:
+    """On a 2 s beat the plant's AI910 (a point every 0.5 s) takes one point in four: the build warns
+    once and the cleaned grid's figures name it with its median sample period beside the beat;
+    with aggregate: mean on it, neither does."""
+    from aml_pipeline.pipeline.plan import BuildPlan
+    from aml_pipeline.pipeline.runs import build_runs
+    from aml_pipeline.pipeline.store import DatasetStore
+    from aml_pipeline.tsdb_open import open_tsdb
+
+    data = plant_spec_dict(plant, f"fast_{aggregate or 'point'}", history_steps=5, horizon_steps=2, beat_ms=2000)
+    if aggregate:
+        next(n for n in data["nodes"] if n["nodeId"] == "AI910")["aggregate"] = aggregate
+    spec = parse_spec(data)
+    store = DatasetStore(tmp_path / "store", spec)
+    caplog.set_level("WARNING", logger="aml_pipeline")
+    with open_tsdb(plant_url) as db:
+        plan = BuildPlan.read(db, store)
+        results = list(build_runs(store, plan.work()[:3], plan.fetcher(db, page_limit=100_000)))
+    figures = [r.grid.figures(store, plot=False) for r in results]
+    periods = results[0].grid.sample_period_ms
+    assert 450 < periods["AI910"] < 550 and periods["TI900"] is None  # every 2 s: not below the 2 s beat
+    warned = [r.getMessage() for r in caplog.records if "node AI910 is sampled faster than twice the beat" in r.getMessage()]
+    named = ["AI910: median sample period" in f["sampled_faster_than_beat"] for f in figures]
+    if aggregate:
+        assert not warned and not any(named)
+    else:
+        assert len(warned) == 1 and "beat 2000 ms" in warned[0] and "aggregate: mean" in warned[0]
+        assert all(named)
