@@ -26,6 +26,7 @@ from aml_pipeline_tests.lease.support import RELEASE_GRACE, start_worker
 
 WORKERS = 8
 DURATION_S = 6.0
+MAX_ROUNDS = 4
 # Exclusive requests: 35 %, two in three of them waiting (so they hold the gate while they wait).
 MIX = {
     "p_exclusive": 0.35,
@@ -87,24 +88,28 @@ def test_stress_no_exclusive_overlaps_any_holder(backend, tmp_path, request):
     log = tmp_path / "events.log"
     log.touch()
     rng = random.Random(f"stress-{backend}")
-    until_ns = time.monotonic_ns() + int(DURATION_S * 1e9)
     grace = RELEASE_GRACE[backend]
 
     workers: dict[int, subprocess.Popen] = {}
     spawned: list[int] = []
+    kills: dict[int, int] = {}
+    killed_holding = 0
+    slot = 0
 
-    def spawn(slot: int) -> None:
+    def spawn(until_ns: int) -> None:
+        nonlocal slot
         proc = start_worker(location, name, log=str(log), slot=slot, seed=rng.random(),
                             until_ns=until_ns, **MIX)
         workers[proc.pid] = proc
         spawned.append(proc.pid)
+        slot += 1
 
-    kills: dict[int, int] = {}
-    killed_holding = 0
-    try:
-        for slot in range(WORKERS):
-            spawn(slot)
-        slot = WORKERS
+    def one_round() -> None:
+        """DURATION_S of WORKERS racing workers, one SIGKILLed every 0.1-0.35 s and replaced."""
+        nonlocal killed_holding
+        until_ns = time.monotonic_ns() + int(DURATION_S * 1e9)
+        for _ in range(WORKERS):
+            spawn(until_ns)
         while time.monotonic_ns() < until_ns - int(0.7e9):
             time.sleep(rng.uniform(0.1, 0.35))
             alive = [pid for pid, p in workers.items() if p.poll() is None]
@@ -128,10 +133,25 @@ def test_stress_no_exclusive_overlaps_any_holder(backend, tmp_path, request):
                     break
                 assert time.monotonic() < deadline, f"dead worker {victim} still listed: {st}"
                 time.sleep(0.02)
-            spawn(slot)
-            slot += 1
+            spawn(until_ns)
         for proc in workers.values():
             proc.wait(timeout=60)
+
+    def exercised(events) -> bool:
+        """The log holds what the assertions below need (a loaded host gets fewer events a round)."""
+        intervals, busy = replay(events, kills)
+        phases, checked = check_waiting(events, kills)
+        return (sum(iv.mode == "read" for iv in intervals) >= 20 and busy >= 5
+                and sum(iv.mode == "exclusive" for iv in intervals) >= 5
+                and len(kills) >= 5 and killed_holding >= 1 and phases >= 1 and checked >= 1)
+
+    try:
+        # Rounds until the run exercised what it claims to, at most MAX_ROUNDS; every round's
+        # events are checked together below.
+        for _ in range(MAX_ROUNDS):
+            one_round()
+            if exercised(parse(log.read_text())):
+                break
     finally:
         for pid, proc in workers.items():
             if proc.poll() is None:
