@@ -17,7 +17,7 @@ from pydantic.alias_generators import to_camel
 from aml_pipeline.cli import build_parser
 from aml_pipeline.config import REPO_ROOT
 from aml_pipeline.core.hashing import snapshot_sha256
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import CleaningSpec, DatasetSpec, ExtrasSpec, NodeSpec, SplitSpec, VariableSpec, parse_spec
 from aml_pipeline.tsdb_open import open_tsdb

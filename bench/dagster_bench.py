@@ -5,7 +5,7 @@ with its default executor, recording into a persistent SQLite instance: a tempor
 ``DAGSTER_HOME`` with a ``dagster.yaml`` (:func:`persistent_instance`), created and opened
 before the clock, as a deployment's instance exists before a build. One fresh instance per
 repetition, so every repetition does the same work. Library:
-``aml_pipeline.pipeline.build.build_dataset``. The two alternate (``bench.timing.side_by_side``)
+``aml_pipeline_tests.library_build.build_dataset``. The two alternate (``bench.timing.side_by_side``)
 into fresh directories; both must publish the same sha256 (a v1 snapshot is byte-identical
 however it is built).
 

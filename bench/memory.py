@@ -83,7 +83,7 @@ def run(work: Path, *, piece_minutes: float, short_pieces: int, long_pieces: int
 
 
 def _child(spec_path: str, tsdb_url: str, out: str) -> int:
-    from aml_pipeline.pipeline.build import build_dataset
+    from aml_pipeline_tests.library_build import build_dataset
     from aml_pipeline.spec import parse_spec
     from aml_pipeline.tsdb_open import open_tsdb
 

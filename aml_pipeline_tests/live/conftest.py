@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from aml_pipeline.live.points import NodePoints, node_points
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.registry import WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from aml_pipeline.core.hashing import DIGEST_FILE, hashed_files, verify_snapshot
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.checks import check_disjoint_splits, check_finite_arrays, check_norm_from_train
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.pipeline.snapshot_writer import write_snapshot_files
@@ -117,7 +117,7 @@ def test_checks_catch_what_they_check(published, make_spec, roots, tmp_path):
 BUILD_LOOP = """
 import json, os, sys
 from pathlib import Path
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb_open import open_tsdb
 spec = json.loads(sys.argv[2])

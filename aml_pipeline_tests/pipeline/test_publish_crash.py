@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from aml_pipeline.core.hashing import verify_snapshot
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import armed, kill_stopped, wait_stopped
@@ -21,7 +21,7 @@ from aml_pipeline_tests.faults import armed, kill_stopped, wait_stopped
 BUILD = """
 import json, sys
 from pathlib import Path
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb_open import open_tsdb
 spec = parse_spec(json.loads(sys.argv[2]))

@@ -24,7 +24,7 @@ import dagster as dg
 import pytest
 
 from aml_pipeline.errors import AmlError
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog
 from aml_pipeline.pipeline.registry import RAW
 from aml_pipeline.pipeline.store import DatasetStore
@@ -32,6 +32,7 @@ from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.retry import RETRY_ENV, RetryPolicy
 from aml_pipeline_tests import pg_server
 from aml_pipeline_tests.faults import armed, process_state, wait_stopped
+from aml_pipeline_tests.pipeline.support import stage_runs
 from aml_pipeline_tests.tsdb.conftest import with_schema
 from aml_pipeline_tests.tsdb.test_session import wait_until_queued
 
@@ -70,13 +71,13 @@ def reference(spec, url: str, tmp_path: Path) -> tuple[str, dict]:
 
 def raw_figures(spec, store_root: Path) -> dict:
     store = DatasetStore(store_root, spec)
-    return {r: {k: store.read_meta(r, RAW)[k] for k in ("points", "pages", "dataVersion")} for r in store.stage_runs(RAW)}
+    return {r: {k: store.read_meta(r, RAW)[k] for k in ("points", "pages", "dataVersion")} for r in stage_runs(store, RAW)}
 
 
 BUILD = """
 import json, sys
 from pathlib import Path
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb_open import retrying_tsdb
 spec = parse_spec(json.loads(sys.argv[2]))

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.stages.manifest import PublishedDataset
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
 from aml_pipeline.spec import parse_spec

@@ -15,7 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from aml_pipeline.pipeline.build import PublishedDataset, build_dataset
+from aml_pipeline.pipeline.stages.manifest import PublishedDataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
 from aml_pipeline.spec import DatasetSpec, parse_spec
 from aml_pipeline.tsdb_open import open_tsdb

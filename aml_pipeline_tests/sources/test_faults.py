@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from aml_pipeline.errors import TsdbUnavailableError
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.sources.description import load_description
 from aml_pipeline.sources.mapped import MappedTsdb, open_backend
 from aml_pipeline_tests import influx_server, pg_server

@@ -108,7 +108,7 @@ def test_model_and_metrics_are_saved(tmp_path):
 def test_both_layouts_give_the_same_model(tmp_path, monkeypatch):
     """The same spec and data in the windows and the series layout: the same batches, hence
     the same model and metrics, bit for bit."""
-    from aml_pipeline.pipeline.build import build_dataset
+    from aml_pipeline_tests.library_build import build_dataset
     from aml_pipeline.training import ridge_baseline
     from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
     from aml_pipeline.spec import parse_spec
