@@ -48,7 +48,7 @@ from aml_pipeline_tests.dagster_server import (
     free_port,
     wait_for,
 )
-from aml_pipeline_tests.components.test_webserver import (
+from aml_pipeline_tests.dagster_graphql import (
     ADD_PARTITION,
     BACKFILL,
     LAUNCH_BACKFILL,
@@ -57,7 +57,7 @@ from aml_pipeline_tests.components.test_webserver import (
     TERMINAL_BACKFILL,
     TERMINAL_RUN,
 )
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
 
 DEPLOY = config.REPO_ROOT / "deploy"
 BIN = Path(sys.executable).parent

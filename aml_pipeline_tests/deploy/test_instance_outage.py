@@ -41,8 +41,8 @@ from aml_pipeline_tests.deploy.cluster import (
     points_locked,
     production_home,
 )
-from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
+from aml_pipeline_tests.snapshot_compare import assert_same_v2_snapshot
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
 
 pytestmark = pytest.mark.timeout(1200)
 

@@ -33,8 +33,8 @@ from aml_pipeline.tsdb.retry import RETRY_ENV, RetryPolicy
 from aml_pipeline_tests import pg_server
 from aml_pipeline_tests.faults import armed, process_state, wait_stopped
 from aml_pipeline_tests.pipeline.support import stage_runs
-from aml_pipeline_tests.tsdb.conftest import with_schema
-from aml_pipeline_tests.tsdb.test_session import wait_until_queued
+from aml_pipeline_tests.pg_schemas import with_schema
+from aml_pipeline_tests.tsdb.support import wait_until_queued
 
 # Small pages: a node of a run takes several, so a fault falls between two pages of one node.
 PAGE = 200
