@@ -28,7 +28,7 @@ import pytest
 
 from aml_pipeline import config
 from aml_pipeline.pipeline.checks import MANIFEST_CHECKS
-from aml_pipeline.demo import DEMO_SPEC, seed_plant
+from aml_pipeline.demo import DEMO_SPEC, seed_demo
 from aml_pipeline.pipeline.plan import run_scope
 from aml_pipeline.pipeline.registry import DATASET_ASSETS, RUN_ASSETS
 from aml_pipeline.spec import load_spec
@@ -88,7 +88,7 @@ def plant(tmp_path: Path) -> dict[str, Any]:
     write_instance_yaml(dagster_home)
 
     tsdb_url = config.default_tsdb_url(home)
-    assert seed_plant(tsdb_url, runs=SEEDED_RUNS) > 0
+    assert seed_demo(tsdb_url, runs=SEEDED_RUNS).written > 0
     spec = load_spec(specs / DEMO_SPEC.name)
     with open_tsdb(tsdb_url) as db:
         finished = [r.run_id for r in db.list_runs(run_scope(spec), finished_only=True)]
