@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from aml_pipeline.config import REPO_ROOT
 from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.fsutil import dir_lock
 from aml_pipeline_tests.library_build import build_dataset
@@ -215,7 +216,7 @@ def test_gc_in_a_loop_against_a_real_build_loop(make_spec, plant_url, roots, tmp
         proc = subprocess.Popen(
             [sys.executable, "-c", BUILD_LOOP, plant_url, json.dumps(spec.to_json_dict()), str(roots["store_root"]),
              str(roots["datasets_root"]), str(stop)],
-            stdout=out, stderr=subprocess.PIPE, text=True,
+            stdout=out, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,  # it imports aml_pipeline_tests
         )
     gcs = removed_during = 0
     deadline = time.monotonic() + 300

@@ -94,6 +94,7 @@ def start_build(spec, url: str, tmp_path: Path, env: dict) -> subprocess.Popen:
         [sys.executable, "-c", BUILD, url, json.dumps(spec.to_json_dict()), str(tmp_path / "store"),
          str(tmp_path / "datasets"), str(PAGE), str(HOLD_S)],
         env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "build.err", "w"), text=True,
+        cwd=str(REPO),  # the child imports aml_pipeline_tests
     )
 
 
