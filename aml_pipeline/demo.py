@@ -49,11 +49,6 @@ def _demo_run_ids(n: int) -> set[str]:
     return {r.run_id for r in simulate_plant(n_runs=n, run_minutes=0.1, noise=False).runs}
 
 
-def seed_plant(tsdb_url: str, *, runs: int, seed: int = 0, own_file: Path | None = None) -> int:
-    """:func:`seed_demo`; returns the points written (0 when the TSDB already held the plant)."""
-    return seed_demo(tsdb_url, runs=runs, seed=seed, own_file=own_file).written
-
-
 def seed_demo(tsdb_url: str, *, runs: int, seed: int = 0, own_file: Path | None = None) -> Seeding:
     """Make the TSDB hold exactly the simulated plant of ``runs`` runs.
 

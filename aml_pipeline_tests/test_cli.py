@@ -17,6 +17,7 @@ import yaml
 from aml_pipeline import config
 from aml_pipeline.cli import main
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant, write_plant_files
+from aml_pipeline_tests.cli_tree import parser_tree
 
 CLI = [sys.executable, "-m", "aml_pipeline.cli"]
 
@@ -180,7 +181,7 @@ def test_verify_of_a_missing_directory(tmp_path, capsys):
     expect_user_error(capsys, ["verify", str(tmp_path / "nope")], "NOT_FOUND", "nope")
 
 
-# ---- messages a user reads (issue 12) ----------------------------------------------------------
+# ---- messages a user reads ---------------------------------------------------------------------
 
 
 def test_no_runs_describes_the_scope_in_words_and_what_the_tsdb_holds(small_plant, ingested, tmp_path, capsys, monkeypatch):
@@ -367,7 +368,6 @@ def documented_exit_codes() -> tuple[set[int], dict[str, set[int]]]:
 
 def test_every_command_exits_with_the_codes_docs_cli_md_documents(small_plant, ingested, tmp_path, capsys, monkeypatch):
     from aml_pipeline.cli import build_parser
-    from aml_pipeline_tests.test_docs import parser_tree
 
     monkeypatch.setenv("AML_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("DAGSTER_HOME", raising=False)

@@ -1,9 +1,9 @@
 """The library build: per-stage throughput, end to end, and the I/O floor it is compared with.
 
-* :func:`staged_build` is ``pipeline.build.build_dataset`` with a timer around each stage
-  function it calls (``clean_run`` is split into cleaning and alignment by timing the ``align``
+* :func:`staged_build` is ``aml_pipeline_tests.library_build.build_dataset`` with a timer around
+  each stage function it calls (``clean_run`` is split into cleaning and alignment by timing the ``align``
   calls inside it, where it has them). Its snapshot hash must equal the end-to-end build's.
-* :func:`e2e_build` is ``build_dataset`` itself, as a user calls it.
+* :func:`e2e_build` is ``build_dataset`` itself, with no timer inside it.
 * :func:`io_floor` moves the same bytes with nothing else: every point of the workload read
   from the same DuckDB file into numpy (one query), and arrays of the snapshot's array sizes
   written with ``ndarray.tofile`` and fsynced.
@@ -34,7 +34,7 @@ def _spec(spec_dict: dict[str, Any]):
 
 def e2e_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, Any]:
     """``build_dataset`` into fresh directories under ``out``; wall seconds and the summary."""
-    from aml_pipeline.pipeline.build import build_dataset
+    from aml_pipeline_tests.library_build import build_dataset
     from aml_pipeline.tsdb_open import open_tsdb
 
     spec = _spec(spec_dict)
@@ -71,14 +71,14 @@ def staged_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[st
     """``build_dataset`` itself, with a timer around each stage function it calls; returns
     seconds per stage and counts.
 
-    The stage functions are wrapped where ``pipeline.build`` and its run loop
+    The stage functions are wrapped where ``aml_pipeline_tests.library_build`` and its run loop
     (``pipeline.runs.build_runs``) look them up, so the stages are timed as they are called; cleaning is split from alignment by timing
     ``pipeline.runs.align`` where the cleaning stage calls it. ``publish_dataset`` reports its
     own phases (write, checks, the fsync left after the checks, publish).
     """
-    import aml_pipeline.pipeline.build as build_mod
     import aml_pipeline.pipeline.runs as runs_mod
     import aml_pipeline.pipeline.stages.raw as raw_mod
+    import aml_pipeline_tests.library_build as build_mod
     from aml_pipeline.tsdb_open import open_tsdb
 
     spec = _spec(spec_dict)

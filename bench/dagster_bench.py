@@ -5,7 +5,7 @@ with its default executor, recording into a persistent SQLite instance: a tempor
 ``DAGSTER_HOME`` with a ``dagster.yaml`` (:func:`persistent_instance`), created and opened
 before the clock, as a deployment's instance exists before a build. One fresh instance per
 repetition, so every repetition does the same work. Library:
-``aml_pipeline.pipeline.build.build_dataset``. The two alternate (``bench.timing.side_by_side``)
+``aml_pipeline_tests.library_build.build_dataset``. The two alternate (``bench.timing.side_by_side``)
 into fresh directories; both must publish the same sha256 (a v1 snapshot is byte-identical
 however it is built).
 
@@ -186,7 +186,7 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
 
 def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: Path, *, repeat: int,
                       pg_base_url: str | None = None, pg_pooled_url: str | None = None) -> dict[str, Any]:
-    """Issue 11's orchestration cost: (Dagster build - library build) / runs, many small runs, on
+    """The orchestration cost: (Dagster build - library build) / runs, many small runs, on
     a persistent SQLite instance and (with ``pg_base_url``) on a PostgreSQL one, directly and
     (with ``pg_pooled_url``) through PgBouncer."""
     r = run(spec_dict, tsdb_url, out, repeat=repeat, profile=False, pg_base_url=pg_base_url,
@@ -629,7 +629,7 @@ def _cpu_seconds() -> float:
 
 
 def run_incremental(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int) -> dict[str, Any]:
-    """Issue 9's rebuilds, through the ``aml-pipeline build`` command (in this process) on a
+    """Rebuilds, through the ``aml-pipeline build`` command (in this process) on a
     persistent instance: a full build into fresh directories and a fresh instance, then the same
     build again with nothing changed, then a build after editing only the spec's ``split``.
     The three run in that order in every repetition (each depends on the one before)."""

@@ -49,7 +49,7 @@ class _Built:
 
 
 def _build(spec_dict: dict[str, Any], url: str, root: Path) -> _Built:
-    from aml_pipeline.pipeline.build import build_dataset
+    from aml_pipeline_tests.library_build import build_dataset
     from aml_pipeline.pipeline.store import DatasetStore
     from aml_pipeline.snapshot import open_snapshot
     from aml_pipeline.spec import parse_spec

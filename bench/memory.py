@@ -1,6 +1,6 @@
 """Peak memory and throughput of the library build by run length, each build in a fresh process.
 
-Issue 10's measurement: one run of 2 days and one run of 16 days (the standard plant: 16 nodes
+Two builds compared: one run of 2 days and one run of 16 days (the standard plant: 16 nodes
 at a 1 s base rate; spec H = 60, F = 30, stride 30), each in its own DuckDB file made by another
 process (``bench.workload``, the run made of back-to-back days of the simulator). Each build runs in a child (``python -m bench.memory SPEC_JSON
 TSDB_URL OUT``) that imports the package, notes its RSS, builds with ``build_dataset`` and
@@ -83,7 +83,7 @@ def run(work: Path, *, piece_minutes: float, short_pieces: int, long_pieces: int
 
 
 def _child(spec_path: str, tsdb_url: str, out: str) -> int:
-    from aml_pipeline.pipeline.build import build_dataset
+    from aml_pipeline_tests.library_build import build_dataset
     from aml_pipeline.spec import parse_spec
     from aml_pipeline.tsdb_open import open_tsdb
 

@@ -79,7 +79,8 @@ def _naive_png(traces, units: list[str], title: str) -> bytes:
     fig = Figure(figsize=(13.0, (band_px(n) * n + 110) / 100), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(n, 1, sharex=True)
-    x = traces.column_centres_ms() / 60_000
+    # Minutes since the run's start at the middle of each pixel column.
+    x = (np.arange(traces.width, dtype=np.float64) + 0.5) * (traces.span_ms / traces.width) / 60_000
     for j, ax in enumerate(np.atleast_1d(axes)):
         ax.fill_between(x, traces.raw_min[j], traces.raw_max[j], color="0.7", linewidth=0)
         ax.fill_between(x, traces.grid_min[j], traces.grid_max[j], color="tab:blue", linewidth=1.5)

@@ -63,22 +63,13 @@ _MIN_BLOCK, _MAX_BLOCK = 2048, 16384
 _SORT_CHUNK_ELEMENTS = 1 << 20
 
 
-def sorting_network(n: int) -> list[tuple[int, int]]:
+@functools.cache
+def sorting_network(n: int) -> tuple[tuple[int, int], ...]:
     """Comparators ``(i, j)``, ``i < j``, that sort ``n`` wires ascending (min to ``i``).
 
     Batcher's merge-exchange (Knuth, TAOCP 5.2.2, Algorithm M), which works for any ``n`` without
     padding to a power of two: 35 comparators is optimal for 11 inputs, this gives 37.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise ValueError(f"sorting_network: n must be an integer, got {n!r}")
-    n = int(n)
-    if n < 0:
-        raise ValueError(f"sorting_network: n must be >= 0, got {n}")
-    return list(_merge_exchange(n))
-
-
-@functools.cache
-def _merge_exchange(n: int) -> tuple[tuple[int, int], ...]:
     if n < 2:
         return ()
     out: list[tuple[int, int]] = []

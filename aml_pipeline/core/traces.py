@@ -71,10 +71,6 @@ class RunTraces:
     def span_ms(self) -> int:
         return self.t1_ms - self.t0_ms + 1
 
-    def column_centres_ms(self) -> np.ndarray:
-        """Run-relative time (ms since ``t0_ms``) at the middle of each pixel column."""
-        return (np.arange(self.width, dtype=np.float64) + 0.5) * (self.span_ms / self.width)
-
     def missing_ratio(self) -> np.ndarray:
         """Per node: the share of grid rows that are missing (NaN if the run has no grid row)."""
         rows = self.grid_rows.sum(axis=1)

@@ -5,7 +5,7 @@ scope, with their TSDB data versions; per run, the first stale stage: a run stag
 is missing, was built for another stage version, or its input changed (for the raw stage the run
 in the TSDB: its record, its version, the catalog ranges; for the later stages the data version
 of the stage they read). Everything downstream of a stale stage is stale too. The CLI's build,
-the new-run sensor, the run-stage assets and the library build all plan through
+the new-run sensor, the run-stage assets and the tests' library build all plan through
 :meth:`BuildPlan.read`, so they decide alike, and alike with the UI's stale markers (code
 versions).
 """

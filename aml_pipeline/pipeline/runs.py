@@ -2,8 +2,8 @@
 
 Each stage (:mod:`aml_pipeline.pipeline.stages`) reads its input from the store (or the TSDB) piece
 by piece and appends its result to the store, returning a small summary; memory is bounded by the
-chunk sizes (:mod:`aml_pipeline.pipeline.chunks`), not by a run's length. The run-stage assets,
-the CLI's build and the library build all go through :func:`build_runs`.
+chunk sizes (:mod:`aml_pipeline.pipeline.chunks`), not by a run's length. The run-stage assets
+and the CLI's build (and the tests' library build) all go through :func:`build_runs`.
 """
 
 from __future__ import annotations

@@ -84,11 +84,6 @@ class DatasetStore:
         except FileNotFoundError:
             return None
 
-    def current_meta(self, run_id: str, stage: Stage) -> dict[str, Any] | None:
-        """The stored summary of a run's stage if it was built for the spec's current version."""
-        meta = self.read_meta(run_id, stage)
-        return meta if self.versions.is_current(stage, meta) else None
-
     def require(self, run_id: str, stage: Stage) -> dict[str, Any]:
         """The current summary of a run's stage, which a later stage reads; else a BuildError."""
         meta = self.read_meta(run_id, stage)
@@ -161,13 +156,6 @@ class DatasetStore:
 
     def read_json(self, name: str) -> Any:
         return json.loads((self.dir / name).read_bytes())
-
-    def stage_runs(self, stage: Stage) -> list[str]:
-        """Runs that have a finished ``stage``."""
-        runs = self.dir / "runs"
-        if not runs.is_dir():
-            return []
-        return sorted(p.parent.name for p in runs.glob(f"*/{_run_stage(stage)}.json"))
 
 
 class StageWriter:

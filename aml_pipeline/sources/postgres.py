@@ -90,7 +90,7 @@ class PostgresSource(Backend):
         self._pg = PgConnection(
             parsed.conninfo,
             defaults={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": "aml_pipeline source"},
-            # Read-only by construction: every transaction this session opens refuses writes.
+            # Read-only by construction: every transaction on this connection refuses writes.
             settings=["SET default_transaction_read_only = on", "SET TimeZone = 'UTC'"],
             optional_settings=["SET jit = off"],
             secrets=parsed.secrets,

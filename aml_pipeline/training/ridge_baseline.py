@@ -151,19 +151,8 @@ class RidgePath:
         return (X - self.x_mean) @ coef + self.y_mean
 
 
-def rmse_per_target(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """RMSE per target over windows and horizon steps; inputs [n, F, targets]."""
-    return np.sqrt(np.mean((pred - truth) ** 2, axis=(0, 1)))
-
-
 def denorm(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
     return values.astype(np.float64) * std + mean
-
-
-def part_of(snap: Snapshot, split: str) -> slice:
-    """Windows of one split (stored train, then val, then test) as a slice."""
-    r = snap.split_range(split)
-    return slice(r.start, r.stop)
 
 
 def _target_columns(snap: Snapshot) -> list[int]:

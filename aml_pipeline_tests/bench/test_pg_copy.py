@@ -8,8 +8,8 @@ import pytest
 
 from aml_pipeline.errors import UnknownRunError
 from aml_pipeline.tsdb.postgres import PostgresTsdb
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
-from aml_pipeline_tests.tsdb.test_postgres import small_dataset
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
+from aml_pipeline_tests.tsdb.support import small_dataset
 from bench.pg_copy import copy_points
 
 

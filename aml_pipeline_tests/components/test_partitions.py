@@ -14,7 +14,7 @@ import dagster as dg
 
 from aml_pipeline import config
 from aml_pipeline.config import REPO_ROOT
-from aml_pipeline.demo import DEMO_SPEC, seed_plant
+from aml_pipeline.demo import DEMO_SPEC, seed_demo
 from aml_pipeline.pipeline.registry import RUN_ASSETS
 
 DG = Path(sys.executable).parent / "dg"
@@ -27,7 +27,7 @@ def test_dg_launch_builds_a_range_of_run_partitions_in_one_run_then_the_rebuild_
         d.mkdir()
     shutil.copy(DEMO_SPEC, specs / DEMO_SPEC.name)
     (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    assert seed_plant(config.default_tsdb_url(home), runs=6) > 0
+    assert seed_demo(config.default_tsdb_url(home), runs=6).written > 0
     runs = [f"L1-P100-{i:04d}" for i in range(1, 6)]  # the finished ones; the sixth is in progress
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AML_", "DAGSTER_"))}
     env.update(DAGSTER_HOME=str(dagster_home), AML_HOME=str(home), AML_SPECS=str(specs),

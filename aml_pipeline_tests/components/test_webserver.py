@@ -28,7 +28,7 @@ import pytest
 
 from aml_pipeline import config
 from aml_pipeline.pipeline.checks import MANIFEST_CHECKS
-from aml_pipeline.demo import DEMO_SPEC, seed_plant
+from aml_pipeline.demo import DEMO_SPEC, seed_demo
 from aml_pipeline.pipeline.plan import run_scope
 from aml_pipeline.pipeline.registry import DATASET_ASSETS, RUN_ASSETS
 from aml_pipeline.spec import load_spec
@@ -39,6 +39,19 @@ from aml_pipeline_tests.dagster_server import (
     running,
     wait_for,
     write_instance_yaml,
+)
+from aml_pipeline_tests.dagster_graphql import (
+    ADD_PARTITION,
+    ASSET_NODES,
+    BACKFILL,
+    LAUNCH_BACKFILL,
+    LAUNCH_RUN,
+    MANIFEST,
+    PARTITION_EVENTS,
+    PARTITIONS,
+    REPOSITORY,
+    TERMINAL_BACKFILL,
+    TERMINAL_RUN,
 )
 
 pytestmark = pytest.mark.timeout(2400)
@@ -53,9 +66,6 @@ LOAD_TIMEOUT = 420
 BROWSER_TIMEOUT_MS = 120_000
 BACKFILL_TIMEOUT = 600
 RUN_TIMEOUT = 600
-
-TERMINAL_BACKFILL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
-TERMINAL_RUN = {"SUCCESS", "FAILURE", "CANCELED"}
 
 
 def key(name: str) -> dict[str, list[str]]:
@@ -78,7 +88,7 @@ def plant(tmp_path: Path) -> dict[str, Any]:
     write_instance_yaml(dagster_home)
 
     tsdb_url = config.default_tsdb_url(home)
-    assert seed_plant(tsdb_url, runs=SEEDED_RUNS) > 0
+    assert seed_demo(tsdb_url, runs=SEEDED_RUNS).written > 0
     spec = load_spec(specs / DEMO_SPEC.name)
     with open_tsdb(tsdb_url) as db:
         finished = [r.run_id for r in db.list_runs(run_scope(spec), finished_only=True)]
@@ -114,158 +124,6 @@ def dagster(plant: dict[str, Any]):
 
 
 # ---- GraphQL ------------------------------------------------------------------------------------
-
-ASSET_NODES = """
-query AssetNodes {
-  assetNodes {
-    assetKey { path }
-    groupName
-    isPartitioned
-    isMaterializable
-    isObservable
-    jobNames
-    partitionDefinition { type name }
-    backfillPolicy { policyType maxPartitionsPerRun }
-  }
-}
-"""
-
-REPOSITORY = """
-query Repository($selector: RepositorySelector!) {
-  repositoryOrError(repositorySelector: $selector) {
-    __typename
-    ... on Repository {
-      jobs { name }
-      sensors { name sensorState { status } }
-      schedules { name scheduleState { status } }
-    }
-    ... on Error { message }
-  }
-}
-"""
-
-ADD_PARTITION = """
-mutation AddPartition($name: String!, $key: String!, $selector: RepositorySelector!) {
-  addDynamicPartition(partitionsDefName: $name, partitionKey: $key, repositorySelector: $selector) {
-    __typename
-    ... on AddDynamicPartitionSuccess { partitionsDefName partitionKey }
-    ... on Error { message }
-    ... on PythonError { stack }
-  }
-}
-"""
-
-PARTITIONS = """
-query Partitions($key: AssetKeyInput!) {
-  assetNodeOrError(assetKey: $key) {
-    __typename
-    ... on AssetNode {
-      partitionKeys
-      partitionKeysByDimension { name type partitionKeys }
-      partitionStats { numMaterialized numPartitions numFailed numMaterializing }
-      assetPartitionStatuses {
-        __typename
-        ... on DefaultPartitionStatuses {
-          materializedPartitions failedPartitions unmaterializedPartitions materializingPartitions
-        }
-      }
-    }
-    ... on AssetNotFoundError { message }
-  }
-}
-"""
-
-# What the UI's partition view asks for (AssetPartitionDetail): the partition's events, newest first.
-PARTITION_EVENTS = """
-query PartitionEvents($key: AssetKeyInput!, $partition: String!) {
-  assetOrError(assetKey: $key) {
-    ... on Asset {
-      assetEventHistory(partitions: [$partition], limit: 1000, eventTypeSelectors: [MATERIALIZATION, OBSERVATION]) {
-        results {
-          __typename
-          ... on MaterializationEvent { timestamp metadataEntries { label } }
-          ... on ObservationEvent { timestamp metadataEntries { label } }
-        }
-      }
-    }
-  }
-}
-"""
-
-LAUNCH_BACKFILL = """
-mutation LaunchBackfill($params: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $params) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on Error { message }
-    ... on PythonError { stack }
-  }
-}
-"""
-
-BACKFILL = """
-query Backfill($id: String!) {
-  partitionBackfillOrError(backfillId: $id) {
-    __typename
-    ... on PartitionBackfill {
-      id
-      status
-      isAssetBackfill
-      partitionNames
-      error { message stack }
-      runs { runId status tags { key value } }
-    }
-    ... on Error { message }
-  }
-}
-"""
-
-LAUNCH_RUN = """
-mutation LaunchRun($params: ExecutionParams!) {
-  launchRun(executionParams: $params) {
-    __typename
-    ... on LaunchRunSuccess { run { runId status } }
-    ... on RunConfigValidationInvalid { errors { message } }
-    ... on Error { message }
-    ... on PythonError { stack }
-  }
-}
-"""
-
-MANIFEST = """
-query Manifest($key: AssetKeyInput!) {
-  assetNodeOrError(assetKey: $key) {
-    ... on AssetNode {
-      assetMaterializations(limit: 1) {
-        runId
-        partition
-        metadataEntries {
-          __typename
-          label
-          ... on TextMetadataEntry { text }
-          ... on PathMetadataEntry { path }
-          ... on BoolMetadataEntry { boolValue }
-          ... on IntMetadataEntry { intValue }
-        }
-      }
-      assetChecksOrError {
-        __typename
-        ... on AssetChecks {
-          checks {
-            name
-            blocking
-            executionForLatestMaterialization {
-              runId
-              status
-              evaluation { success description }
-            }
-          }
-        }
-      }
-    }
-  }
-}
-"""
 
 
 def _assert_success(result: dict[str, Any], expected: str, what: str) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import yaml
 from psycopg import sql
 
 from aml_pipeline import config
-from aml_pipeline.demo import DEMO_SPEC, seed_plant
+from aml_pipeline.demo import DEMO_SPEC, seed_demo
 from aml_pipeline.pipeline.plan import run_scope
 from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline.spec import DatasetSpec, load_spec
@@ -48,7 +48,7 @@ from aml_pipeline_tests.dagster_server import (
     free_port,
     wait_for,
 )
-from aml_pipeline_tests.components.test_webserver import (
+from aml_pipeline_tests.dagster_graphql import (
     ADD_PARTITION,
     BACKFILL,
     LAUNCH_BACKFILL,
@@ -57,7 +57,7 @@ from aml_pipeline_tests.components.test_webserver import (
     TERMINAL_BACKFILL,
     TERMINAL_RUN,
 )
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
 
 DEPLOY = config.REPO_ROOT / "deploy"
 BIN = Path(sys.executable).parent
@@ -454,7 +454,7 @@ def deployment(
         schema = f"t_{uuid.uuid4().hex[:16]}"
         tsdb_url = with_schema(postgres_url, schema)
         stack.callback(drop_schema, postgres_url, schema)
-        assert seed_plant(tsdb_url, runs=seeded_runs) > 0
+        assert seed_demo(tsdb_url, runs=seeded_runs).written > 0
         with open_tsdb(tsdb_url) as db:
             finished = [r.run_id for r in db.list_runs(run_scope(spec), finished_only=True)]
         db_name = stack.enter_context(database(postgres_url))

@@ -44,7 +44,7 @@ from aml_pipeline_tests.deploy.cluster import (
     chunk_range,
     deployment,
 )
-from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
+from aml_pipeline_tests.snapshot_compare import assert_same_v2_snapshot
 
 pytestmark = pytest.mark.timeout(2400)
 

@@ -26,7 +26,7 @@ import pytest
 
 from aml_pipeline.runner.build import materialize_dataset
 from aml_pipeline.runner.instance import BUILD_PID_TAG
-from aml_pipeline.demo import DEMO_SPEC, seed_plant
+from aml_pipeline.demo import DEMO_SPEC, seed_demo
 from aml_pipeline.pipeline.plan import run_scope
 from aml_pipeline.pipeline.registry import RUN_ASSETS
 from aml_pipeline.spec import load_spec
@@ -41,8 +41,8 @@ from aml_pipeline_tests.deploy.cluster import (
     points_locked,
     production_home,
 )
-from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
+from aml_pipeline_tests.snapshot_compare import assert_same_v2_snapshot
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -61,7 +61,7 @@ def test_an_instance_database_stopping_mid_build_ends_it_in_one_line_and_loses_n
     tsdb_url = with_schema(postgres_url, schema)
     server = pg_server.start_server(owner_pid=os.getpid())
     try:
-        assert seed_plant(tsdb_url, runs=SEEDED) > 0
+        assert seed_demo(tsdb_url, runs=SEEDED).written > 0
         with open_tsdb(tsdb_url) as db:
             finished = sorted(r.run_id for r in db.list_runs(run_scope(spec), finished_only=True))
         assert len(finished) == SEEDED - 1

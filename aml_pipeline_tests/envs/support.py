@@ -67,12 +67,12 @@ def demo_dataset(tmp_path_factory) -> DemoData:
     """The simulated plant (12 runs) built into reactor_a's snapshot through Dagster, once."""
     if "demo" not in _CACHE:
         from aml_pipeline.runner.build import materialize_dataset
-        from aml_pipeline.demo import DEMO_SPEC, seed_plant
+        from aml_pipeline.demo import DEMO_SPEC, seed_demo
         from aml_pipeline.spec import load_spec
 
         home = tmp_path_factory.mktemp("demo-home")
         url = f"duckdb:///{home / 'tsdb.duckdb'}"
-        seed_plant(url, runs=12)
+        seed_demo(url, runs=12)
         summary = materialize_dataset(load_spec(DEMO_SPEC), tsdb_url=url, home=home)
         _CACHE["demo"] = DemoData(home, home / "datasets", url, summary)
     return _CACHE["demo"]

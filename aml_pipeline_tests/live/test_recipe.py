@@ -12,8 +12,8 @@ import pytest
 from aml_pipeline.live import LiveInputError, LiveRecipe, live_inputs
 from aml_pipeline.pipeline.registry import GRID
 from aml_pipeline.tsdb_open import open_tsdb
-from aml_pipeline_tests.live.conftest import before
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
+from aml_pipeline_tests.live.support import before
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
 
 CAUSAL_CASES = [
     pytest.param(dict(extras=True), id="v2"),

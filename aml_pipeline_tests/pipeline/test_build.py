@@ -11,7 +11,7 @@ import pytest
 from aml_pipeline.core.hashing import digest_snapshot, hashed_files
 from aml_pipeline.core.normalize import apply_norm
 from aml_pipeline.errors import BuildError, UnitContractError, UnknownNodeError
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.pipeline.registry import WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore

@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.plan import check_nodes_known
 from aml_pipeline.pipeline.snapshot_writer import write_snapshot_files
 from aml_pipeline.pipeline.registry import GRID, WINDOWS

@@ -16,18 +16,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.stages.manifest import PublishedDataset
 from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
 from aml_pipeline.spec import DatasetSpec, parse_spec
 from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
-from aml_pipeline.tsdb.port import PointColumns, TsdbPort
 from aml_pipeline.tsdb.postgres import PostgresTsdb
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
 from aml_pipeline_tests.tsdb.series import point_count
-
-ARRAYS = ("x.f32", "u.f32", "y.f32", "timestamps.f64", "mask.f32")
+from aml_pipeline_tests.snapshot_compare import ARRAYS, snapshot_files, without_captured_at
+from aml_pipeline_tests.tsdb.support import ingest_plant
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
 
 
 @pytest.fixture(scope="module")
@@ -44,45 +43,9 @@ def pg_url(postgres_url) -> Iterator[str]:
         drop_schema(postgres_url, schema)
 
 
-def ingest_plant(db: TsdbPort, plant: SimulatedPlant) -> None:
-    """Catalog first, then the points in two ingests (seq continues across them)."""
-    db.ingest(runs=plant.runs, nodes=plant.nodes)
-    p = plant.points
-    half = len(p) // 2
-    for part in (slice(0, half), slice(half, len(p))):
-        db.ingest(points=PointColumns(p.run_id[part], p.node_id[part], p.ts[part], p.value[part], p.state[part]))
-
-
 def build(spec: DatasetSpec, url: str, root: Path) -> PublishedDataset:
     with open_tsdb(url) as db:
         return build_dataset(spec, db, store_root=root / "store", datasets_root=root / "datasets")
-
-
-def snapshot_files(snapshot: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(snapshot)): p.read_bytes() for p in sorted(snapshot.rglob("*")) if p.is_file()
-    }
-
-
-def without_captured_at(manifest_bytes: bytes) -> dict:
-    m = json.loads(manifest_bytes)
-    assert isinstance(m["provenance"].pop("capturedAt"), str)
-    return m
-
-
-def assert_same_v2_snapshot(reference: Path, other: Path, what: str) -> None:
-    """Two v2 snapshots of the same data hold the same bytes but for the build time in the
-    manifest (``capturedAt``) and so the digest file's manifest entry and overall hash."""
-    a, b = snapshot_files(reference), snapshot_files(other)
-    assert sorted(a) == sorted(b)
-    for name in ARRAYS:
-        assert len(a[f"arrays/{name}"]) > 0, name
-    assert without_captured_at(a.pop("manifest.json")) == without_captured_at(b.pop("manifest.json"))
-    # The digest file covers the manifest (capturedAt); its digests of every other file agree.
-    da, db = (json.loads(files.pop("sha256.json"))["files"] for files in (a, b))
-    assert {k: v for k, v in da.items() if k != "manifest.json"} == {k: v for k, v in db.items() if k != "manifest.json"}
-    for name in a:
-        assert a[name] == b[name], f"{name} differs between {what}"
 
 
 def test_postgres_and_embedded_builds_are_byte_identical(small_plant, pg_url, tmp_path):

@@ -15,7 +15,7 @@ from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.runner.build import materialize_dataset
 from aml_pipeline.errors import DiskFullError
 from aml_pipeline.faults import TRACE_ENV
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import traced

@@ -11,7 +11,7 @@ import pytest
 
 import aml_pipeline.pipeline.layout_export as layout_export
 from aml_pipeline.core.hashing import verify_snapshot
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.layout_export import export_windows_layout
 from aml_pipeline.snapshot import open_snapshot
 from aml_pipeline.tsdb_open import open_tsdb

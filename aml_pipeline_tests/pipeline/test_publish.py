@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aml_pipeline.config import REPO_ROOT
 from aml_pipeline.core.hashing import DIGEST_FILE, hashed_files, verify_snapshot
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.checks import check_disjoint_splits, check_finite_arrays, check_norm_from_train
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.pipeline.snapshot_writer import write_snapshot_files
@@ -117,7 +118,7 @@ def test_checks_catch_what_they_check(published, make_spec, roots, tmp_path):
 BUILD_LOOP = """
 import json, os, sys
 from pathlib import Path
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb_open import open_tsdb
 spec = json.loads(sys.argv[2])
@@ -163,7 +164,7 @@ def test_killed_builds_never_leave_a_visible_partial_snapshot(make_spec, plant_u
         proc = subprocess.Popen(
             [sys.executable, "-c", BUILD_LOOP, plant_url, json.dumps(spec.to_json_dict()), str(store), str(datasets),
              str(attempt)],
-            stdout=subprocess.PIPE, text=True, env=env,
+            stdout=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT,  # the child imports aml_pipeline_tests
         )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.0, 0.3))  # a random moment, not a condition

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from aml_pipeline.config import REPO_ROOT
 from aml_pipeline.core.hashing import verify_snapshot
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.faults import armed, kill_stopped, wait_stopped
@@ -21,7 +22,7 @@ from aml_pipeline_tests.faults import armed, kill_stopped, wait_stopped
 BUILD = """
 import json, sys
 from pathlib import Path
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb_open import open_tsdb
 spec = parse_spec(json.loads(sys.argv[2]))
@@ -62,7 +63,7 @@ def test_a_build_killed_at_each_step_of_publication(point, layout, make_spec, pl
     env = armed(point, tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-c", BUILD, plant_url, json.dumps(edited.to_json_dict()), str(roots["store_root"]), str(datasets)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,  # it imports aml_pipeline_tests
     )
     pid = wait_stopped(proc, env, output=lambda: proc.stderr.read())
     assert pid == proc.pid

@@ -22,7 +22,7 @@ import pytest
 
 from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.fsutil import READ_ONLY_DIR, READ_ONLY_FILE, remove_tree
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.publish import remove_abandoned_staging
 from aml_pipeline.snapshot import SnapshotError, open_snapshot
 from aml_pipeline.tsdb_open import open_tsdb

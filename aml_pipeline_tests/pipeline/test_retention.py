@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from aml_pipeline.config import REPO_ROOT
 from aml_pipeline.core.hashing import verify_snapshot
 from aml_pipeline.fsutil import dir_lock
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
 from aml_pipeline.pipeline.retention import collect_garbage
 from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.tsdb_open import open_tsdb
+from aml_pipeline_tests.pipeline.support import stage_runs
 from aml_pipeline_tests.faults import armed, count_phases, kill_stopped, last_point, traced, wait_stopped
 
 
@@ -73,12 +75,12 @@ def test_gc_removes_stages_of_another_spec_version_and_dead_temporaries(make_spe
     with open_tsdb(plant_url) as db:
         build_dataset(spec, db, **roots)
     store = DatasetStore(roots["store_root"], spec)
-    run = store.stage_runs(WINDOWS)[0]
+    run = stage_runs(store, WINDOWS)[0]
     (store.run_dir(run) / ".grid.values.0123456789ab.tmp").write_bytes(b"half written")
     edited = make_spec(stride=3)  # windows built for stride 1 are obsolete; raw and grid are not
     report = collect_garbage(roots["datasets_root"], roots["store_root"], {spec.id: edited}, keep=3)
     assert sorted({s.split("/")[-1] for s in report.removed_stages}) == ["windows"]
-    assert store.stage_runs(WINDOWS) == [] and store.stage_runs(RAW) and store.stage_runs(GRID)
+    assert stage_runs(store, WINDOWS) == [] and stage_runs(store, RAW) and stage_runs(store, GRID)
     assert not list(store.run_dir(run).glob(".*.tmp"))
     # The next build refetches and recleans nothing: the kept stages are what it needs.
     with open_tsdb(plant_url) as db:
@@ -185,7 +187,7 @@ BUILD_LOOP = """
 import json, sys
 from pathlib import Path
 from aml_pipeline.core.hashing import verify_snapshot
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.publish import current_snapshot
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb_open import open_tsdb
@@ -214,7 +216,7 @@ def test_gc_in_a_loop_against_a_real_build_loop(make_spec, plant_url, roots, tmp
         proc = subprocess.Popen(
             [sys.executable, "-c", BUILD_LOOP, plant_url, json.dumps(spec.to_json_dict()), str(roots["store_root"]),
              str(roots["datasets_root"]), str(stop)],
-            stdout=out, stderr=subprocess.PIPE, text=True,
+            stdout=out, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,  # it imports aml_pipeline_tests
         )
     gcs = removed_during = 0
     deadline = time.monotonic() + 300

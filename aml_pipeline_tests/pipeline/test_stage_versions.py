@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from aml_pipeline.errors import BuildError
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.registry import STAGES, StageVersions
 from aml_pipeline.simulate.plant import plant_spec_dict
 from aml_pipeline.spec import load_spec, parse_spec

@@ -24,7 +24,7 @@ import dagster as dg
 import pytest
 
 from aml_pipeline.errors import AmlError
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog
 from aml_pipeline.pipeline.registry import RAW
 from aml_pipeline.pipeline.store import DatasetStore
@@ -32,8 +32,9 @@ from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.retry import RETRY_ENV, RetryPolicy
 from aml_pipeline_tests import pg_server
 from aml_pipeline_tests.faults import armed, process_state, wait_stopped
-from aml_pipeline_tests.tsdb.conftest import with_schema
-from aml_pipeline_tests.tsdb.test_session import wait_until_queued
+from aml_pipeline_tests.pipeline.support import stage_runs
+from aml_pipeline_tests.pg_schemas import with_schema
+from aml_pipeline_tests.tsdb.support import wait_until_queued
 
 # Small pages: a node of a run takes several, so a fault falls between two pages of one node.
 PAGE = 200
@@ -70,13 +71,13 @@ def reference(spec, url: str, tmp_path: Path) -> tuple[str, dict]:
 
 def raw_figures(spec, store_root: Path) -> dict:
     store = DatasetStore(store_root, spec)
-    return {r: {k: store.read_meta(r, RAW)[k] for k in ("points", "pages", "dataVersion")} for r in store.stage_runs(RAW)}
+    return {r: {k: store.read_meta(r, RAW)[k] for k in ("points", "pages", "dataVersion")} for r in stage_runs(store, RAW)}
 
 
 BUILD = """
 import json, sys
 from pathlib import Path
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb_open import retrying_tsdb
 spec = parse_spec(json.loads(sys.argv[2]))
@@ -93,6 +94,7 @@ def start_build(spec, url: str, tmp_path: Path, env: dict) -> subprocess.Popen:
         [sys.executable, "-c", BUILD, url, json.dumps(spec.to_json_dict()), str(tmp_path / "store"),
          str(tmp_path / "datasets"), str(PAGE), str(HOLD_S)],
         env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "build.err", "w"), text=True,
+        cwd=str(REPO),  # the child imports aml_pipeline_tests
     )
 
 

@@ -315,7 +315,7 @@ from aml_pipeline.components.resources import StoreResource, TsdbResource  # noq
 from aml_pipeline.components.sensors import new_run_sensor  # noqa: E402
 from aml_pipeline.tsdb import PointColumns  # noqa: E402
 from aml_pipeline.tsdb_open import open_tsdb  # noqa: E402
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema  # noqa: E402
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema  # noqa: E402
 from aml_pipeline.pipeline.registry import StageVersions
 
 

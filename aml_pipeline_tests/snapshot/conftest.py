@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-from aml_pipeline.pipeline.build import build_dataset
 from aml_pipeline.pipeline.stages.manifest import PublishedDataset
-from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
-from aml_pipeline.spec import parse_spec
+from aml_pipeline.simulate.plant import SimulatedPlant, simulate_plant
 from aml_pipeline.tsdb_open import open_tsdb
+from aml_pipeline_tests.snapshot.support import publish
 
 
 @pytest.fixture(scope="session")
@@ -25,18 +21,6 @@ def plant_url(plant: SimulatedPlant, tmp_path_factory: pytest.TempPathFactory) -
     with open_tsdb(url, read_only=False) as db:
         db.ingest(runs=plant.runs, nodes=plant.nodes, points=plant.points)
     return url
-
-
-def publish(plant: SimulatedPlant, url: str, root: Path, *, extras: bool | dict = True, **overrides: Any) -> PublishedDataset:
-    """Build and publish a snapshot under ``root`` (``root/datasets/<spec>/<sha>``, with a catalog);
-    ``extras``: v2 with the plant's variables, v1, or these extras."""
-    data = plant_spec_dict(plant, "snap_ds", history_steps=20, horizon_steps=10, extras=bool(extras),
-                           split={"method": "chronological", "train": 0.5, "val": 0.25, "test": 0.25, "seed": 0})
-    if isinstance(extras, dict):
-        data["extras"] = extras
-    data.update(overrides)
-    with open_tsdb(url) as db:
-        return build_dataset(parse_spec(data), db, store_root=root / "store", datasets_root=root / "datasets")
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,16 @@ import json
 import os
 from pathlib import Path
 
+from typing import Any
+
 import numpy as np
 
 from aml_pipeline.core.hashing import digest_snapshot as core_digest
+from aml_pipeline.pipeline.stages.manifest import PublishedDataset
+from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict
+from aml_pipeline.spec import parse_spec
+from aml_pipeline.tsdb_open import open_tsdb
+from aml_pipeline_tests.library_build import build_dataset
 
 
 def write_snapshot(root: Path, *, n=(6, 2, 2), H=4, F=3, nodes=("T1", "Q1", "C1", "F1"), controls=("C1",),
@@ -121,3 +128,15 @@ def write_series_snapshot(root: Path, *, runs=(50, 20, 20), H=4, F=3, nodes=("T1
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     rehash(root)
     return root
+
+
+def publish(plant: SimulatedPlant, url: str, root: Path, *, extras: bool | dict = True, **overrides: Any) -> PublishedDataset:
+    """Build and publish a snapshot under ``root`` (``root/datasets/<spec>/<sha>``, with a catalog);
+    ``extras``: v2 with the plant's variables, v1, or these extras."""
+    data = plant_spec_dict(plant, "snap_ds", history_steps=20, horizon_steps=10, extras=bool(extras),
+                           split={"method": "chronological", "train": 0.5, "val": 0.25, "test": 0.25, "seed": 0})
+    if isinstance(extras, dict):
+        data["extras"] = extras
+    data.update(overrides)
+    with open_tsdb(url) as db:
+        return build_dataset(parse_spec(data), db, store_root=root / "store", datasets_root=root / "datasets")

@@ -14,7 +14,7 @@ import pytest
 import aml_pipeline.snapshot.export as export_mod
 from aml_pipeline.snapshot import SnapshotError, open_snapshot
 from aml_pipeline.snapshot.export import cover, export_parquet
-from aml_pipeline_tests.snapshot.conftest import publish
+from aml_pipeline_tests.snapshot.support import publish
 from aml_pipeline_tests.snapshot.support import flip_byte
 
 CLI = [sys.executable, "-m", "aml_pipeline.cli"]

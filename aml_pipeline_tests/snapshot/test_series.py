@@ -17,7 +17,7 @@ from aml_pipeline.snapshot.batches import window_bytes
 from aml_pipeline.snapshot.export import export_parquet
 from aml_pipeline.snapshot.layout import SEGMENT_FIELDS, SERIES_ARRAYS
 from aml_pipeline.simulate.plant import plant_spec_dict
-from aml_pipeline_tests.snapshot.conftest import publish
+from aml_pipeline_tests.snapshot.support import publish
 from aml_pipeline_tests.snapshot.support import flip_byte, rehash, write_series_snapshot
 
 CLI = [sys.executable, "-m", "aml_pipeline.cli"]

@@ -1,62 +1,17 @@
-"""Fixtures of the mapped-source tests: one small simulated plant, its embedded reference build,
-fresh PostgreSQL schemas and InfluxDB databases.
-
-The plant starts 50 minutes before 2025-02-01 00:00 UTC, so its runs cross a day and a month
-boundary (hive day folders, monthly tables) and the midnight of the Europe/Berlin wide layout.
-"""
+"""Fixtures of the mapped-source tests: one small simulated plant
+(:func:`aml_pipeline_tests.sources.support.make_plant`), its embedded reference build, fresh
+PostgreSQL schemas, InfluxDB databases and a test OPC UA server."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from aml_pipeline.pipeline.build import PublishedDataset, build_dataset
-from aml_pipeline.simulate.plant import SimulatedPlant, plant_spec_dict, simulate_plant
-from aml_pipeline.spec import DatasetSpec, parse_spec
-from aml_pipeline.tsdb_open import open_tsdb
-from aml_pipeline.tsdb.duckdb import DuckDBTsdb
-from aml_pipeline.tsdb.port import PointColumns
-from aml_pipeline_tests.pipeline.test_cross_adapter import ingest_plant
-
-FEB_1_2025_MS = 1_738_368_000_000
-PLANT_START_MS = FEB_1_2025_MS - 50 * 60_000
-
-
-def make_plant(**kw) -> SimulatedPlant:
-    return simulate_plant(n_runs=5, run_minutes=10, seed=3, start_ms=PLANT_START_MS, **kw)
-
-
-def plant_spec(plant: SimulatedPlant) -> DatasetSpec:
-    return parse_spec(plant_spec_dict(plant, "mapped_ds", history_steps=20, horizon_steps=10, extras=True))
-
-
-def build(spec: DatasetSpec, url: str, root: Path) -> PublishedDataset:
-    with open_tsdb(url) as db:
-        return build_dataset(spec, db, store_root=root / "store", datasets_root=root / "datasets")
-
-
-@dataclass
-class Reference:
-    """The plant's points in an embedded file, and the snapshot built from it."""
-
-    url: str
-    published: PublishedDataset
-
-
-def embedded_reference(plant: SimulatedPlant, root: Path, points: PointColumns | None = None, runs=None) -> Reference:
-    url = f"duckdb://{root / 'plant.duckdb'}"
-    with DuckDBTsdb(url, read_only=False) as db:
-        if points is None and runs is None:
-            ingest_plant(db, plant)
-        else:
-            db.ingest(runs=runs if runs is not None else plant.runs, nodes=plant.nodes)
-            db.ingest(points=points if points is not None else plant.points)
-    return Reference(url, build(plant_spec(plant), url, root / "build"))
+from aml_pipeline.simulate.plant import SimulatedPlant
+from aml_pipeline_tests.sources.support import OPCUA_MAX_VALUES, Reference, embedded_reference, make_plant
 
 
 @pytest.fixture(scope="session")
@@ -99,11 +54,6 @@ def influx_db(influx_url) -> Iterator[str]:
         yield name
     finally:
         influx_query(influx_url, f'DROP DATABASE "{name}"')
-
-
-# Values the test OPC UA server returns per node and read: below a run's points per node, so
-# every run's read follows continuation points.
-OPCUA_MAX_VALUES = 100
 
 
 @pytest.fixture

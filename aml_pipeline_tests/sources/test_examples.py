@@ -28,8 +28,7 @@ from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline.tsdb.port import PointColumns, Run
 from aml_pipeline_tests.sources import layouts
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
-from aml_pipeline_tests.sources.conftest import embedded_reference
-from aml_pipeline_tests.sources.test_same_bytes import same_points
+from aml_pipeline_tests.sources.support import embedded_reference, same_points
 from aml_pipeline_tests.tsdb.series import fetch_node_series
 
 EXAMPLES = REPO_ROOT / "examples" / "sources"

@@ -11,13 +11,13 @@ import psycopg
 import pytest
 
 from aml_pipeline.errors import TsdbUnavailableError
-from aml_pipeline.pipeline.build import build_dataset
+from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.sources.description import load_description
 from aml_pipeline.sources.mapped import MappedTsdb, open_backend
 from aml_pipeline_tests import influx_server, pg_server
-from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
+from aml_pipeline_tests.snapshot_compare import assert_same_v2_snapshot
 from aml_pipeline_tests.sources import layouts
-from aml_pipeline_tests.sources.conftest import plant_spec
+from aml_pipeline_tests.sources.support import plant_spec
 
 
 class StopAt:
@@ -119,7 +119,7 @@ def test_opcua_server_gone_mid_build(plant, reference, tmp_path, monkeypatch):
     server back a second later on its port: the source connects again, the read resumes from
     its cursor, and the snapshot is the embedded build's."""
     from aml_pipeline_tests import opcua_server
-    from aml_pipeline_tests.sources.conftest import OPCUA_MAX_VALUES
+    from aml_pipeline_tests.sources.support import OPCUA_MAX_VALUES
 
     base = tmp_path / "historian"
     layouts.opcua_history(base, plant)

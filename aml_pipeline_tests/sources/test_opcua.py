@@ -21,7 +21,7 @@ from aml_pipeline.sources.description import parse_description
 from aml_pipeline_tests import opcua_server
 from aml_pipeline_tests.pg_server import free_port
 from aml_pipeline_tests.sources import layouts
-from aml_pipeline_tests.sources.test_pages import T0, check_pages, read_all, tie_points
+from aml_pipeline_tests.sources.support import T0, check_pages, read_all, tie_points
 from aml_pipeline_tests.tsdb.series import fetch_node_series
 
 RUNS = {"windows": {"every": "1d", "start": "2025-02-01T00:00:00Z", "end": "2025-02-02T00:00:00Z",

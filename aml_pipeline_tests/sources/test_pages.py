@@ -14,34 +14,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from aml_pipeline.sources import open_source
-from aml_pipeline.tsdb.port import iter_node_pages
 from aml_pipeline_tests.tsdb.series import fetch_node_series
 from aml_pipeline_tests.sources.layouts import write_description
-
-T0 = 1_738_368_000_000  # 2025-02-01 UTC
-
-
-def tie_points(seed: int = 7) -> dict[str, np.ndarray]:
-    """Node TIE: bursts of up to 300 points at one millisecond between single ones, values that
-    do not follow insertion order; node ONE: one point a second. Insertion order is the row order."""
-    rng = np.random.default_rng(seed)
-    counts = rng.choice([1, 1, 2, 3, 40], size=40)
-    counts[[5, 6, 30]] = 300  # bursts longer than some page limits, two of them back to back
-    ts = T0 + np.repeat(np.arange(counts.size) * 10, counts)
-    tie = {"tag": np.full(ts.size, "TIE"), "ts": ts, "value": rng.normal(size=ts.size).round(3),
-           "quality": rng.choice([192, 192, 192, 64, 0], size=ts.size)}
-    one_ts = T0 + np.arange(0, 1200, 100)
-    one = {"tag": np.full(one_ts.size, "ONE"), "ts": one_ts, "value": np.arange(one_ts.size, dtype=float),
-           "quality": np.full(one_ts.size, 192)}
-    cat = {k: np.concatenate([tie[k], one[k]]) for k in tie}
-    order = np.argsort(cat["ts"], kind="stable")  # rows in time order, ties in insertion order
-    return {k: v[order] for k, v in cat.items()}
+from aml_pipeline_tests.sources.support import LAKE_LIMITS, T0, check_pages, expected, read_all, tie_points
 
 
 RUNS = {"windows": {"every": "1d", "start": "2025-02-01T00:00:00Z", "end": "2025-02-02T00:00:00Z",
                     "line": "L1", "product": "P", "recipe": "R"}}
 QUALITY = {"column": "quality", "good": [192], "states": {64: 1}, "other": 2}
-EXPECTED_STATE = {192: 0, 64: 1, 0: 2}
 
 
 def pg_table(con: Any, schema: str, rows: dict[str, np.ndarray]) -> None:
@@ -50,54 +30,6 @@ def pg_table(con: Any, schema: str, rows: dict[str, np.ndarray]) -> None:
         for tag, t, v, q in zip(rows["tag"], rows["ts"], rows["value"], rows["quality"]):
             copy.write_row((str(tag), dt.datetime.fromtimestamp(int(t) / 1000, dt.timezone.utc), float(v), int(q)))
     con.execute(f"CREATE INDEX ON {schema}.s (tag, ts)")
-
-
-def read_all(db, node: str, page_limit: int):
-    run = db.list_runs(finished_only=False)[0]
-    pages = list(iter_node_pages(db, node, run.run_id, run.started_at, run.ended_at or 2**62, page_limit=page_limit))
-    ts = np.concatenate([p.ts for p, _ in pages])
-    value = np.concatenate([p.value for p, _ in pages])
-    state = np.concatenate([p.state for p, _ in pages])
-    seq = np.concatenate([p.seq for p, _ in pages])
-    return ts, value, state, seq, len(pages)
-
-
-def expected(rows: dict[str, np.ndarray], node: str, tie_by_value: bool = False):
-    sel = rows["tag"] == node
-    ts, value, q = rows["ts"][sel], rows["value"][sel], rows["quality"][sel]
-    state = np.vectorize(EXPECTED_STATE.get)(q).astype(np.int32)
-    order = np.lexsort((state, value, ts)) if tie_by_value else np.arange(ts.size)
-    return ts[order], value[order], state[order]
-
-
-# Page limits: one point a page, a few, just below and above a burst, everything at once. A page
-# of the lake backends is a scan of its files, so they skip the one-point pages.
-LIMITS = (1, 7, 299, 301, 100_000)
-LAKE_LIMITS = (7, 299, 301, 100_000)
-
-
-def check_pages(db, rows: dict[str, np.ndarray], tie_by_value: bool = False, limits=LIMITS) -> None:
-    for node in ("TIE", "ONE"):
-        want_ts, want_value, want_state = expected(rows, node, tie_by_value)
-        first = None
-        for limit in limits:
-            ts, value, state, seq, n_pages = read_all(db, node, limit)
-            np.testing.assert_array_equal(ts, want_ts)
-            np.testing.assert_array_equal(value, want_value)
-            np.testing.assert_array_equal(state, want_state)
-            # seq numbers the points of one millisecond 0, 1, ...
-            starts = np.r_[True, ts[1:] != ts[:-1]]
-            group_start = np.maximum.accumulate(np.where(starts, np.arange(ts.size), 0))
-            np.testing.assert_array_equal(seq, np.arange(ts.size) - group_start)
-            assert n_pages >= -(-ts.size // limit)
-            first = first or (ts, value, seq)
-        # the prefetched slice serves the same pages
-        run = db.list_runs(finished_only=False)[0]
-        assert db.prefetch(run.run_id, ["TIE", "ONE"], run.started_at, run.ended_at)
-        s = fetch_node_series(db, node, run.run_id, run.started_at, run.ended_at, page_limit=13)
-        np.testing.assert_array_equal(s.ts, want_ts)
-        np.testing.assert_array_equal(s.value, want_value)
-        np.testing.assert_array_equal(s.seq, first[2])
 
 
 @pytest.fixture(scope="module")

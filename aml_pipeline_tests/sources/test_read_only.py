@@ -14,9 +14,9 @@ import pytest
 from aml_pipeline.cli import main
 from aml_pipeline.errors import SourceError
 from aml_pipeline.sources import open_source
-from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
+from aml_pipeline_tests.snapshot_compare import assert_same_v2_snapshot
 from aml_pipeline_tests.sources import layouts
-from aml_pipeline_tests.sources.conftest import build, plant_spec
+from aml_pipeline_tests.sources.support import build, plant_spec
 
 
 def _url_for(url: str, user: str, database: str) -> str:

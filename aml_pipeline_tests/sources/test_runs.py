@@ -13,9 +13,9 @@ from aml_pipeline.errors import SourceError
 from aml_pipeline.sources.description import BatchTag, Runs, Windows
 from aml_pipeline.sources.runs import runs_from_rows, runs_from_tag, runs_from_windows
 from aml_pipeline.tsdb.port import PointColumns, Run
-from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
+from aml_pipeline_tests.snapshot_compare import assert_same_v2_snapshot
 from aml_pipeline_tests.sources import layouts
-from aml_pipeline_tests.sources.conftest import build, embedded_reference, plant_spec
+from aml_pipeline_tests.sources.support import build, embedded_reference, plant_spec
 
 
 def ms(text: str) -> int:

@@ -1,7 +1,7 @@
 """Same bytes: the same points, laid out the ways plants keep them and read through a source
 description, build the same snapshot as when they are ingested into the embedded file.
 
-The plant (``conftest.make_plant``) has re-sent samples, half of them with a corrected value, so
+The plant (``support.make_plant``) has re-sent samples, half of them with a corrected value, so
 the order of points sharing a timestamp decides which value cleaning keeps: each layout must
 order them as the embedded file does (file order, or the mapping's ``order`` column).
 """
@@ -17,12 +17,9 @@ import pytest
 import yaml
 
 from aml_pipeline.cli import main
-from aml_pipeline.sources.backend import NO_END
-from aml_pipeline.tsdb_open import open_tsdb
-from aml_pipeline_tests.tsdb.series import fetch_node_series
-from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
+from aml_pipeline_tests.snapshot_compare import assert_same_v2_snapshot
 from aml_pipeline_tests.sources import layouts
-from aml_pipeline_tests.sources.conftest import Reference, build, embedded_reference, plant_spec
+from aml_pipeline_tests.sources.support import Reference, build, embedded_reference, plant_spec, same_points
 
 
 def test_the_plant_has_ties_whose_order_matters(plant):
@@ -33,27 +30,6 @@ def test_the_plant_has_ties_whose_order_matters(plant):
     assert dup.size >= 2
     # the re-sent sample follows its original; some carry a corrected value
     assert np.any(p.value[dup] != p.value[dup + 1])
-
-
-def same_points(mapped_url: str, reference_url: str) -> int:
-    """Every point of every run and node, in (ts, seq) order, equal in ts, value and state."""
-    total = 0
-    with open_tsdb(mapped_url) as m, open_tsdb(reference_url) as d:
-        assert m.list_nodes() == d.list_nodes()
-        runs = d.list_runs(finished_only=False)
-        assert m.list_runs(finished_only=False) == runs
-        assert m.availability_watermark() == d.availability_watermark()
-        for run in runs:
-            end = NO_END if run.ended_at is None else run.ended_at
-            for node in d.list_nodes():
-                a = fetch_node_series(m, node.node_id, run.run_id, run.started_at, end, page_limit=997)
-                b = fetch_node_series(d, node.node_id, run.run_id, run.started_at, end)
-                where = f"{run.run_id}/{node.node_id}"
-                np.testing.assert_array_equal(a.ts, b.ts, err_msg=where)
-                np.testing.assert_array_equal(a.value, b.value, err_msg=where)
-                np.testing.assert_array_equal(a.state, b.state, err_msg=where)
-                total += len(a)
-    return total
 
 
 def assert_same_build(plant, reference: Reference, desc: dict[str, Any], path: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import yaml
 from aml_pipeline.cli import main
 from aml_pipeline.sources.timecodec import PLAUSIBLE_FROM_MS, implausible_times
 from aml_pipeline_tests.sources import layouts
-from aml_pipeline_tests.sources.conftest import plant_spec
+from aml_pipeline_tests.sources.support import plant_spec
 
 T0 = 1_738_368_000_000  # 2025-02-01 UTC, in ms
 MS = T0 + np.arange(0, 600_000, 1000)  # ten minutes, a point a second

@@ -16,9 +16,9 @@ from aml_pipeline.pipeline.registry import RAW
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.sources import open_source
 from aml_pipeline.tsdb.port import PointColumns
-from aml_pipeline_tests.pipeline.test_cross_adapter import assert_same_v2_snapshot
+from aml_pipeline_tests.snapshot_compare import assert_same_v2_snapshot
 from aml_pipeline_tests.sources import layouts
-from aml_pipeline_tests.sources.conftest import build, plant_spec
+from aml_pipeline_tests.sources.support import build, plant_spec
 
 
 def versions(url: str) -> dict[str, str]:

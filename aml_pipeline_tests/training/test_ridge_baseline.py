@@ -9,7 +9,6 @@ import numpy as np
 from aml_pipeline.snapshot import open_snapshot
 from aml_pipeline.training.ridge_baseline import (
     RidgePath,
-    part_of,
     persistence,
     save_model,
     summarize,
@@ -69,7 +68,8 @@ def test_linear_truth_is_learned_and_reported_in_model_units(tmp_path):
     test_model = np.array(result["rmse"]["test"]["model"])
     assert np.all(test_model < 1e-3)
     # Persistence by hand: last history value of each target (T1 = node 0, Q1 = node 1), in model units.
-    part = part_of(snap, "test")
+    test_windows = snap.split_range("test")
+    part = slice(test_windows.start, test_windows.stop)
     y_phys = snap.y[part].astype(np.float64) * [10.0, 2.0] + [300.0, 50.0]
     last = snap.x[part, -1, :2].astype(np.float64) * [10.0, 2.0] + [300.0, 50.0]
     expected = np.sqrt(((y_phys - last[:, None, :]) ** 2).mean(axis=(0, 1)))
@@ -108,7 +108,7 @@ def test_model_and_metrics_are_saved(tmp_path):
 def test_both_layouts_give_the_same_model(tmp_path, monkeypatch):
     """The same spec and data in the windows and the series layout: the same batches, hence
     the same model and metrics, bit for bit."""
-    from aml_pipeline.pipeline.build import build_dataset
+    from aml_pipeline_tests.library_build import build_dataset
     from aml_pipeline.training import ridge_baseline
     from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
     from aml_pipeline.spec import parse_spec

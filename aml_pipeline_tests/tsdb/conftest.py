@@ -23,6 +23,7 @@ import uuid
 import pytest
 
 from aml_pipeline.tsdb.port import TsdbPort
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
 
 MakeTsdb = Callable[..., TsdbPort]
 
@@ -43,19 +44,6 @@ def _duckdb(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[MakeTsdb
     finally:
         for db in reversed(opened):
             db.close()
-
-
-def with_schema(url: str, schema: str) -> str:
-    """``url`` with ``?schema=`` (or ``&schema=``) appended."""
-    return f"{url}{'&' if '?' in url else '?'}schema={schema}"
-
-
-def drop_schema(url: str, schema: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(url, autocommit=True) as con:
-        con.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 def _postgres(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[MakeTsdb]:

@@ -29,7 +29,7 @@ from aml_pipeline_tests.tsdb.series import fetch_node_series
 from aml_pipeline.tsdb.postgres import PostgresTsdb
 from aml_pipeline.urls import redact_url
 from aml_pipeline_tests.thin_fs import thin_ext4
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
 
 REPO = Path(__file__).resolve().parents[2]
 FAR = 2**62

@@ -29,23 +29,10 @@ from aml_pipeline.tsdb.port import Cursor, Node, PointColumns, Run
 from aml_pipeline_tests.tsdb.series import fetch_node_series, point_count
 from aml_pipeline.tsdb.postgres import SCHEMA_VERSION, PostgresTsdb, parse_postgres_url
 from aml_pipeline.urls import redact_url
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
+from aml_pipeline_tests.tsdb.support import points, run, small_dataset
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
 
 FAR = 2**62
-
-
-def run(run_id: str, started: int = 0, ended: int | None = 10**6) -> Run:
-    return Run(run_id, "L1", "P1", "R1", 1, "h", started, ended, "simulation", True)
-
-
-def points(rows: list[tuple]) -> PointColumns:
-    return PointColumns(
-        np.array([r[0] for r in rows], dtype=object),
-        np.array([r[1] for r in rows], dtype=object),
-        np.array([r[2] for r in rows], dtype=np.int64),
-        np.array([r[3] for r in rows], dtype=np.float64),
-        np.array([r[4] if len(r) > 4 else 0 for r in rows], dtype=np.int32),
-    )
 
 
 @pytest.fixture
@@ -346,16 +333,6 @@ def test_pages_larger_than_one_server_round_trip(url, monkeypatch):
 
 
 # ---- ingest ----------------------------------------------------------------------------------
-
-
-def small_dataset(n_runs: int = 3, n_nodes: int = 3, n_points: int = 50):
-    runs = [run(f"R{r}", r * 10**6, r * 10**6 + 10**5) for r in range(n_runs)]
-    nodes = [Node(f"N{k}", "u", 0.0, 1.0) for k in range(n_nodes)]
-    rows = []
-    for r in runs:
-        for k, n in enumerate(nodes):
-            rows += [(r.run_id, n.node_id, r.started_at + 100 * i, i * 0.5 + k) for i in range(n_points)]
-    return runs, nodes, points(rows)
 
 
 def test_points_are_stored_clustered_by_series_and_time(url, schema, admin):

@@ -4,7 +4,6 @@ leaves nothing behind. The session API works the same on PostgreSQL (one connect
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -23,8 +22,8 @@ from aml_pipeline.tsdb import TsdbSession
 from aml_pipeline_tests.tsdb.series import fetch_node_series, held
 from aml_pipeline.tsdb.duckdb import DuckDBTsdb
 from aml_pipeline.tsdb.port import Node, PointColumns, Run
-from aml_pipeline.tsdb.writer_intent import intent_path
-from aml_pipeline_tests.tsdb.conftest import drop_schema, with_schema
+from aml_pipeline_tests.pg_schemas import drop_schema, with_schema
+from aml_pipeline_tests.tsdb.support import wait_until_queued
 
 REPO = Path(__file__).resolve().parents[2]
 FAR = 2**62
@@ -159,25 +158,6 @@ HOLDER = """
     db.close()
     print(json.dumps({"event": "closed"}), flush=True)
 """
-
-
-def wait_until_queued(url: str, writer: subprocess.Popen, timeout: float = 60) -> None:
-    """Until ``writer`` holds its place in the queue: the intent file locked exclusively (a shared
-    lock on it is refused; taking one for a moment is what every reader's open does anyway)."""
-    intent = intent_path(Path(url[len("duckdb://"):]))
-    deadline = time.monotonic() + timeout
-    while True:
-        assert writer.poll() is None, writer.communicate()
-        if intent.exists():
-            fd = os.open(intent, os.O_RDONLY)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return
-            finally:
-                os.close(fd)  # releases the shared lock if it was taken
-        assert time.monotonic() < deadline, "the writer never queued for the file"
-        time.sleep(0.01)
 
 
 def test_new_readers_wait_while_a_writer_waits_for_the_file(url):

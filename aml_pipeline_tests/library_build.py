@@ -1,8 +1,10 @@
 """The library build: every stage of a dataset in this process, run after run, then publish.
 
-No Dagster: the benchmark's reference for the Dagster build, and a build for tests and scripts.
+No Dagster: the package's stages, plan and publish composed as the Dagster build composes them,
+for tests that build without an instance and as the benchmark's reference for the Dagster build.
 Incremental like the Dagster build: only runs with a stale stage are processed, from that stage
-on, and nothing is published when nothing changed.
+on, and nothing is published when nothing changed. Users build with ``aml-pipeline build`` or
+the Dagster definitions; this module is not part of the package.
 """
 
 from __future__ import annotations
