@@ -6,6 +6,7 @@ of a small spec, its edits, and a clock the test sets."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import dagster as dg
 import psycopg
 import pytest
+import yaml
 
 from aml_pipeline.components.maintenance import prune_instance
 from aml_pipeline.components.schedules import runs_job_name
@@ -21,7 +23,33 @@ from aml_pipeline.runner.build import materialize_dataset
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 from aml_pipeline.spec import DatasetSpec, parse_spec
 from aml_pipeline.tsdb_open import open_tsdb
+from aml_pipeline_tests.dagster_server import DagsterDev, running
 from aml_pipeline_tests.deploy.cluster import database, instance_env, production_home
+
+# A busy 2-core machine loads the code location in several processes at once.
+LOAD_TIMEOUT = 420
+
+# What the UI asks for an asset's partitions and a partition's events (newest first).
+UI_QUERY = """
+query Retained($key: AssetKeyInput!, $partition: String!) {
+  assetNodeOrError(assetKey: $key) {
+    ... on AssetNode {
+      assetPartitionStatuses { ... on DefaultPartitionStatuses { materializedPartitions } }
+    }
+  }
+  assetOrError(assetKey: $key) {
+    ... on Asset {
+      assetEventHistory(partitions: [$partition], limit: 1000, eventTypeSelectors: [MATERIALIZATION, OBSERVATION]) {
+        results {
+          __typename
+          ... on MaterializationEvent { runId metadataEntries { label } }
+          ... on ObservationEvent { runId metadataEntries { label } }
+        }
+      }
+    }
+  }
+}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +129,28 @@ def _foreign_run(instance: dg.DagsterInstance) -> str:
     return dg.job(name="someone_elses_job")(graph).execute_in_process(instance=instance).run_id
 
 
+def _ui(instance: dg.DagsterInstance, spec: DatasetSpec, tsdb_url: str, tmp_path: Path, runs: list[str]) -> dict:
+    """``{(asset, partition): (materialised partitions, the partition's events newest first)}`` as
+    the webserver (``dagster dev`` on the instance, the spec in its specs folder) shows them."""
+    specs = tmp_path / "specs"
+    specs.mkdir(exist_ok=True)
+    (specs / f"{spec.id}.yaml").write_text(yaml.safe_dump(spec.to_json_dict(), sort_keys=False))
+    env = {**os.environ, "DAGSTER_HOME": instance.root_directory, "AML_HOME": str(tmp_path / "aml"),
+           "AML_TSDB_URL": tsdb_url, "AML_SPECS": str(specs), "AML_ENV_LOCATION": str(tmp_path / "aml" / "env"),
+           "PYTHONUNBUFFERED": "1"}
+    server = DagsterDev(module="aml_pipeline.definitions", env=env, cwd=tmp_path, log_path=tmp_path / "dagster-dev.log")
+    out = {}
+    with running(server):
+        server.wait_for_graphql(LOAD_TIMEOUT)
+        server.wait_for_location(LOAD_TIMEOUT)
+        for name in RUN_ASSETS:
+            for run_id in runs:
+                data = server.graphql(UI_QUERY, {"key": {"path": [spec.id, name]}, "partition": run_id})
+                statuses = data["assetNodeOrError"]["assetPartitionStatuses"]["materializedPartitions"]
+                out[name, run_id] = (sorted(statuses), data["assetOrError"]["assetEventHistory"]["results"])
+    return out
+
+
 def _created(instance: dg.DagsterInstance, run_id: str) -> datetime:
     return instance.get_run_record_by_id(run_id).create_timestamp
 
@@ -164,5 +214,20 @@ def test_gc_deletes_superseded_runs_and_keeps_every_partitions_latest(tiny_plant
     week_three = size()
     assert week_three <= 1.1 * week_two, (week_one, week_two, week_three)
     assert foreign in {r.run_id for r in instance.get_runs()}
-    for key in latest_before:
-        assert instance.get_materialized_partitions(key) == set(runs)
+
+    # The UI shows every partition materialised, its newest events those of the latest build.
+    shown = _ui(instance, _edit(spec, 7), tsdb_url, tmp_path, runs)
+    for (name, run_id), (materialised, events) in shown.items():
+        key = dg.AssetKey([spec.id, name])
+        assert materialised == runs, (name, materialised)
+        newest = {e["__typename"]: e for e in reversed(events)}  # the first of each type wins
+        latest_mat = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[run_id]), limit=1).records[0]
+        latest_obs = instance.fetch_observations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[run_id]), limit=1).records[0]
+        assert newest["MaterializationEvent"]["runId"] == latest_mat.run_id
+        assert newest["ObservationEvent"]["runId"] == latest_obs.run_id
+        labels = {m["label"] for m in newest["ObservationEvent"]["metadataEntries"]}
+        assert labels == set(latest_obs.asset_observation.metadata), (name, labels)
+        # only the runs within the retention (and the latest) left: not a month of rebuilds
+        assert len(events) <= 2 * 4, (name, run_id, len(events))
