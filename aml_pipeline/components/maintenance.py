@@ -1,21 +1,20 @@
 """Maintenance: the ``aml_gc`` job keeps disk bounded (old snapshots, obsolete intermediates) and
 the Dagster instance too (:func:`prune_instance`: superseded runs older than the retention)."""
 
-
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from aml_pipeline import config as settings
 from aml_pipeline.components.resources import StoreResource
-from aml_pipeline.pipeline.retention import DEFAULT_KEEP, collect_garbage
 from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name, verify_job_name
 from aml_pipeline.components.shared_env import REBUILD_JOB, SHARED_ENV_KEY
 from aml_pipeline.components.sources import OBSERVE_JOB, TSDB_POINTS
+from aml_pipeline.pipeline.retention import DEFAULT_KEEP, collect_garbage
 from aml_pipeline.spec import DatasetSpec
 
 # The dataset specs of the code location loaded in this process, wherever they were written (a
