@@ -32,8 +32,8 @@ with the core functions (:func:`plant_run_traces`).
 
 * ``instance_growth_kb_per_hour_after_gc`` (:func:`instance_growth`): a small spec rebuilt
   ``builds_per_day`` times a simulated day for two simulated weeks into one persistent SQLite
-  instance, a split-seed edit every other build, and gc (``prune_instance``) once a simulated day
-  with a retention of ``retention_days`` simulated days. Each build is one simulated hour slot;
+  instance, its split seed switched between two values every other build (a spec edit), and gc
+  (``prune_instance``) once a simulated day with a retention of ``retention_days`` simulated days. Each build is one simulated hour slot;
   the clock gc sees is set from the builds' own run creation times (a simulated day = that many
   builds). The figure: the instance directory's size at the end of week two over its size at the
   end of week one (flat is 1.0); the details add the growth in KB per simulated build hour.
@@ -201,7 +201,7 @@ def instance_growth(directory: Path, *, builds_per_day: int = 4, days_per_week: 
         for day in range(2 * days_per_week):
             for b in range(builds_per_day):
                 i = day * builds_per_day + b
-                spec = parse_spec({**base, "split": {**base["split"], "method": "hashed", "seed": i // 2}})
+                spec = parse_spec({**base, "split": {**base["split"], "method": "hashed", "seed": (i // 2) % 2}})
                 before = {r.run_id for r in instance.get_runs()}
                 materialize_dataset(spec, tsdb_url=tsdb_url, home=directory / "aml", instance=instance,
                                     console_log_level="CRITICAL")
