@@ -289,8 +289,16 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for path, message in errors:
         print(f"spec {path} skipped: {message}", file=sys.stderr)
     report = collect_garbage(root, config.store_dir(home), {s.id: s for _, s in specs}, keep=args.keep, dry_run=args.dry_run)
+    retention_days = config.instance_retention_days()
+    instance = _instance(args, home)
+    pruned = None
+    if instance is not None:
+        from aml_pipeline.components.maintenance import instance_summary, prune_instance
+
+        with instance:
+            pruned = prune_instance(instance, [s.id for _, s in specs], retention_days=retention_days, dry_run=args.dry_run)
     if args.json:
-        print(json.dumps(report.to_json()))
+        print(json.dumps({**report.to_json(), "instance": pruned.to_json() if pruned else None}))
         return 0
     verb = "would remove" if args.dry_run else "removed"
     for path in report.removed_snapshots:
@@ -302,6 +310,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for why in report.skipped:
         print(f"skipped {why}")
     print(f"{'would free' if args.dry_run else 'freed'} {report.freed_bytes / 1e6:.1f} MB")
+    if pruned is None:
+        print("Dagster instance: not pruned (no DAGSTER_HOME, and not run in the repository with its default AML_HOME)")
+    else:
+        print(instance_summary(pruned))
     return 0
 
 
@@ -609,11 +621,14 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_datasets)
 
-    g = sub.add_parser("gc", help="remove old snapshots and intermediates no current spec version needs")
+    g = sub.add_parser(
+        "gc", help="remove old snapshots and intermediates no current spec version needs, and superseded runs "
+        "older than AML_INSTANCE_RETENTION_DAYS from the Dagster instance",
+    )
     g.add_argument("--keep", type=int, default=3, help="non-current snapshots to keep per spec, newest first (default 3)")
     g.add_argument("--root", help="datasets root (default: $AML_HOME/datasets)")
     g.add_argument("--home", help="AML_HOME whose intermediates to clean (default: $AML_HOME or ./.aml)")
-    g.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    g.add_argument("--dry-run", action="store_true", help="list what would be removed or deleted, remove nothing")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_gc)
 

@@ -114,6 +114,18 @@ def backfill_runs_per_chunk() -> int:
     )
 
 
+DEFAULT_INSTANCE_RETENTION_DAYS = 30
+
+
+def instance_retention_days() -> int:
+    """How many days gc keeps every run of this project in the Dagster instance
+    (``AML_INSTANCE_RETENTION_DAYS``, default 30); older runs whose every materialisation and
+    observation a newer one of the same asset partition superseded are deleted."""
+    return whole_number_env(
+        "AML_INSTANCE_RETENTION_DAYS", DEFAULT_INSTANCE_RETENTION_DAYS, minimum=1, unit="a whole number of days"
+    )
+
+
 def run_plots() -> bool:
     """Whether each run's figures in the instance include its plot (``AML_RUN_PLOTS``: ``on``, the
     default, or ``off``). The plot is most of what a run's figures take in the event log, and part

@@ -534,3 +534,19 @@ def test_inputs_prints_and_writes_a_causal_window_s_x_and_refuses_bad_input_in_o
                       "LIVE_TOO_FEW_POINTS", "historySteps")
     expect_user_error(capsys, ["inputs", str(snapshot), "--at", str(origin), "--points", str(points.parent / "runs.csv")],
                       "INGEST_INVALID")
+
+
+def test_gc_says_whether_it_pruned_the_dagster_instance(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AML_HOME", str(tmp_path / "aml"))
+    monkeypatch.setenv("AML_SPECS", str(tmp_path / "specs"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    assert main(["gc", "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "Dagster instance: not pruned (no DAGSTER_HOME, and not run in the repository with its default AML_HOME)")
+    (tmp_path / "dagster_home").mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    monkeypatch.setenv("AML_INSTANCE_RETENTION_DAYS", "7")
+    assert main(["gc", "--dry-run", "--json"]) == 0
+    instance = json.loads(capsys.readouterr().out.splitlines()[-1])["instance"]
+    assert instance == {"dryRun": True, "retentionDays": 7, "deletedRuns": [], "keptOldRuns": 0, "freedBytes": 0}

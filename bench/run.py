@@ -77,7 +77,10 @@ GOALS = (
     Goal("orchestration_ms_per_run_pg_pooled", "<=", 10.0, "ms", "the same, through PgBouncer (docs/deployment.md)",
          "orchestration"),
     Goal("plot_ms_per_run", "<=", 20.0, "ms", "per-run plot, draw + encode", "plots"),
-    Goal("event_log_kb_per_run", "<=", 30.0, "KB", "event-log growth per run's plot", "plots"),
+    Goal("event_log_kb_per_run", "<=", 80.0, "KB", "event-log growth per run's plot, SQLite instance", "plots"),
+    Goal("event_log_kb_per_run_pg", "<=", 45.0, "KB", "event-log growth per run's plot, PostgreSQL instance", "plots"),
+    Goal("instance_growth_kb_per_hour_after_gc", "<=", 1.1, "x",
+         "instance size, end of simulated week two / week one, hourly rebuilds, gc daily", "plots"),
     Goal("open_verify_rss_mb", "<=", 150.0, "MB", "peak RSS, open + verify the snapshot", "snapshot"),
     Goal("verify_over_sha256sum", "<=", 1.2, "x", "snapshot verification / sha256sum", "snapshot"),
     Goal("iter_batches_gb_per_s", ">=", 1.0, "GB/s", "train windows in shuffled batches of 256", "snapshot"),
@@ -109,13 +112,15 @@ FULL = dict(runs=32, minutes=120.0, repeat=5, build_repeat=3, pf_runs=8,
             orchestration_runs=2000, orchestration_minutes=3.0, orchestration_repeat=1,
             lookup_partitions=(300, 2_000, 20_000), lookup_repeat=20,
             run_figures_partitions=20_000, run_figures_runs=200, run_figures_repeat=2,
-            series_plant=series_bench.PLANT_SCALE)
+            series_plant=series_bench.PLANT_SCALE,
+            growth=dict(builds_per_day=4, days_per_week=7, retention_days=1))
 QUICK = dict(runs=4, minutes=10.0, repeat=2, build_repeat=1, pf_runs=2,
              rss_piece_minutes=20.0, rss_pieces=(1, 8),
              orchestration_runs=10, orchestration_minutes=3.0, orchestration_repeat=1,
              lookup_partitions=(10, 300), lookup_repeat=3,
              run_figures_partitions=100, run_figures_runs=10, run_figures_repeat=1,
-             series_plant=dict(runs=10, nodes=8, minutes=5.0))
+             series_plant=dict(runs=10, nodes=8, minutes=5.0),
+             growth=dict(builds_per_day=1, days_per_week=2, retention_days=1))
 
 
 class Results:
@@ -311,8 +316,14 @@ def _plots(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a
         out = plots_bench.run(repeat=cfg["repeat"])
         out["event_log_pg"] = {"available": False, "reason": str(e)}
     res["plots"] = out
-    for key, spread in (("plot_ms_per_run", out["plot_ms"]), ("event_log_kb_per_run", out["event_log_kb"])):
+    spreads = [("plot_ms_per_run", out["plot_ms"]), ("event_log_kb_per_run", out["event_log_kb"])]
+    if (out.get("event_log_pg") or {}).get("event_log_kb"):
+        spreads.append(("event_log_kb_per_run_pg", out["event_log_pg"]["event_log_kb"]))
+    for key, spread in spreads:
         res.figure(key, {"value": spread["median"], "min": spread["min"], "max": spread["max"], "repeat": len(spread["all"])})
+    growth = plots_bench.instance_growth(work / "growth", **cfg["growth"])
+    out["instance_growth"] = growth
+    res.figure("instance_growth_kb_per_hour_after_gc", growth["ratio"])
 
 
 def _dagster(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
