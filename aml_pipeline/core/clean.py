@@ -199,6 +199,32 @@ class BatchCleaned:
 
     judged: np.ndarray  # bool
     kept: np.ndarray  # bool
+    # The rules that judge each point alone (:func:`point_removals`), for the counts per cause.
+    non_finite: np.ndarray  # bool
+    bad_state: np.ndarray  # bool
+    out_of_range: np.ndarray  # bool
+
+    def counts(self, starts: np.ndarray) -> list[dict[str, int]]:
+        """Per series (rows ``starts[i] .. starts[i+1]-1``, as given to :func:`clean_batch`): the
+        counts :class:`SeriesCleaner` keeps, ``input``, each of :data:`CLEAN_CAUSES` and ``kept``."""
+        n = int(self.kept.size)
+        bounds = np.append(np.asarray(starts, dtype=np.int64), n)
+        series = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
+        per_cause = {
+            "non_finite": self.non_finite,
+            "bad_state": self.bad_state,
+            "out_of_range": self.out_of_range,
+            # Survivors of the rules above that are not the last of their timestamp group.
+            "duplicate_ts": ~(self.non_finite | self.bad_state | self.out_of_range | self.judged),
+            "hampel_outlier": self.judged & ~self.kept,
+            "kept": self.kept,
+        }
+        sums = {c: np.bincount(series[m], minlength=bounds.size - 1).tolist() for c, m in per_cause.items()}
+        sizes = np.diff(bounds).tolist()
+        return [
+            {"input": sizes[i], **{c: sums[c][i] for c in CLEAN_CAUSES}, "kept": sums["kept"][i]}
+            for i in range(bounds.size - 1)
+        ]
 
 
 def clean_batch(
@@ -253,4 +279,4 @@ def clean_batch(
         first = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
         flags = hampel_outliers(value[idx], k, sigma, min_dev, trailing=causal, starts=first)
         kept[idx[flags]] = False
-    return BatchCleaned(judged, kept)
+    return BatchCleaned(judged, kept, *removed)
