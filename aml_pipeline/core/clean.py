@@ -272,7 +272,7 @@ def clean_batch(
         if p.hampel_k:
             groups.setdefault((p.hampel_k, p.hampel_sigma, p.hampel_min_dev, p.causal), []).append(i)
     for (k, sigma, min_dev, causal), members in groups.items():
-        idx = judged_idx[np.isin(series[judged_idx], members)]
+        idx = judged_idx if len(members) == len(params) else judged_idx[np.isin(series[judged_idx], members)]
         if not idx.size:
             continue
         owner = series[idx]

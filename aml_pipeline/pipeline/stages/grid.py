@@ -307,7 +307,9 @@ def _clean_whole_run(store: DatasetStore, run_id: str, meta: Mapping[str, Any], 
     kept_starts = np.searchsorted(kept, offsets)
     grid = align_batch(kept_ts, kept_value, kept_starts[:-1], params, first, spec.beat_ms, rows)
     values.append(grid)
-    traces.add_grid(None, first + spec.beat_ms * np.arange(rows, dtype=np.int64), grid.T)
+    # Node by node (their cells ascend): the grid's values in its stored, node-major order.
+    traces.add_grid(np.repeat(np.arange(len(params), dtype=np.int64), rows),
+                    np.tile(first + spec.beat_ms * np.arange(rows, dtype=np.int64), len(params)), grid.reshape(-1))
     nan_rows = np.count_nonzero(np.isnan(grid), axis=1).tolist()
     for j, (node, p, c) in enumerate(zip(spec.nodes, params, cleaned.counts(starts))):
         sampling = SamplePeriods(spec.beat_ms)
