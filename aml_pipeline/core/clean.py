@@ -244,7 +244,8 @@ def clean_batch(
     if bounds.size - 1 != len(params) or (bounds.size and bounds[0] != 0) or np.any(np.diff(bounds) < 0):
         raise ValueError(f"clean_batch: starts must ascend from 0, one per series ({len(params)} params)")
     series = np.repeat(np.arange(len(params)), np.diff(bounds))
-    back = np.flatnonzero((np.diff(ts) < 0) & (series[1:] == series[:-1]))
+    back = np.flatnonzero(np.diff(ts) < 0)
+    back = back[series[back] == series[back + 1]]  # a series' first point may precede the last one's
     if back.size:
         i = int(back[0]) + 1
         raise ValueError(f"clean_batch: timestamps must be ordered by (ts, seq) within a series; ts decreases at index {i}")
@@ -272,7 +273,12 @@ def clean_batch(
         if p.hampel_k:
             groups.setdefault((p.hampel_k, p.hampel_sigma, p.hampel_min_dev, p.causal), []).append(i)
     for (k, sigma, min_dev, causal), members in groups.items():
-        idx = judged_idx if len(members) == len(params) else judged_idx[np.isin(series[judged_idx], members)]
+        if len(members) == len(params):
+            idx = judged_idx
+        else:
+            in_group = np.zeros(len(params), dtype=bool)
+            in_group[members] = True
+            idx = judged_idx[in_group[series[judged_idx]]]
         if not idx.size:
             continue
         owner = series[idx]
