@@ -21,7 +21,7 @@ from aml_pipeline.core.clean import CLEAN_CAUSES, SeriesCleaner, clean_batch
 from aml_pipeline.core.grid import GridAligner, SamplePeriods, align_batch, grid_span
 from aml_pipeline.core.grid_params import NodeGridParams
 from aml_pipeline.core.traces import RunTraces, TraceAccumulator
-from aml_pipeline.errors import BuildError
+from aml_pipeline.errors import BuildError, disk_full
 from aml_pipeline.pipeline.chunks import (
     clean_chunk_points,
     grid_block_rows,
@@ -270,7 +270,14 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
         if whole:
             _clean_whole_run(store, run_id, meta, first, rows, values, traces, counts, missing, periods, aggregates)
         run_traces = traces.result()
-        run_traces.save(writer.file("traces.npz"))
+        traces_tmp = writer.file("traces.npz")
+        try:
+            run_traces.save(traces_tmp)
+        except OSError as e:
+            full = disk_full(e, traces_tmp.parent)  # DISK_FULL naming the store, like its arrays
+            if full is not None:
+                raise full from None
+            raise
         summary = derived_stage_summary(
             store.versions[GRID], meta, rows=rows, firstMs=first, counts=counts, missing=missing
         )
