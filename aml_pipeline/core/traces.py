@@ -229,8 +229,10 @@ class TraceAccumulator:
         inside = (ts >= self.t0_ms) & (ts <= self.t1_ms)
         if not inside.all():
             ts, value, node = ts[inside], value[inside], node[inside]
-        col = (ts.astype(np.int64) - self.t0_ms) * self.width // self._span
-        cell = node.astype(np.int64) * self.width + col
+        cell = ts.astype(np.int64, copy=False) - self.t0_ms  # the pixel column, computed in place
+        cell *= self.width
+        cell //= self._span
+        cell += node.astype(np.int64, copy=False) * self.width
         cells = self._count[kind].shape[0]
         self._count[kind] += np.bincount(cell, minlength=cells)
         finite = np.isfinite(value)
