@@ -601,7 +601,7 @@ def render(d: dict[str, Any]) -> str:
         for r in st["stages"]:
             extra = f"   {r['mb_per_s']:.0f} MB/s of arrays" if r.get("mb_per_s") else ""
             if r.get("overlapped"):
-                extra += "   (in a thread, beside clean and windows of the previous run)"
+                extra += "   (thread seconds: in threads beside each other; run_stages is their span)"
             L.append(f"{r['stage']:<12}{r['seconds']:>10.3f}{_fmt(r['points_per_s']):>14}{_fmt((r['share'] or 0) * 100, 1) + '%':>8}{extra}")
         L.append(f"{'total':<12}{st['total_seconds']['median']:>10.3f}   {st['windows']:,} windows, {st['output_bytes'] / 1e6:.0f} MB of arrays")
     elif st:
@@ -648,7 +648,7 @@ def render(d: dict[str, Any]) -> str:
                  f"{se['floor']['write_seconds']['median']:.3f} s)")
         st = se["stages"]
         L.append("  series build stages: " + ", ".join(
-            f"{r['stage']} {r['seconds']:.3f} s" + (f" ({_fmt(r['points_per_s'])} points/s)" if r["stage"] in ("fetch", "clean", "align") else "")
+            f"{r['stage']} {r['seconds']:.3f} s" + (f" ({_fmt(r['points_per_s'])} points/s)" if r["stage"] in ("fetch", "clean", "align", "run_stages") else "")
             for r in st["stages"]))
         ib = se["iter_batches_gb_per_s"]
         L.append(f"  shuffled batches: series {ib['series']['median']:.2f} GB/s [{ib['series']['min']:.2f}-{ib['series']['max']:.2f}], "

@@ -11,7 +11,8 @@ On the standard workload, the same data and spec built in both layouts (``layout
   The three sides alternate (``bench.timing.side_by_side``), fresh output directories and the
   disk settled before each.
 * the series build's stage table (:func:`bench.build_bench.run_staged`), with the fetch, clean
-  and align stages' points/s.
+  and align stages' points/s (thread seconds: they run in threads beside each other) and the
+  points/s of ``run_stages``, the wall time of fetch, clean, align and windows together.
 * ``series_open_verify_rss_mb`` and ``series_verify_over_sha256sum``: ``bench.snapshot_bench.run``
   on the series snapshot; ``series_iter_batches_gb_per_s``: every train window in shuffled batches
   of 256 (``bench.snapshot_bench.train_epoch``), the series snapshot and the windows snapshot
@@ -128,7 +129,7 @@ def run(w: Any, work: Path, *, repeat: int, build_repeat: int) -> dict[str, Any]
     remove_tree(work / "staged")
     out["stages"] = staged
     out["stage_points_per_s"] = {r["stage"]: r["points_per_s"] for r in staged["stages"]
-                                 if r["stage"] in ("fetch", "clean", "align")}
+                                 if r["stage"] in ("fetch", "clean", "align", "run_stages")}
 
     snap = snapshot_bench.run(series_dir, repeat=repeat)
     out["snapshot"] = {k: snap[k] for k in ("snapshot", "open_verify_rss_mb", "baseline_rss_mb",

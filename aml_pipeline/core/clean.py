@@ -199,6 +199,32 @@ class BatchCleaned:
 
     judged: np.ndarray  # bool
     kept: np.ndarray  # bool
+    # The rules that judge each point alone (:func:`point_removals`), for the counts per cause.
+    non_finite: np.ndarray  # bool
+    bad_state: np.ndarray  # bool
+    out_of_range: np.ndarray  # bool
+
+    def counts(self, starts: np.ndarray) -> list[dict[str, int]]:
+        """Per series (rows ``starts[i] .. starts[i+1]-1``, as given to :func:`clean_batch`): the
+        counts :class:`SeriesCleaner` keeps, ``input``, each of :data:`CLEAN_CAUSES` and ``kept``."""
+        n = int(self.kept.size)
+        bounds = np.append(np.asarray(starts, dtype=np.int64), n)
+        series = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
+        per_cause = {
+            "non_finite": self.non_finite,
+            "bad_state": self.bad_state,
+            "out_of_range": self.out_of_range,
+            # Survivors of the rules above that are not the last of their timestamp group.
+            "duplicate_ts": ~(self.non_finite | self.bad_state | self.out_of_range | self.judged),
+            "hampel_outlier": self.judged & ~self.kept,
+            "kept": self.kept,
+        }
+        sums = {c: np.bincount(series[m], minlength=bounds.size - 1).tolist() for c, m in per_cause.items()}
+        sizes = np.diff(bounds).tolist()
+        return [
+            {"input": sizes[i], **{c: sums[c][i] for c in CLEAN_CAUSES}, "kept": sums["kept"][i]}
+            for i in range(bounds.size - 1)
+        ]
 
 
 def clean_batch(
@@ -218,7 +244,8 @@ def clean_batch(
     if bounds.size - 1 != len(params) or (bounds.size and bounds[0] != 0) or np.any(np.diff(bounds) < 0):
         raise ValueError(f"clean_batch: starts must ascend from 0, one per series ({len(params)} params)")
     series = np.repeat(np.arange(len(params)), np.diff(bounds))
-    back = np.flatnonzero((np.diff(ts) < 0) & (series[1:] == series[:-1]))
+    back = np.flatnonzero(np.diff(ts) < 0)
+    back = back[series[back] == series[back + 1]]  # a series' first point may precede the last one's
     if back.size:
         i = int(back[0]) + 1
         raise ValueError(f"clean_batch: timestamps must be ordered by (ts, seq) within a series; ts decreases at index {i}")
@@ -246,11 +273,16 @@ def clean_batch(
         if p.hampel_k:
             groups.setdefault((p.hampel_k, p.hampel_sigma, p.hampel_min_dev, p.causal), []).append(i)
     for (k, sigma, min_dev, causal), members in groups.items():
-        idx = judged_idx[np.isin(series[judged_idx], members)]
+        if len(members) == len(params):
+            idx = judged_idx
+        else:
+            in_group = np.zeros(len(params), dtype=bool)
+            in_group[members] = True
+            idx = judged_idx[in_group[series[judged_idx]]]
         if not idx.size:
             continue
         owner = series[idx]
         first = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
         flags = hampel_outliers(value[idx], k, sigma, min_dev, trailing=causal, starts=first)
         kept[idx[flags]] = False
-    return BatchCleaned(judged, kept)
+    return BatchCleaned(judged, kept, *removed)

@@ -1,4 +1,4 @@
-"""A run's stages back to back: fetch -> clean and align -> windows, run after run.
+"""A run's stages back to back: fetch -> clean and align -> windows, runs overlapped.
 
 Each stage (:mod:`aml_pipeline.pipeline.stages`) reads its input from the store (or the TSDB) piece
 by piece and appends its result to the store, returning a small summary; memory is bounded by the
@@ -8,6 +8,8 @@ and the CLI's build (and the tests' library build) all go through :func:`build_r
 
 from __future__ import annotations
 
+import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
@@ -34,45 +36,64 @@ class RunResult:
     error: Exception | None = None
 
 
+# Runs cleaned and windowed at once. Their numpy work releases the GIL, so two runs (and the
+# fetch thread) share two cores; each run's stages write its own files, so the bytes are the same.
+RUN_THREADS = max(1, min(2, os.cpu_count() or 1))
+
+
 def build_runs(
     store: DatasetStore,
     work: Sequence[tuple[str, Sequence[Stage]]],
     fetch: Callable[[str], RawSummary] | None,
 ) -> Iterator[RunResult]:
-    """Each run of ``work`` (run id, stages to build) through its stages, in order, yielding what it
-    produced; a run that fails yields its error and the next run goes on.
+    """Each run of ``work`` (run id, stages to build) through its stages, yielding what it
+    produced in ``work``'s order; a run that fails yields its error and the next run goes on.
 
-    ``fetch`` (the raw stage of one run, from the TSDB) runs in a thread, one run ahead: the next
-    run is fetched while this one is cleaned and windowed. The database and numpy release the
-    GIL, so the two overlap on two cores. Fetches run one at a time, in run order, so the TSDB
-    handle is never used by two threads at once, and at most one more run is in flight.
+    ``fetch`` (the raw stage of one run, from the TSDB) runs in a thread of its own, ahead of the
+    cleaning: fetches run one at a time, in run order, so the TSDB handle is never used by two
+    threads at once. The later stages of up to :data:`RUN_THREADS` runs run at once in a pool (the
+    database and numpy release the GIL); at most ``RUN_THREADS + 1`` runs are in flight.
     """
-    to_fetch = iter([run_id for run_id, stages in work if RAW in stages])
-    if fetch is None and next(to_fetch, None) is not None:
+    work = list(work)
+    if fetch is None and any(RAW in stages for _, stages in work):
         raise ValueError("build_runs: a run needs its raw stage, but no fetch was given")
-    pool = ThreadPoolExecutor(1, thread_name_prefix="fetch")
+    fetch_pool = ThreadPoolExecutor(1, thread_name_prefix="fetch")
+    run_pool = ThreadPoolExecutor(RUN_THREADS, thread_name_prefix="run-stages")
 
-    def fetch_next() -> Future[RawSummary] | None:
-        run_id = next(to_fetch, None)
-        return None if run_id is None else pool.submit(fetch, run_id)
+    def process(run_id: str, stages: Sequence[Stage], fetched: Future[RawSummary] | None) -> RunResult:
+        result = RunResult(run_id)
+        try:
+            if fetched is not None:
+                result.raw = fetched.result()
+            if GRID in stages:
+                result.grid = clean_run(store, run_id)
+            if WINDOWS in stages:
+                result.windows = window_run(store, run_id)
+        except Exception as e:  # noqa: BLE001 - reported per run; the caller decides what it stops
+            result.error = e
+        return result
+
+    pending: deque[Future[RunResult]] = deque()
+    admitted = 0
+
+    def admit() -> None:
+        nonlocal admitted
+        run_id, stages = work[admitted]
+        admitted += 1
+        fetched = fetch_pool.submit(fetch, run_id) if RAW in stages else None
+        pending.append(run_pool.submit(process, run_id, stages, fetched))
 
     try:
-        pending = fetch_next()
-        for run_id, stages in work:
-            result = RunResult(run_id)
-            try:
-                if RAW in stages:
-                    fetched, pending = pending, fetch_next()
-                    result.raw = fetched.result()
-                if GRID in stages:
-                    result.grid = clean_run(store, run_id)
-                if WINDOWS in stages:
-                    result.windows = window_run(store, run_id)
-            except Exception as e:  # noqa: BLE001 - reported per run; the caller decides what it stops
-                result.error = e
+        while admitted < len(work) and len(pending) <= RUN_THREADS:
+            admit()
+        while pending:
+            result = pending.popleft().result()
+            if admitted < len(work):
+                admit()
             yield result
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        run_pool.shutdown(wait=True, cancel_futures=True)
+        fetch_pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass

@@ -18,6 +18,8 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -333,28 +335,30 @@ def write_snapshot_files(
     if series is not None:
         manifest = series_manifest(manifest, stride=spec.stride, x_rows=series.x_rows,
                                    future_rows=series.future_rows, segments=series.segments)
-    with StagedFiles(staging, spec_json, linked) as files:
+    with ExitStack() as stack, StagedFiles(staging, spec_json, linked) as files:
         files.write(MANIFEST_FILE, to_json_bytes(manifest))
         run_order = [r for _, r in plan.ordered_runs()]
         report = _ReportBuilder(spec, cols)
-        report_file = array_name("x") if series is None else SERIES_ARRAYS["xRows"][0]
-        if report_file in files.linked:
-            for run_id in run_order:  # the report is otherwise built while that file is written
-                report.add_run(RunWindows(store, run_id, plan.runs[run_id]), plan)
 
-        def runs(report_with: str) -> Iterator[RunWindows]:
+        def build_report() -> dict[str, Any]:
             for run_id in run_order:
-                run = RunWindows(store, run_id, plan.runs[run_id])
-                if report_with == report_file:
-                    report.add_run(run, plan)
-                yield run
+                report.add_run(RunWindows(store, run_id, plan.runs[run_id]), plan)
+            return report.result(plan)
+
+        # The report reads the runs on its own, in a thread beside the arrays being gathered and
+        # written (its FFTs and the writes release the GIL); it is the same report, run by run.
+        reporting = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="snapshot-report")).submit(build_report)
+
+        def runs() -> Iterator[RunWindows]:
+            for run_id in run_order:
+                yield RunWindows(store, run_id, plan.runs[run_id])
 
         if series is None:
             kinds = ["x", "u", "y"] + (["timestamps", "mask"] if extras is not None else [])
             for kind in kinds:
                 name = array_name(kind)
                 written = files.stream(name, ARRAYS[kind][1], (
-                    block for run in runs(name) for block in window_blocks(kind, run, spec, cols, norm)))
+                    block for run in runs() for block in window_blocks(kind, run, spec, cols, norm)))
                 if written is not None and written != manifest["shapes"]["x"][0]:
                     raise BuildError(
                         f"spec {spec.id!r}: stored windows changed while writing {name} "
@@ -364,7 +368,7 @@ def write_snapshot_files(
             for group, key in (("x", "xRows"), ("u", "uRows"), ("y", "yRows")):
                 name, dtype = SERIES_ARRAYS[key]
                 written = files.stream(name, dtype, (
-                    block for run in runs(name) for block in series_row_blocks(group, run, spec, cols, norm)))
+                    block for run in runs() for block in series_row_blocks(group, run, spec, cols, norm)))
                 if written is not None and written != manifest["shapes"][key][0]:
                     raise BuildError(
                         f"spec {spec.id!r}: stored windows changed while writing {name} "
@@ -373,7 +377,7 @@ def write_snapshot_files(
             files.positioned(SERIES_ARRAYS["segments"][0], lambda f: series.write_segments(store, plan, f))
         if extras is not None:
             files.write(SIDECAR_FILE, to_json_bytes(build_sidecar(extras, plan.split, watermark)))
-        report_json = report.result(plan)
+        report_json = reporting.result()
         files.write("report.json", to_json_bytes(report_json), hashed=False)
         digest = files.finish(wait_durable=wait_durable)
     return SnapshotFiles(staging, manifest, digest, dict(files.hasher.files), report_json, files.syncer.wait)

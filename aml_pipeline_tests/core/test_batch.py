@@ -45,9 +45,11 @@ def test_batch_cleaning_and_alignment_equal_each_series_alone(seed: int) -> None
     first, beat, rows = 1_700_000_000_000 - 3000, 1000, 400
     got = align_batch(ts[cleaned.kept], value[cleaned.kept], np.searchsorted(np.flatnonzero(cleaned.kept), starts),
                       params, first, beat, rows)
+    counts = cleaned.counts(starts)
     for j, ((t, v, s), p) in enumerate(zip(series, params)):
         a, b = starts[j], starts[j] + lengths[j]
         alone = clean_series(t, v, s, p)
+        assert counts[j] == alone.counts and list(counts[j]) == list(alone.counts), j
         assert np.array_equal(ts[a:b][cleaned.kept[a:b]], alone.ts), j
         assert np.array_equal(np.sort(ts[a:b][cleaned.judged[a:b] & ~cleaned.kept[a:b]]), alone.outlier_ts), j
         column, _ = grid_column(t, v, s, first, beat, rows, p)

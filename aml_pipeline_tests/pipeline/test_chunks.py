@@ -40,14 +40,18 @@ def fetched(make_spec, plant_url, tmp_path):
 def test_cleaning_in_chunks_of_any_size_is_byte_identical(fetched):
     spec, store, run_ids = fetched
     run_id = run_ids[0]
-    clean_run(store, run_id, chunk_points=10**9)  # the whole run in one chunk
+    # The whole run in one chunk: every node cleaned and aligned in one call of each kernel.
+    summary = clean_run(store, run_id, chunk_points=10**9)
     whole = _digest(store.array_path(run_id, GRID, "values"))
     whole_meta = store.read_meta(run_id, GRID)
     assert whole_meta["counts"][spec.node_ids[0]]["input"] > 100
-    for chunk in (1, 2, 7, 64, 500):
-        clean_run(store, run_id, chunk_points=chunk)
+    assert summary.traces.removed_count.sum() > 0 and any(p is not None for p in summary.sample_period_ms.values())
+    for chunk in (1, 2, 7, 64, 500):  # node by node, chunk by chunk
+        got = clean_run(store, run_id, chunk_points=chunk)
         assert _digest(store.array_path(run_id, GRID, "values")) == whole, chunk
         assert store.read_meta(run_id, GRID) == whole_meta
+        assert got.traces.equals(summary.traces), chunk
+        assert (got.sample_period_ms, got.fast, got.missing) == (summary.sample_period_ms, summary.fast, summary.missing)
 
 
 def test_small_grid_blocks_give_the_same_windows_and_arrays(fetched, monkeypatch, tmp_path):

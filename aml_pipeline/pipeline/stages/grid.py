@@ -8,19 +8,20 @@ bounded by the budget, not by the run's length, and the bytes do not depend on t
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pydantic.alias_generators import to_snake
+from pydantic.alias_generators import to_snake as _to_snake
 
-from aml_pipeline.core.clean import CLEAN_CAUSES, SeriesCleaner
-from aml_pipeline.core.grid import GridAligner, SamplePeriods, grid_span
+from aml_pipeline.core.clean import CLEAN_CAUSES, SeriesCleaner, clean_batch
+from aml_pipeline.core.grid import GridAligner, SamplePeriods, align_batch, grid_span
 from aml_pipeline.core.grid_params import NodeGridParams
 from aml_pipeline.core.traces import RunTraces, TraceAccumulator
-from aml_pipeline.errors import BuildError
+from aml_pipeline.errors import BuildError, disk_full
 from aml_pipeline.pipeline.chunks import (
     clean_chunk_points,
     grid_block_rows,
@@ -62,6 +63,10 @@ def node_grid_params(spec: DatasetSpec, node: NodeSpec, catalog_range: Sequence[
     if fields["valid_range"] is None:
         fields["valid_range"] = tuple(catalog_range)
     return NodeGridParams(**fields)
+
+
+# The spec's keys are a handful of names, converted for every node of every run.
+to_snake = functools.lru_cache(maxsize=256)(_to_snake)
 
 
 def node_ranges(store: DatasetStore, run_ids: Sequence[str]) -> dict[str, list[float | None]]:
@@ -219,9 +224,13 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
     periods: dict[str, float | None] = {}
     aggregates: dict[str, str] = {}
     traces = TraceAccumulator(meta["fromMs"], meta["toMs"], spec.node_ids)
+    # A run whose points and grid both fit one cleaning chunk is cleaned and aligned with every
+    # node in one call of each kernel: the same bytes (each node's series alone, exactly), without
+    # the per-node, per-chunk calls that dominate short runs.
+    whole = offsets[-1] <= chunk and rows * len(spec.nodes) <= chunk
     with store.stage_writer(run_id, GRID) as writer:
         values = writer.array("values", "<f8", (rows,))
-        for j, node in enumerate(spec.nodes):
+        for j, node in enumerate(spec.nodes if not whole else ()):
             params = node_grid_params(spec, node, meta["catalogRange"][node.node_id])
             cleaner = SeriesCleaner(params)
             aligner = GridAligner(first, spec.beat_ms, rows, params, block_rows=block_rows)
@@ -258,8 +267,17 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
                 release_freed_memory()
             # An empty grid has nothing usable (1.0), like core.grid.missing_ratio.
             missing[node.node_id] = nan_rows / rows if rows else 1.0
+        if whole:
+            _clean_whole_run(store, run_id, meta, first, rows, values, traces, counts, missing, periods, aggregates)
         run_traces = traces.result()
-        run_traces.save(writer.file("traces.npz"))
+        traces_tmp = writer.file("traces.npz")
+        try:
+            run_traces.save(traces_tmp)
+        except OSError as e:
+            full = disk_full(e, traces_tmp.parent)  # DISK_FULL naming the store, like its arrays
+            if full is not None:
+                raise full from None
+            raise
         summary = derived_stage_summary(
             store.versions[GRID], meta, rows=rows, firstMs=first, counts=counts, missing=missing
         )
@@ -270,6 +288,43 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
             _warned.add((spec.id, node))
             log.warning(f"spec {spec.id}: {fast_sampled_line(node, period, spec.beat_ms)}")
     return GridSummary(run_id, rows, counts, missing, summary["dataVersion"], run_traces, periods, fast)
+
+
+def _clean_whole_run(store: DatasetStore, run_id: str, meta: Mapping[str, Any], first: int, rows: int, values: Any,
+                     traces: TraceAccumulator, counts: dict[str, dict[str, int]], missing: dict[str, float],
+                     periods: dict[str, float | None], aggregates: dict[str, str]) -> None:
+    """:func:`clean_run`'s work for a run small enough to hold at once: every node's points read,
+    cleaned (:func:`~aml_pipeline.core.clean.clean_batch`) and aligned
+    (:func:`~aml_pipeline.core.grid.align_batch`) together, with what the per-node path gives."""
+    spec = store.spec
+    offsets = np.asarray(meta["offsets"], dtype=np.int64)
+    starts = offsets[:-1]
+    n = int(offsets[-1])
+    params = [node_grid_params(spec, node, meta["catalogRange"][node.node_id]) for node in spec.nodes]
+    ts = store.read_flat(run_id, RAW, "ts", 0, n)
+    value = store.read_flat(run_id, RAW, "value", 0, n)
+    state = store.read_flat(run_id, RAW, "state", 0, n)
+    node_of = np.repeat(np.arange(len(params), dtype=np.int64), np.diff(offsets))
+    traces.add_raw(node_of, ts, value)
+    cleaned = clean_batch(ts, value, state, starts, params)
+    outliers = cleaned.judged & ~cleaned.kept
+    traces.add_removed(node_of[outliers], ts[outliers], value[outliers])
+    kept = np.flatnonzero(cleaned.kept)
+    kept_ts, kept_value = ts[kept], value[kept]
+    kept_starts = np.searchsorted(kept, offsets)
+    grid = align_batch(kept_ts, kept_value, kept_starts[:-1], params, first, spec.beat_ms, rows)
+    values.append(grid)
+    # Node by node (their cells ascend): the grid's values in its stored, node-major order.
+    traces.add_grid(np.repeat(np.arange(len(params), dtype=np.int64), rows),
+                    np.tile(first + spec.beat_ms * np.arange(rows, dtype=np.int64), len(params)), grid.reshape(-1))
+    nan_rows = np.count_nonzero(np.isnan(grid), axis=1).tolist()
+    for j, (node, p, c) in enumerate(zip(spec.nodes, params, cleaned.counts(starts))):
+        sampling = SamplePeriods(spec.beat_ms)
+        sampling.feed(kept_ts[kept_starts[j] : kept_starts[j + 1]])
+        counts[node.node_id] = c
+        periods[node.node_id] = sampling.median_ms
+        aggregates[node.node_id] = p.aggregate
+        missing[node.node_id] = nan_rows[j] / rows if rows else 1.0
 
 
 def read_grid_rows(store: DatasetStore, run_id: str, n_nodes: int, rows: int, r0: int, r1: int) -> np.ndarray:
