@@ -60,7 +60,7 @@ def persistent_instance(home: Path, pg_url: str | None = None) -> Iterator[Any]:
     (home / "dagster.yaml").write_text(INSTANCE_YAML + (PG_STORAGE_YAML.format(url=pg_url) if pg_url else ""))
     instance = dg.DagsterInstance.from_config(str(home))
     try:
-        instance.get_runs(limit=1)  # opens the run and event-log storages (schema already migrated)
+        instance.get_run_records(limit=1)  # opens the run and event-log storages (schema already migrated)
         yield instance
     finally:
         instance.dispose()
@@ -303,7 +303,7 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
     check results, no per-run figures. What the build's ``ms_per_run`` adds on top of this floor
     is the product's own orchestration cost (the figures' observations and the plots)."""
     from aml_pipeline.config import backfill_runs_per_chunk
-    from aml_pipeline.runner.jobs import build_event_settings
+    from aml_pipeline.components.dagster_internals import build_event_settings, materialized_partitions
 
     partitions, job, carrier = _run_stages_job("floor", figures="none")
     keys = [f"run-{i:06d}" for i in range(runs)]
@@ -320,7 +320,7 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
         instance = state["instance"]
         instance.add_dynamic_partitions(partitions.name, keys)
         _record_in_chunks(job, instance, keys, chunk_runs, "orchestration floor")
-        recorded = instance.get_materialized_partitions(carrier)
+        recorded = materialized_partitions(instance, carrier)
         if len(recorded) != runs:
             raise RuntimeError(f"orchestration floor: {len(recorded)} of {runs} partitions recorded")
 
@@ -367,7 +367,7 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
     import dagster as dg
 
     from aml_pipeline.config import backfill_runs_per_chunk
-    from aml_pipeline.runner.jobs import build_event_settings
+    from aml_pipeline.components.dagster_internals import build_event_settings
 
     chunk_runs = backfill_runs_per_chunk()
     stack = contextlib.ExitStack()
@@ -721,7 +721,7 @@ def _profile(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, A
 def event_counts(instance: Any) -> dict[str, int]:
     """Event-log entries of every run in ``instance``, by Dagster event type (or "log")."""
     counts: dict[str, int] = defaultdict(int)
-    for run in instance.get_runs():
+    for run in (record.dagster_run for record in instance.get_run_records()):
         for entry in instance.all_logs(run.run_id):
             counts[entry.dagster_event.event_type_value if entry.dagster_event else "log"] += 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))

@@ -424,3 +424,18 @@ def test_a_series_dataset_has_the_windows_datasets_figures_and_checks(dagster_sp
     checks = {e.check_name: e for e in verify.execute_in_process(instance=instance, raise_on_error=False)
               .get_asset_check_evaluations()}
     assert not checks["hash_verifies"].passed and "arrays/x_rows.f32" in checks["hash_verifies"].description
+
+
+def test_the_dataset_assets_derive_from_the_stage_declarations(dagster_spec) -> None:
+    from aml_pipeline.components.assets import dataset_stage_assets
+    from aml_pipeline.pipeline.registry import DATASET_STAGES, STAGES
+
+    versions = StageVersions.of(dagster_spec)
+    assets = dataset_stage_assets(dagster_spec, versions)
+    by_name = {s.name: s for s in STAGES}
+    assert [a.key for a in assets] == [dg.AssetKey([dagster_spec.id, n]) for n in DATASET_ASSETS]
+    for a, stage in zip(assets, DATASET_STAGES):
+        [spec] = a.specs
+        assert spec.code_version == versions[stage] and spec.description == stage.description
+        assert spec.group_name == dagster_spec.id and a.node_def.name == f"{dagster_spec.id}__{stage.asset}"
+        assert dg.AssetKey([dagster_spec.id, by_name[stage.upstream].asset]) == next(iter(spec.deps)).asset_key
