@@ -214,9 +214,11 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
 # How a run's figures reach the instance: "none" (the floor), "metadata" (add_asset_metadata
 # per run partition, onto the materialisation of its last stage, after Dagster's partition check),
 # "observation" (one AssetObservation per run partition after the materialisations, all three
-# stages' figures on the last) or "stage_observations" (what the build does: each stage's figures
-# as an observation of its own asset's partition, three a run).
-FIGURE_MODES = ("none", "metadata", "observation", "stage_observations")
+# stages' figures on the last), "stage_observations" (each stage's figures as an observation of its
+# own asset's partition, three a run) or "stage_metadata" (what the build does: each stage's
+# figures on its own asset's materialisation of the partition, without the partition check,
+# dagster_internals.add_partition_metadata).
+FIGURE_MODES = ("none", "metadata", "observation", "stage_observations", "stage_metadata")
 
 
 def _run_figures_sample() -> list[dict[str, Any]]:
@@ -243,6 +245,7 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
     (:data:`FIGURE_MODES`). Returns the partitions, the job and the asset carrying the figures."""
     import dagster as dg
 
+    from aml_pipeline.components.dagster_internals import add_partition_metadata
     from aml_pipeline.components.partitions import run_backfill_policy, run_partitions
     from aml_pipeline.pipeline.registry import RUN_ASSETS
 
@@ -260,6 +263,9 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
     def run_stages(context):  # noqa: ANN001 - Dagster passes the asset context
         for run_id in context.partition_keys if figures == "metadata" else ():
             context.add_asset_metadata(sample, asset_key=carrier, partition_key=run_id)
+        for run_id in context.partition_keys if figures == "stage_metadata" else ():
+            for spec, stage_figures in zip(specs, per_stage, strict=True):
+                add_partition_metadata(context, spec.key, run_id, stage_figures)
         for spec in specs:
             yield dg.MaterializeResult(asset_key=spec.key, check_results=[
                 dg.AssetCheckResult(asset_key=spec.key, check_name=c.name, passed=True) for c in checks
@@ -301,7 +307,7 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
     Dagster run per chunk of ``AML_BACKFILL_RUNS_PER_CHUNK`` runs over a partition range, with the
     build's run tags and event settings. The body only yields the three results and the two
     check results, no per-run figures. What the build's ``ms_per_run`` adds on top of this floor
-    is the product's own orchestration cost (the figures' observations and the plots)."""
+    is the product's own orchestration cost (the per-run figures and the plots)."""
     from aml_pipeline.config import backfill_runs_per_chunk
     from aml_pipeline.components.dagster_internals import build_event_settings, materialized_partitions
 
@@ -337,7 +343,7 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
 
 def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_url: str | None = None,
                  pg_pooled_url: str | None = None) -> dict[str, Any]:
-    """What attaching each run's figures costs, three ways, over Dagster's floor: milliseconds a run
+    """What attaching each run's figures costs, four ways, over Dagster's floor: milliseconds a run
     recorded, per instance (SQLite; PostgreSQL directly and through PgBouncer when given).
 
     The floor's asset shape (:func:`_run_stages_job`) on a spec with ``partitions`` run
@@ -345,8 +351,9 @@ def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_
     ``AML_BACKFILL_RUNS_PER_CHUNK``, with the build's tags and event settings. Sides, alternating,
     a fresh instance each: ``none``; ``metadata`` (onto the materialisation, after Dagster's
     partition check, :func:`partition_lookup`); ``observation`` (one more event a run, no check);
-    ``stage_observations`` (the build's way: an event per stage a run, each stage's figures on its
-    own asset). Each side must leave the last recorded run's figures where it puts them."""
+    ``stage_observations`` (an event per stage a run, each stage's figures on its own asset);
+    ``stage_metadata`` (the build's way: each stage's figures on its own asset's materialisation,
+    no check, no event of their own). Each side must leave the last recorded run's figures where it puts them."""
     keys = [f"run-{i:06d}" for i in range(partitions)]
     middle = (partitions - runs) // 2
     recorded = keys[middle:middle + runs]
@@ -385,7 +392,8 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
         def record() -> None:
             instance = state["instance"]
             _record_in_chunks(job, instance, recorded, chunk_runs, f"figures ({mode})")
-            fetch = instance.fetch_materializations if mode in ("none", "metadata") else instance.fetch_observations
+            fetch = (instance.fetch_materializations if mode in ("none", "metadata", "stage_metadata")
+                     else instance.fetch_observations)
             events = fetch(where, limit=1).records
             carried = events[0].asset_event.metadata if events else {}
             if (mode == "none") == ("windows" in carried):

@@ -18,6 +18,7 @@ from typing import Any
 import dagster as dg
 
 from aml_pipeline import config, progress
+from aml_pipeline.components.dagster_internals import add_partition_metadata
 from aml_pipeline.components.metadata import to_metadata
 from aml_pipeline.components.partitions import run_backfill_policy, run_partitions
 from aml_pipeline.components.resources import StoreResource, TsdbResource
@@ -37,7 +38,7 @@ from aml_pipeline.spec import DatasetSpec
 
 TSDB_POINTS = dg.AssetKey(["tsdb", "points"])
 PLOTS_OFF = " (no plot: AML_RUN_PLOTS=off)"
-# Where a run's figures are (see _figures).
+# Where a run's figures are (see _record).
 FIGURES_WHERE = "The partition's metadata table in the UI (the asset's Partitions tab) shows a run's figures."
 
 
@@ -126,25 +127,36 @@ def run_stage_assets(spec: DatasetSpec, versions: StageVersions) -> dg.AssetsDef
                     f"{len(fast)} of {len(outcomes)} runs have nodes sampled faster than twice the beat that take the "
                     f"value at each grid time (set aggregate: mean to take each beat's mean, docs/spec.md); "
                     f"run {fast[0][0]}: {fast[0][1]}")
-        yield from _record(spec, stages, outcomes)
+        yield from _record(context, spec, stages, outcomes)
 
     return run_stages
 
 
-def _record(spec: DatasetSpec, stages: Sequence[Stage], outcomes: list[RunOutcome]) -> Iterator[Any]:
-    """The step's events: materialisations (checks with them), then each run's figures; or, when
-    a run failed, the others' materialisations and figures before the failure."""
+def _record(context: dg.AssetExecutionContext, spec: DatasetSpec, stages: Sequence[Stage],
+            outcomes: list[RunOutcome]) -> Iterator[Any]:
+    """The step's events: each stage's materialisation of each run partition, with that run's
+    figures for the stage as the materialisation's metadata (the partition's metadata table in the
+    UI), the checks with them; or, when a run failed, the others' materialisations before the
+    failure.
+
+    The figures are put on the materialisations Dagster records for the step's partitions
+    (:func:`~aml_pipeline.components.dagster_internals.add_partition_metadata`), which Dagster
+    writes in one batch per asset: no event of their own per run and stage, and nothing that
+    grows with the spec's runs (the ``orchestration`` and ``run_figures`` benchmarks measure it)."""
     failed = [o for o in outcomes if o.error is not None]
     if failed:
         for o in outcomes:
-            for stage in o.figures:
-                yield dg.AssetMaterialization(asset_key=asset_key(spec, stage), partition=o.run_id)
-        yield from _figures(spec, outcomes)
+            for stage, figures in o.figures.items():
+                yield dg.AssetMaterialization(asset_key=asset_key(spec, stage), partition=o.run_id,
+                                              metadata=to_metadata(figures))
         first = failed[0]
         raise dg.Failure(
             description=f"{len(failed)} of {len(outcomes)} runs failed; first: run {first.run_id}: {_describe(first.error)}",
             metadata={"failed_runs": ", ".join(o.run_id for o in failed), "succeeded": len(outcomes) - len(failed)},
         ) from first.error
+    for o in outcomes:
+        for stage, figures in o.figures.items():
+            add_partition_metadata(context, asset_key(spec, stage), o.run_id, to_metadata(figures))
     single = len(outcomes) == 1
     for stage in stages:
         yield dg.MaterializeResult(
@@ -154,20 +166,6 @@ def _record(spec: DatasetSpec, stages: Sequence[Stage], outcomes: list[RunOutcom
             data_version=dg.DataVersion(outcomes[0].data_versions[stage]) if single else None,
             check_results=_window_checks(spec, outcomes) if stage is WINDOWS else None,
         )
-    yield from _figures(spec, outcomes)
-
-
-def _figures(spec: DatasetSpec, outcomes: list[RunOutcome]) -> Iterator[dg.AssetObservation]:
-    """Each stage's figures of each run, as an observation of the stage's own asset partition,
-    yielded after the materialisations: the UI's partition view merges observations newer than
-    the partition's materialisation into its metadata table, so a person who opens the cleaned
-    grid of a run sees what cleaning did. Metadata on the materialisation
-    (``add_asset_metadata(partition_key=...)``) would cost Dagster a lookup of every run
-    partition of the spec per run, which grows with the spec's runs where the observation
-    does not (the ``run_figures`` benchmark measures both)."""
-    for o in outcomes:
-        for stage, figures in o.figures.items():
-            yield dg.AssetObservation(asset_key=asset_key(spec, stage), partition=o.run_id, metadata=to_metadata(figures))
 
 
 def _window_checks(spec: DatasetSpec, outcomes: list[RunOutcome]) -> list[dg.AssetCheckResult]:

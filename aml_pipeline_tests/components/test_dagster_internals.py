@@ -171,3 +171,30 @@ def test_instance_without_settings_shares_the_storage_not_the_settings(tmp_path:
             quiet.dispose()
     finally:
         instance.dispose()
+
+
+def test_partition_metadata_lands_on_each_partitions_materialisation() -> None:
+    runs = dg.DynamicPartitionsDefinition(name="probe_runs")
+    specs = [dg.AssetSpec(n, partitions_def=runs) for n in ("first", "second")]
+
+    @dg.multi_asset(specs=specs, backfill_policy=dg.BackfillPolicy.single_run())
+    def step(context):  # noqa: ANN001 - Dagster passes the asset context
+        for key in context.partition_keys:
+            for spec in specs:
+                internals.add_partition_metadata(context, spec.key, key, {"run": key, "asset": spec.key.path[-1]})
+        for spec in specs:
+            yield dg.MaterializeResult(asset_key=spec.key)
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("probe_runs", ["r1", "r2", "r3"])
+        result = dg.materialize([step], instance=instance, tags={
+            "dagster/asset_partition_range_start": "r1", "dagster/asset_partition_range_end": "r2"})
+        assert result.success
+        for spec in specs:
+            for key in ("r1", "r2"):
+                [record] = instance.fetch_materializations(
+                    dg.AssetRecordsFilter(asset_key=spec.key, asset_partitions=[key]), limit=1).records
+                metadata = record.asset_materialization.metadata
+                assert (metadata["run"].value, metadata["asset"].value) == (key, spec.key.path[-1])
+            assert not instance.fetch_observations(spec.key, limit=1).records
+        assert internals.materialized_partitions(instance, specs[0].key) == {"r1", "r2"}
