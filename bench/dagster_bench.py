@@ -116,17 +116,27 @@ def materialize(spec_dict: dict[str, Any], tsdb_url: str, out: Path, instance: A
 
 
 def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, profile: bool,
-        pg_base_url: str | None = None, pg_pooled_url: str | None = None) -> dict[str, Any]:
+        pg_base_url: str | None = None, pg_pooled_url: str | None = None, floor_runs: int = 0) -> dict[str, Any]:
     """Dagster (SQLite instance) against the library; with ``pg_base_url``, also Dagster on a
     PostgreSQL instance (a fresh database per repetition on that server); with ``pg_pooled_url``
-    (a PgBouncer in front of that server), also Dagster on that instance through the pooler."""
+    (a PgBouncer in front of that server), also Dagster on that instance through the pooler.
+
+    With ``floor_runs``, each Dagster side is followed in the alternation by Dagster's floor on
+    the same kind of instance (:func:`_floor_recorder` of ``floor_runs`` run partitions, sides ``floor``, ``floor_pg``, ``floor_pg_pooled``), so that the build and its
+    floor run seconds apart under the same load."""
     logging.getLogger("dagster").setLevel(logging.WARNING)
     stack = contextlib.ExitStack()
     hashes: set[str] = set()
     state: dict[str, Any] = {}
+    floor = _floor_recorder(floor_runs) if floor_runs else None
 
     def prepare(side: str, i: int) -> None:
         stack.close()
+        if side.startswith("floor"):
+            pg_url = (fresh_instance_url(pg_base_url, "aml_bench_floor", pg_pooled_url if side == "floor_pg_pooled" else None)
+                      if side != "floor" else None)
+            state["instance"] = stack.enter_context(persistent_instance(out / "floor-instance", pg_url))
+            return
         if side == "dagster":
             state["instance"] = stack.enter_context(persistent_instance(out / "instance"))
         elif side in ("dagster_pg", "dagster_pg_pooled"):
@@ -146,16 +156,28 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
         hashes.add(lib["sha256"])
         return lib["summary"]
 
-    sides = {"dagster": dagster, "library": library}
+    def floor_side() -> None:
+        floor(state["instance"])
+
+    sides: dict[str, Callable[[], Any]] = {"dagster": dagster}
+    if floor:
+        sides["floor"] = floor_side
     if pg_base_url:
         sides["dagster_pg"] = dagster
+        if floor:
+            sides["floor_pg"] = floor_side
     if pg_pooled_url:
         sides["dagster_pg_pooled"] = dagster
+        if floor:
+            sides["floor_pg_pooled"] = floor_side
+    sides["library"] = library
     try:
         cmp = side_by_side(sides, repeat=repeat, prepare=prepare)
     finally:
         stack.close()
     summary = cmp.values["dagster"]
+    if floor:
+        remove_tree(out / "floor-instance")
     result: dict[str, Any] = {
         "instance": "persistent SQLite (DagsterInstance.from_config of a temporary DAGSTER_HOME), one per repetition",
         "executor": "materialize_dataset's default (one worker: the steps run in this process)",
@@ -172,6 +194,8 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
             ratio_pg=cmp.ratio("dagster_pg", "library"),
             difference_pg=cmp.difference("dagster_pg", "library"),
         )
+    if floor:
+        result["comparison"] = cmp
     if pg_pooled_url:
         result.update(
             instance_pg_pooled="the same PostgreSQL storage through PgBouncer (session pooling, docs/deployment.md)",
@@ -189,8 +213,11 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
     """Issue 11's orchestration cost: (Dagster build - library build) / runs, many small runs, on
     a persistent SQLite instance and (with ``pg_base_url``) on a PostgreSQL one, directly and
     (with ``pg_pooled_url``) through PgBouncer."""
+    from aml_pipeline.config import backfill_runs_per_chunk
+
     r = run(spec_dict, tsdb_url, out, repeat=repeat, profile=False, pg_base_url=pg_base_url,
-            pg_pooled_url=pg_pooled_url)
+            pg_pooled_url=pg_pooled_url, floor_runs=runs)
+    cmp = r.pop("comparison")
 
     def per_run(diff: dict[str, Any]) -> dict[str, Any]:
         return {k: (v * 1000 / runs if k in ("value", "min", "max") else v) for k, v in diff.items() if k != "paired"}
@@ -208,6 +235,19 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
     if pg_pooled_url:
         out_.update(ms_per_run_pg_pooled=per_run(r["difference_pg_pooled"]), ratio_pg_pooled=r["ratio_pg_pooled"],
                     instance_pg_pooled=r["instance_pg_pooled"])
+    # Dagster's floor per instance, and what the product adds over it, paired by repetition:
+    # (build - library - floor) / runs.
+    instances = {"sqlite": ""} | ({"pg": "_pg"} if pg_base_url else {}) | ({"pg_pooled": "_pg_pooled"} if pg_pooled_url else {})
+    lib = cmp.seconds["library"]
+    out_["floor"] = {
+        "runs": runs, "chunk_runs": backfill_runs_per_chunk(),
+        "ms_per_run": {name: summarize([s * 1000 / runs for s in cmp.seconds[f"floor{sfx}"]]) for name, sfx in instances.items()},
+    }
+    for name, sfx in instances.items():
+        paired = [(d - l - f) * 1000 / runs for d, l, f in zip(cmp.seconds[f"dagster{sfx}"], lib, cmp.seconds[f"floor{sfx}"])]
+        s_ = summarize(paired)
+        out_[f"product_over_floor_ms_per_run{sfx}"] = {"value": s_["median"], "min": s_["min"], "max": s_["max"],
+                                                       "repeat": s_["repeat"]}
     return out_
 
 
@@ -296,11 +336,10 @@ def _record_in_chunks(job: Any, instance: Any, keys: list[str], chunk_runs: int,
             raise RuntimeError(f"{what}: the chunk run {result.run_id} failed")
 
 
-def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str | None = None,
-                        pg_pooled_url: str | None = None) -> dict[str, Any]:
-    """Dagster's own cost of recording ``runs`` run partitions in the product's asset shape, with
-    no work at all: milliseconds a run, per instance (SQLite; PostgreSQL directly and through
-    PgBouncer when given), alternating, a fresh instance per repetition.
+def _floor_recorder(runs: int) -> Callable[[Any], None]:
+    """Records ``runs`` run partitions in the build's asset shape with no work into the instance it
+    is given, with the build's event settings; fails unless every partition is recorded: Dagster's
+    own cost of recording them, the orchestration part's floor.
 
     The shape is the build's: the three run assets of one multi-asset step with its two checks and
     the ``aml_tsdb`` pool, run partitions of one spec (added first, as the build syncs them), one
@@ -308,37 +347,20 @@ def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str |
     build's run tags and event settings. The body only yields the three results and the two
     check results, no per-run figures. What the build's ``ms_per_run`` adds on top of this floor
     is the product's own orchestration cost (the per-run figures and the plots)."""
-    from aml_pipeline.config import backfill_runs_per_chunk
     from aml_pipeline.components.dagster_internals import build_event_settings, materialized_partitions
+    from aml_pipeline.config import backfill_runs_per_chunk
 
     partitions, job, carrier = _run_stages_job("floor", figures="none")
     keys = [f"run-{i:06d}" for i in range(runs)]
-    chunk_runs = backfill_runs_per_chunk()
-    urls = instance_urls(pg_base_url, pg_pooled_url, "aml_bench_floor")
-    stack = contextlib.ExitStack()
-    state: dict[str, Any] = {}
 
-    def prepare(side: str, i: int) -> None:
-        stack.close()
-        state["instance"] = stack.enter_context(persistent_instance(out / "floor-instance", urls[side]()))
-
-    def record() -> None:
-        instance = state["instance"]
-        instance.add_dynamic_partitions(partitions.name, keys)
-        _record_in_chunks(job, instance, keys, chunk_runs, "orchestration floor")
+    def record(instance: Any) -> None:
+        with build_event_settings():
+            instance.add_dynamic_partitions(partitions.name, keys)
+            _record_in_chunks(job, instance, keys, backfill_runs_per_chunk(), "orchestration floor")
         recorded = materialized_partitions(instance, carrier)
         if len(recorded) != runs:
             raise RuntimeError(f"orchestration floor: {len(recorded)} of {runs} partitions recorded")
-
-    sides = dict.fromkeys(urls, record)
-    try:
-        with build_event_settings():
-            cmp = side_by_side(sides, repeat=repeat, prepare=prepare)
-    finally:
-        stack.close()
-    remove_tree(out / "floor-instance")
-    return {"runs": runs, "chunk_runs": chunk_runs, "timings": cmp.to_json(),
-            "ms_per_run": {side: summarize([s * 1000 / runs for s in cmp.seconds[side]]) for side in sides}}
+    return record
 
 
 def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_url: str | None = None,
