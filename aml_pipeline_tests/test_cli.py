@@ -287,10 +287,10 @@ def test_plot_draws_a_built_runs_chart_as_the_ui_shows_it(small_plant, ingested,
     runs = [r.run_id for r in small_plant.runs if r.ended_at is not None]
     assert main(["build", str(spec), "--tsdb", ingested, "--json"]) == 0
     with dg.DagsterInstance.get() as instance:
-        [record] = instance.fetch_observations(
+        [record] = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=dg.AssetKey(["cli_ds", "cleaned_grid"]), asset_partitions=[runs[2]]), limit=1
         ).records
-    shown = base64.b64decode(re.search(r"base64,([A-Za-z0-9+/=]+)\)", record.asset_observation.metadata["plot"].value)[1])
+    shown = base64.b64decode(re.search(r"base64,([A-Za-z0-9+/=]+)\)", record.asset_materialization.metadata["plot"].value)[1])
     capsys.readouterr()
 
     out = tmp_path / "chart.png"

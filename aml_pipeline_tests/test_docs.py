@@ -572,3 +572,56 @@ def test_every_table_row_has_its_header_s_columns():
             elif cells != columns:
                 broken.append(f"{path.relative_to(REPO_ROOT)}:{no}: {cells} cells, the header has {columns}")
     assert not broken, "\n".join(broken)
+
+
+# The docs that describe the new-run sensor's chunks and attempts to a deployment's operator.
+SENSOR_DOCS = ("deployment.md", "dagster.md", "operations.md")
+
+
+def sensor_wording_problems(doc: str) -> list[str]:
+    """What a doc says of the sensor, its chunks and its steps that the code's constants contradict."""
+    from aml_pipeline.components.sensors import MAX_ATTEMPTS
+    from aml_pipeline.config import DEFAULT_BACKFILL_RUNS_PER_CHUNK
+    from aml_pipeline.pipeline.registry import RUN_STAGES
+
+    flat = " ".join(doc.split())
+    problems = [f"says {m.group(0)!r}: the sensor requests chunks of runs"
+                for m in re.finditer(r"one Dagster run per (new )?run\b", flat)]
+    problems += [f"says {m.group(0)!r}: each stage's figures are observed on its own asset"
+                 for m in re.finditer(r"observed on `run_windows`", flat)]
+    # The run stages of a chunk are one multi-asset step, whatever their number.
+    problems += [f"says {m.group(0)!r}: a chunk has one step" for m in re.finditer(r"\b(three|\d+) steps\b", flat)]
+    for m in re.finditer(r"default (\d+)\) per Dagster run", flat):
+        if int(m.group(1)) != DEFAULT_BACKFILL_RUNS_PER_CHUNK:
+            problems.append(f"says chunks of default {m.group(1)}, the code {DEFAULT_BACKFILL_RUNS_PER_CHUNK}")
+    for m in re.finditer(r"(again|retried)[^.]{0,60} at most (\d+) times|at most (\d+) times in all", flat):
+        if m.group(1) or int(m.group(3)) != MAX_ATTEMPTS:
+            problems.append(f"says {m.group(0)!r}: a run is requested at most {MAX_ATTEMPTS} times in all")
+    if len(RUN_STAGES) != 3 and "three run stages" in flat:
+        problems.append(f"says three run stages; there are {len(RUN_STAGES)}")
+    return problems
+
+
+@pytest.mark.parametrize("name", SENSOR_DOCS)
+def test_the_sensor_wording_follows_the_constants(name):
+    assert sensor_wording_problems(text(name)) == []
+
+
+def test_the_deployment_doc_states_the_chunk_size_and_attempts():
+    from aml_pipeline.components.sensors import MAX_ATTEMPTS
+    from aml_pipeline.config import DEFAULT_BACKFILL_RUNS_PER_CHUNK
+
+    flat = " ".join(text("deployment.md").split())
+    assert (f"chunks of at most `AML_BACKFILL_RUNS_PER_CHUNK` runs (default {DEFAULT_BACKFILL_RUNS_PER_CHUNK}) "
+            "per Dagster run") in flat
+    assert f"at most {MAX_ATTEMPTS} times in all" in flat
+    row = next(line for line in text("deployment.md").splitlines() if line.startswith("| `AML_BACKFILL_RUNS_PER_CHUNK`"))
+    assert f"default {DEFAULT_BACKFILL_RUNS_PER_CHUNK}" in row
+
+
+def test_the_sensor_wording_check_sees_each_mismatch():
+    wrong = ("The new-run sensor requests one Dagster run per new run. Figures are observed on `run_windows`. "
+             "A chunk runs its three steps. A failed run is requested again on later ticks, at most 3 times. "
+             "Chunks of at most K runs (default 7) per Dagster run.")
+    assert len(sensor_wording_problems(wrong)) == 5
+    assert sensor_wording_problems("requests a run whose build failed at most 3 times in all") == []

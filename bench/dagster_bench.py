@@ -60,7 +60,7 @@ def persistent_instance(home: Path, pg_url: str | None = None) -> Iterator[Any]:
     (home / "dagster.yaml").write_text(INSTANCE_YAML + (PG_STORAGE_YAML.format(url=pg_url) if pg_url else ""))
     instance = dg.DagsterInstance.from_config(str(home))
     try:
-        instance.get_runs(limit=1)  # opens the run and event-log storages (schema already migrated)
+        instance.get_run_records(limit=1)  # opens the run and event-log storages (schema already migrated)
         yield instance
     finally:
         instance.dispose()
@@ -116,17 +116,27 @@ def materialize(spec_dict: dict[str, Any], tsdb_url: str, out: Path, instance: A
 
 
 def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, profile: bool,
-        pg_base_url: str | None = None, pg_pooled_url: str | None = None) -> dict[str, Any]:
+        pg_base_url: str | None = None, pg_pooled_url: str | None = None, floor_runs: int = 0) -> dict[str, Any]:
     """Dagster (SQLite instance) against the library; with ``pg_base_url``, also Dagster on a
     PostgreSQL instance (a fresh database per repetition on that server); with ``pg_pooled_url``
-    (a PgBouncer in front of that server), also Dagster on that instance through the pooler."""
+    (a PgBouncer in front of that server), also Dagster on that instance through the pooler.
+
+    With ``floor_runs``, each Dagster side is followed in the alternation by Dagster's floor on
+    the same kind of instance (:func:`_floor_recorder` of ``floor_runs`` run partitions, sides ``floor``, ``floor_pg``, ``floor_pg_pooled``), so that the build and its
+    floor run seconds apart under the same load."""
     logging.getLogger("dagster").setLevel(logging.WARNING)
     stack = contextlib.ExitStack()
     hashes: set[str] = set()
     state: dict[str, Any] = {}
+    floor = _floor_recorder(floor_runs) if floor_runs else None
 
     def prepare(side: str, i: int) -> None:
         stack.close()
+        if side.startswith("floor"):
+            pg_url = (fresh_instance_url(pg_base_url, "aml_bench_floor", pg_pooled_url if side == "floor_pg_pooled" else None)
+                      if side != "floor" else None)
+            state["instance"] = stack.enter_context(persistent_instance(out / "floor-instance", pg_url))
+            return
         if side == "dagster":
             state["instance"] = stack.enter_context(persistent_instance(out / "instance"))
         elif side in ("dagster_pg", "dagster_pg_pooled"):
@@ -146,16 +156,28 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
         hashes.add(lib["sha256"])
         return lib["summary"]
 
-    sides = {"dagster": dagster, "library": library}
+    def floor_side() -> None:
+        floor(state["instance"])
+
+    sides: dict[str, Callable[[], Any]] = {"dagster": dagster}
+    if floor:
+        sides["floor"] = floor_side
     if pg_base_url:
         sides["dagster_pg"] = dagster
+        if floor:
+            sides["floor_pg"] = floor_side
     if pg_pooled_url:
         sides["dagster_pg_pooled"] = dagster
+        if floor:
+            sides["floor_pg_pooled"] = floor_side
+    sides["library"] = library
     try:
         cmp = side_by_side(sides, repeat=repeat, prepare=prepare)
     finally:
         stack.close()
     summary = cmp.values["dagster"]
+    if floor:
+        remove_tree(out / "floor-instance")
     result: dict[str, Any] = {
         "instance": "persistent SQLite (DagsterInstance.from_config of a temporary DAGSTER_HOME), one per repetition",
         "executor": "materialize_dataset's default (one worker: the steps run in this process)",
@@ -172,6 +194,8 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
             ratio_pg=cmp.ratio("dagster_pg", "library"),
             difference_pg=cmp.difference("dagster_pg", "library"),
         )
+    if floor:
+        result["comparison"] = cmp
     if pg_pooled_url:
         result.update(
             instance_pg_pooled="the same PostgreSQL storage through PgBouncer (session pooling, docs/deployment.md)",
@@ -189,8 +213,11 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
     """The orchestration cost: (Dagster build - library build) / runs, many small runs, on
     a persistent SQLite instance and (with ``pg_base_url``) on a PostgreSQL one, directly and
     (with ``pg_pooled_url``) through PgBouncer."""
+    from aml_pipeline.config import backfill_runs_per_chunk
+
     r = run(spec_dict, tsdb_url, out, repeat=repeat, profile=False, pg_base_url=pg_base_url,
-            pg_pooled_url=pg_pooled_url)
+            pg_pooled_url=pg_pooled_url, floor_runs=runs)
+    cmp = r.pop("comparison")
 
     def per_run(diff: dict[str, Any]) -> dict[str, Any]:
         return {k: (v * 1000 / runs if k in ("value", "min", "max") else v) for k, v in diff.items() if k != "paired"}
@@ -208,15 +235,30 @@ def run_orchestration(spec_dict: dict[str, Any], tsdb_url: str, runs: int, out: 
     if pg_pooled_url:
         out_.update(ms_per_run_pg_pooled=per_run(r["difference_pg_pooled"]), ratio_pg_pooled=r["ratio_pg_pooled"],
                     instance_pg_pooled=r["instance_pg_pooled"])
+    # Dagster's floor per instance, and what the product adds over it, paired by repetition:
+    # (build - library - floor) / runs.
+    instances = {"sqlite": ""} | ({"pg": "_pg"} if pg_base_url else {}) | ({"pg_pooled": "_pg_pooled"} if pg_pooled_url else {})
+    lib = cmp.seconds["library"]
+    out_["floor"] = {
+        "runs": runs, "chunk_runs": backfill_runs_per_chunk(),
+        "ms_per_run": {name: summarize([s * 1000 / runs for s in cmp.seconds[f"floor{sfx}"]]) for name, sfx in instances.items()},
+    }
+    for name, sfx in instances.items():
+        paired = [(d - l - f) * 1000 / runs for d, l, f in zip(cmp.seconds[f"dagster{sfx}"], lib, cmp.seconds[f"floor{sfx}"])]
+        s_ = summarize(paired)
+        out_[f"product_over_floor_ms_per_run{sfx}"] = {"value": s_["median"], "min": s_["min"], "max": s_["max"],
+                                                       "repeat": s_["repeat"]}
     return out_
 
 
 # How a run's figures reach the instance: "none" (the floor), "metadata" (add_asset_metadata
 # per run partition, onto the materialisation of its last stage, after Dagster's partition check),
 # "observation" (one AssetObservation per run partition after the materialisations, all three
-# stages' figures on the last) or "stage_observations" (what the build does: each stage's figures
-# as an observation of its own asset's partition, three a run).
-FIGURE_MODES = ("none", "metadata", "observation", "stage_observations")
+# stages' figures on the last), "stage_observations" (each stage's figures as an observation of its
+# own asset's partition, three a run) or "stage_metadata" (what the build does: each stage's
+# figures on its own asset's materialisation of the partition, without the partition check,
+# dagster_internals.add_partition_metadata).
+FIGURE_MODES = ("none", "metadata", "observation", "stage_observations", "stage_metadata")
 
 
 def _run_figures_sample() -> list[dict[str, Any]]:
@@ -243,6 +285,7 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
     (:data:`FIGURE_MODES`). Returns the partitions, the job and the asset carrying the figures."""
     import dagster as dg
 
+    from aml_pipeline.components.dagster_internals import add_partition_metadata
     from aml_pipeline.components.partitions import run_backfill_policy, run_partitions
     from aml_pipeline.pipeline.registry import RUN_ASSETS
 
@@ -260,6 +303,9 @@ def _run_stages_job(spec_id: str, *, figures: str) -> tuple[Any, Any, Any]:
     def run_stages(context):  # noqa: ANN001 - Dagster passes the asset context
         for run_id in context.partition_keys if figures == "metadata" else ():
             context.add_asset_metadata(sample, asset_key=carrier, partition_key=run_id)
+        for run_id in context.partition_keys if figures == "stage_metadata" else ():
+            for spec, stage_figures in zip(specs, per_stage, strict=True):
+                add_partition_metadata(context, spec.key, run_id, stage_figures)
         for spec in specs:
             yield dg.MaterializeResult(asset_key=spec.key, check_results=[
                 dg.AssetCheckResult(asset_key=spec.key, check_name=c.name, passed=True) for c in checks
@@ -290,54 +336,36 @@ def _record_in_chunks(job: Any, instance: Any, keys: list[str], chunk_runs: int,
             raise RuntimeError(f"{what}: the chunk run {result.run_id} failed")
 
 
-def orchestration_floor(runs: int, out: Path, *, repeat: int, pg_base_url: str | None = None,
-                        pg_pooled_url: str | None = None) -> dict[str, Any]:
-    """Dagster's own cost of recording ``runs`` run partitions in the product's asset shape, with
-    no work at all: milliseconds a run, per instance (SQLite; PostgreSQL directly and through
-    PgBouncer when given), alternating, a fresh instance per repetition.
+def _floor_recorder(runs: int) -> Callable[[Any], None]:
+    """Records ``runs`` run partitions in the build's asset shape with no work into the instance it
+    is given, with the build's event settings; fails unless every partition is recorded: Dagster's
+    own cost of recording them, the orchestration part's floor.
 
     The shape is the build's: the three run assets of one multi-asset step with its two checks and
     the ``aml_tsdb`` pool, run partitions of one spec (added first, as the build syncs them), one
     Dagster run per chunk of ``AML_BACKFILL_RUNS_PER_CHUNK`` runs over a partition range, with the
     build's run tags and event settings. The body only yields the three results and the two
     check results, no per-run figures. What the build's ``ms_per_run`` adds on top of this floor
-    is the product's own orchestration cost (the figures' observations and the plots)."""
+    is the product's own orchestration cost (the per-run figures and the plots)."""
+    from aml_pipeline.components.dagster_internals import build_event_settings, materialized_partitions
     from aml_pipeline.config import backfill_runs_per_chunk
-    from aml_pipeline.runner.jobs import build_event_settings
 
     partitions, job, carrier = _run_stages_job("floor", figures="none")
     keys = [f"run-{i:06d}" for i in range(runs)]
-    chunk_runs = backfill_runs_per_chunk()
-    urls = instance_urls(pg_base_url, pg_pooled_url, "aml_bench_floor")
-    stack = contextlib.ExitStack()
-    state: dict[str, Any] = {}
 
-    def prepare(side: str, i: int) -> None:
-        stack.close()
-        state["instance"] = stack.enter_context(persistent_instance(out / "floor-instance", urls[side]()))
-
-    def record() -> None:
-        instance = state["instance"]
-        instance.add_dynamic_partitions(partitions.name, keys)
-        _record_in_chunks(job, instance, keys, chunk_runs, "orchestration floor")
-        recorded = instance.get_materialized_partitions(carrier)
+    def record(instance: Any) -> None:
+        with build_event_settings():
+            instance.add_dynamic_partitions(partitions.name, keys)
+            _record_in_chunks(job, instance, keys, backfill_runs_per_chunk(), "orchestration floor")
+        recorded = materialized_partitions(instance, carrier)
         if len(recorded) != runs:
             raise RuntimeError(f"orchestration floor: {len(recorded)} of {runs} partitions recorded")
-
-    sides = dict.fromkeys(urls, record)
-    try:
-        with build_event_settings():
-            cmp = side_by_side(sides, repeat=repeat, prepare=prepare)
-    finally:
-        stack.close()
-    remove_tree(out / "floor-instance")
-    return {"runs": runs, "chunk_runs": chunk_runs, "timings": cmp.to_json(),
-            "ms_per_run": {side: summarize([s * 1000 / runs for s in cmp.seconds[side]]) for side in sides}}
+    return record
 
 
 def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_url: str | None = None,
                  pg_pooled_url: str | None = None) -> dict[str, Any]:
-    """What attaching each run's figures costs, three ways, over Dagster's floor: milliseconds a run
+    """What attaching each run's figures costs, four ways, over Dagster's floor: milliseconds a run
     recorded, per instance (SQLite; PostgreSQL directly and through PgBouncer when given).
 
     The floor's asset shape (:func:`_run_stages_job`) on a spec with ``partitions`` run
@@ -345,8 +373,9 @@ def figures_cost(out: Path, *, partitions: int, runs: int, repeat: int, pg_base_
     ``AML_BACKFILL_RUNS_PER_CHUNK``, with the build's tags and event settings. Sides, alternating,
     a fresh instance each: ``none``; ``metadata`` (onto the materialisation, after Dagster's
     partition check, :func:`partition_lookup`); ``observation`` (one more event a run, no check);
-    ``stage_observations`` (the build's way: an event per stage a run, each stage's figures on its
-    own asset). Each side must leave the last recorded run's figures where it puts them."""
+    ``stage_observations`` (an event per stage a run, each stage's figures on its own asset);
+    ``stage_metadata`` (the build's way: each stage's figures on its own asset's materialisation,
+    no check, no event of their own). Each side must leave the last recorded run's figures where it puts them."""
     keys = [f"run-{i:06d}" for i in range(partitions)]
     middle = (partitions - runs) // 2
     recorded = keys[middle:middle + runs]
@@ -367,7 +396,7 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
     import dagster as dg
 
     from aml_pipeline.config import backfill_runs_per_chunk
-    from aml_pipeline.runner.jobs import build_event_settings
+    from aml_pipeline.components.dagster_internals import build_event_settings
 
     chunk_runs = backfill_runs_per_chunk()
     stack = contextlib.ExitStack()
@@ -385,7 +414,8 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
         def record() -> None:
             instance = state["instance"]
             _record_in_chunks(job, instance, recorded, chunk_runs, f"figures ({mode})")
-            fetch = instance.fetch_materializations if mode in ("none", "metadata") else instance.fetch_observations
+            fetch = (instance.fetch_materializations if mode in ("none", "metadata", "stage_metadata")
+                     else instance.fetch_observations)
             events = fetch(where, limit=1).records
             carried = events[0].asset_event.metadata if events else {}
             if (mode == "none") == ("windows" in carried):
@@ -721,7 +751,7 @@ def _profile(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, A
 def event_counts(instance: Any) -> dict[str, int]:
     """Event-log entries of every run in ``instance``, by Dagster event type (or "log")."""
     counts: dict[str, int] = defaultdict(int)
-    for run in instance.get_runs():
+    for run in (record.dagster_run for record in instance.get_run_records()):
         for entry in instance.all_logs(run.run_id):
             counts[entry.dagster_event.event_type_value if entry.dagster_event else "log"] += 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))

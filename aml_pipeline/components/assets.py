@@ -10,13 +10,15 @@ their own I/O through the store resource (nothing goes through an IO manager), s
 stream runs from disk.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
 
 from aml_pipeline import config, progress
+from aml_pipeline.components.dagster_internals import add_partition_metadata
 from aml_pipeline.components.metadata import to_metadata
 from aml_pipeline.components.partitions import run_backfill_policy, run_partitions
 from aml_pipeline.components.resources import StoreResource, TsdbResource
@@ -24,7 +26,9 @@ from aml_pipeline.errors import AmlError
 from aml_pipeline.pipeline.checks import MANIFEST_CHECKS, CheckOutcome, check_current
 from aml_pipeline.pipeline.plan import BuildPlan
 from aml_pipeline.pipeline.runs import RunOutcome, progress_line_due, run_outcomes
-from aml_pipeline.pipeline.registry import GRID, MANIFEST, NORM, RAW, RUN_STAGES, SPLIT, WINDOWS, StageVersions
+from aml_pipeline.pipeline.registry import (
+    DATASET_STAGES, GRID, MANIFEST, NORM, RAW, RUN_STAGES, SPLIT, STAGES, WINDOWS, StageVersions,
+)
 from aml_pipeline.pipeline.stages.base import Stage
 from aml_pipeline.pipeline.stages.manifest import publish_dataset
 from aml_pipeline.pipeline.stages.norm import fit_or_reuse_normalization, load_norm, norm_figures, norm_line
@@ -34,7 +38,7 @@ from aml_pipeline.spec import DatasetSpec
 
 TSDB_POINTS = dg.AssetKey(["tsdb", "points"])
 PLOTS_OFF = " (no plot: AML_RUN_PLOTS=off)"
-# Where a run's figures are (see _figures).
+# Where a run's figures are (see _record).
 FIGURES_WHERE = "The partition's metadata table in the UI (the asset's Partitions tab) shows a run's figures."
 
 
@@ -123,25 +127,36 @@ def run_stage_assets(spec: DatasetSpec, versions: StageVersions) -> dg.AssetsDef
                     f"{len(fast)} of {len(outcomes)} runs have nodes sampled faster than twice the beat that take the "
                     f"value at each grid time (set aggregate: mean to take each beat's mean, docs/spec.md); "
                     f"run {fast[0][0]}: {fast[0][1]}")
-        yield from _record(spec, stages, outcomes)
+        yield from _record(context, spec, stages, outcomes)
 
     return run_stages
 
 
-def _record(spec: DatasetSpec, stages: Sequence[Stage], outcomes: list[RunOutcome]) -> Iterator[Any]:
-    """The step's events: materialisations (checks with them), then each run's figures; or, when
-    a run failed, the others' materialisations and figures before the failure."""
+def _record(context: dg.AssetExecutionContext, spec: DatasetSpec, stages: Sequence[Stage],
+            outcomes: list[RunOutcome]) -> Iterator[Any]:
+    """The step's events: each stage's materialisation of each run partition, with that run's
+    figures for the stage as the materialisation's metadata (the partition's metadata table in the
+    UI), the checks with them; or, when a run failed, the others' materialisations before the
+    failure.
+
+    The figures are put on the materialisations Dagster records for the step's partitions
+    (:func:`~aml_pipeline.components.dagster_internals.add_partition_metadata`), which Dagster
+    writes in one batch per asset: no event of their own per run and stage, and nothing that
+    grows with the spec's runs (the ``orchestration`` and ``run_figures`` benchmarks measure it)."""
     failed = [o for o in outcomes if o.error is not None]
     if failed:
         for o in outcomes:
-            for stage in o.figures:
-                yield dg.AssetMaterialization(asset_key=asset_key(spec, stage), partition=o.run_id)
-        yield from _figures(spec, outcomes)
+            for stage, figures in o.figures.items():
+                yield dg.AssetMaterialization(asset_key=asset_key(spec, stage), partition=o.run_id,
+                                              metadata=to_metadata(figures))
         first = failed[0]
         raise dg.Failure(
             description=f"{len(failed)} of {len(outcomes)} runs failed; first: run {first.run_id}: {_describe(first.error)}",
             metadata={"failed_runs": ", ".join(o.run_id for o in failed), "succeeded": len(outcomes) - len(failed)},
         ) from first.error
+    for o in outcomes:
+        for stage, figures in o.figures.items():
+            add_partition_metadata(context, asset_key(spec, stage), o.run_id, to_metadata(figures))
     single = len(outcomes) == 1
     for stage in stages:
         yield dg.MaterializeResult(
@@ -151,20 +166,6 @@ def _record(spec: DatasetSpec, stages: Sequence[Stage], outcomes: list[RunOutcom
             data_version=dg.DataVersion(outcomes[0].data_versions[stage]) if single else None,
             check_results=_window_checks(spec, outcomes) if stage is WINDOWS else None,
         )
-    yield from _figures(spec, outcomes)
-
-
-def _figures(spec: DatasetSpec, outcomes: list[RunOutcome]) -> Iterator[dg.AssetObservation]:
-    """Each stage's figures of each run, as an observation of the stage's own asset partition,
-    yielded after the materialisations: the UI's partition view merges observations newer than
-    the partition's materialisation into its metadata table, so a person who opens the cleaned
-    grid of a run sees what cleaning did. Metadata on the materialisation
-    (``add_asset_metadata(partition_key=...)``) would cost Dagster a lookup of every run
-    partition of the spec per run, which grows with the spec's runs where the observation
-    does not (the ``run_figures`` benchmark measures both)."""
-    for o in outcomes:
-        for stage, figures in o.figures.items():
-            yield dg.AssetObservation(asset_key=asset_key(spec, stage), partition=o.run_id, metadata=to_metadata(figures))
 
 
 def _window_checks(spec: DatasetSpec, outcomes: list[RunOutcome]) -> list[dg.AssetCheckResult]:
@@ -199,91 +200,101 @@ def _describe(e: BaseException) -> str:
 
 
 def dataset_stage_assets(spec: DatasetSpec, versions: StageVersions) -> list[dg.AssetsDefinition]:
-    runs_def = run_partitions(spec.id)
+    """One asset per dataset stage, in the registry's order: its key, upstream, code version and
+    description from the stage's declaration, its work from :data:`_DATASET_WORK`."""
+    return [_dataset_stage_asset(spec, versions, stage) for stage in DATASET_STAGES]
 
-    @dg.asset(
-        key=asset_key(spec, SPLIT),
-        deps=[asset_key(spec, WINDOWS)],
-        kinds={"json"},
-        code_version=versions[SPLIT],
-        group_name=spec.id,
-        description=SPLIT.description,
-    )
-    def dataset_split(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
-        ds = store.dataset_store(spec, versions)
-        with failing_as_one_line(), ds.in_use():
-            plan = plan_dataset(ds, context.instance.get_dynamic_partitions(runs_def.name))
-            save_plan(ds, plan)
-            figures = split_figures(ds, plan)
-        context.log.info(plan.line())
-        why = empty_splits(spec, {p: len(plan.split[f"{p}RunIds"]) for p in ("train", "val", "test")})
-        if why is not None:
-            context.log.warning(why)
-        return dg.MaterializeResult(metadata=to_metadata(figures))
 
-    @dg.asset(
-        key=asset_key(spec, NORM),
-        deps=[dataset_split],
-        kinds={"json"},
-        code_version=versions[NORM],
-        group_name=spec.id,
-        description=NORM.description,
-    )
-    def normalization_stats(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
-        ds = store.dataset_store(spec, versions)
-        with failing_as_one_line(), ds.in_use():
-            plan = load_plan(ds)
-            norm, reused = fit_or_reuse_normalization(ds, plan)
-        context.log.info(norm_line(plan, reused=reused))
-        return dg.MaterializeResult(metadata=to_metadata(norm_figures(ds, plan, norm, reused=reused)))
-
-    manifest_key = asset_key(spec, MANIFEST)
+def _dataset_stage_asset(spec: DatasetSpec, versions: StageVersions, stage: Stage) -> dg.AssetsDefinition:
+    work = _DATASET_WORK[stage.name]
+    key = asset_key(spec, stage)
+    upstream = next(s for s in STAGES if s.name == stage.upstream)
+    deps = [asset_key(spec, upstream), *(asset_key(spec, s) for s in work.reads if s is not upstream), *work.sources]
 
     @dg.multi_asset(
-        name=f"{spec.id}__dataset_manifest",
-        specs=[
-            dg.AssetSpec(
-                manifest_key,
-                # The TSDB's availability watermark is part of a v2 snapshot's provenance. (It is not
-                # upstream of the run stages: any ingest moves it, and would mark every run stale;
-                # a run's own TSDB version decides whether that run is rebuilt.)
-                deps=[normalization_stats, dataset_split, TSDB_POINTS],
-                kinds={"json", "numpy"},
-                code_version=versions[MANIFEST],
-                group_name=spec.id,
-                description=MANIFEST.description,
-            )
-        ],
-        check_specs=[
-            dg.AssetCheckSpec(name, asset=manifest_key, blocking=True, description=desc)
-            for name, desc in MANIFEST_CHECKS.items()
-        ],
-        can_subset=True,
+        name=f"{spec.id}__{stage.asset}",
+        specs=[dg.AssetSpec(key, deps=deps, kinds=work.kinds, code_version=versions[stage], group_name=spec.id,
+                            description=stage.description)],
+        check_specs=[dg.AssetCheckSpec(name, asset=key, blocking=True, description=desc) for name, desc in work.checks.items()],
+        can_subset=bool(work.checks),
+        required_resource_keys=work.resources,
     )
-    def dataset_manifest(context: dg.AssetExecutionContext, tsdb: TsdbResource, store: StoreResource):
-        selected_checks = {c.name for c in context.selected_asset_check_keys}
-        if manifest_key not in context.selected_asset_keys:
-            # Only the checks (the verify job): re-check the published snapshot from its bytes.
-            entry, outcomes = check_current(store.datasets_root, spec.id)
-            if entry is not None:
-                context.log.info(f"re-checking {entry.path} (sha256 {entry.sha256} in the catalog)")
-            yield from _check_results(manifest_key, outcomes, selected_checks)
-            return
-        ds = store.dataset_store(spec, versions)
-        with tsdb.brief(on_retry=context.log.warning) as db:
-            watermark = db.availability_watermark()
-        with failing_as_one_line(), ds.in_use():
-            plan = load_plan(ds)
-            norm = load_norm(ds, plan)
-            published = publish_dataset(ds, plan, norm, store.datasets_root, availability_watermark=watermark)
-        context.log.info(published.line())
-        yield dg.MaterializeResult(
-            asset_key=manifest_key,
-            metadata=to_metadata(published.figures(ds, plan)),
-            check_results=list(_check_results(manifest_key, published.checks, selected_checks)),
-        )
+    def dataset_stage(context: dg.AssetExecutionContext):
+        yield from work.build(context, spec, versions, key)
 
-    return [dataset_split, normalization_stats, dataset_manifest]
+    return dataset_stage
+
+
+@dataclass(frozen=True)
+class _DatasetWork:
+    """What a dataset stage's asset does (``build`` yields its results) and shows (``kinds``, its
+    checks), and what it reads besides its upstream stage: other stages' results, source assets."""
+
+    build: Callable[[dg.AssetExecutionContext, DatasetSpec, StageVersions, dg.AssetKey], Iterator[Any]]
+    kinds: set[str]
+    resources: set[str]
+    reads: tuple[Stage, ...] = ()
+    sources: tuple[dg.AssetKey, ...] = ()
+    checks: Mapping[str, str] = field(default_factory=dict)
+
+
+def _split(context: dg.AssetExecutionContext, spec: DatasetSpec, versions: StageVersions, key: dg.AssetKey) -> Iterator[Any]:
+    ds = context.resources.store.dataset_store(spec, versions)
+    with failing_as_one_line(), ds.in_use():
+        plan = plan_dataset(ds, context.instance.get_dynamic_partitions(run_partitions(spec.id).name))
+        save_plan(ds, plan)
+        figures = split_figures(ds, plan)
+    context.log.info(plan.line())
+    why = empty_splits(spec, {p: len(plan.split[f"{p}RunIds"]) for p in ("train", "val", "test")})
+    if why is not None:
+        context.log.warning(why)
+    yield dg.MaterializeResult(asset_key=key, metadata=to_metadata(figures))
+
+
+def _norm(context: dg.AssetExecutionContext, spec: DatasetSpec, versions: StageVersions, key: dg.AssetKey) -> Iterator[Any]:
+    ds = context.resources.store.dataset_store(spec, versions)
+    with failing_as_one_line(), ds.in_use():
+        plan = load_plan(ds)
+        norm, reused = fit_or_reuse_normalization(ds, plan)
+    context.log.info(norm_line(plan, reused=reused))
+    yield dg.MaterializeResult(asset_key=key, metadata=to_metadata(norm_figures(ds, plan, norm, reused=reused)))
+
+
+def _manifest(context: dg.AssetExecutionContext, spec: DatasetSpec, versions: StageVersions, key: dg.AssetKey) -> Iterator[Any]:
+    store: StoreResource = context.resources.store
+    selected_checks = {c.name for c in context.selected_asset_check_keys}
+    if key not in context.selected_asset_keys:
+        # Only the checks (the verify job): re-check the published snapshot from its bytes.
+        entry, outcomes = check_current(store.datasets_root, spec.id)
+        if entry is not None:
+            context.log.info(f"re-checking {entry.path} (sha256 {entry.sha256} in the catalog)")
+        yield from _check_results(key, outcomes, selected_checks)
+        return
+    ds = store.dataset_store(spec, versions)
+    tsdb: TsdbResource = context.resources.tsdb
+    with tsdb.brief(on_retry=context.log.warning) as db:
+        watermark = db.availability_watermark()
+    with failing_as_one_line(), ds.in_use():
+        plan = load_plan(ds)
+        norm = load_norm(ds, plan)
+        published = publish_dataset(ds, plan, norm, store.datasets_root, availability_watermark=watermark)
+    context.log.info(published.line())
+    yield dg.MaterializeResult(
+        asset_key=key,
+        metadata=to_metadata(published.figures(ds, plan)),
+        check_results=list(_check_results(key, published.checks, selected_checks)),
+    )
+
+
+_DATASET_WORK: Mapping[str, _DatasetWork] = {
+    SPLIT.name: _DatasetWork(_split, kinds={"json"}, resources={"store"}),
+    NORM.name: _DatasetWork(_norm, kinds={"json"}, resources={"store"}),
+    # The TSDB's availability watermark is part of a v2 snapshot's provenance. (It is not
+    # upstream of the run stages: any ingest moves it, and would mark every run stale;
+    # a run's own TSDB version decides whether that run is rebuilt.)
+    MANIFEST.name: _DatasetWork(_manifest, kinds={"json", "numpy"}, resources={"store", "tsdb"}, reads=(SPLIT,),
+                                sources=(TSDB_POINTS,), checks=MANIFEST_CHECKS),
+}
 
 
 def _check_results(key: dg.AssetKey, outcomes: list[CheckOutcome], selected: set[str]) -> Iterator[dg.AssetCheckResult]:

@@ -1,6 +1,6 @@
 """A real consumer of the shared environment: ``[<spec id>, baseline_model]`` per spec.
 
-Downstream of ``[<spec id>, dataset_manifest]`` (and of ``shared_env`` in the lineage). It runs
+Downstream of the spec's manifest asset (and of ``shared_env`` in the lineage). It runs
 ``aml_pipeline/training/ridge_baseline.py`` with the shared environment's interpreter through
 Dagster Pipes (resource ``pipes_subprocess_client``) while holding a READ lease for the whole
 subprocess, so a rebuild is refused with ENV_BUSY until training is over (and training is
@@ -24,6 +24,7 @@ from aml_pipeline.components.shared_env import SHARED_ENV_KEY, SharedEnvResource
 from aml_pipeline.errors import AmlError
 from aml_pipeline.lease import EnvBusy
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
+from aml_pipeline.pipeline.registry import MANIFEST
 from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.training import RIDGE_BASELINE_FILES, RIDGE_BASELINE_SCRIPT
 
@@ -53,7 +54,7 @@ def _script_failure(outcome: Path, spec_id: str) -> dg.Failure | None:
 
 
 def baseline_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
-    manifest_key = dg.AssetKey([spec.id, "dataset_manifest"])
+    manifest_key = dg.AssetKey([spec.id, MANIFEST.asset])
 
     @dg.asset(
         key=dg.AssetKey([spec.id, BASELINE_MODEL]),

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from aml_pipeline.components.assets import dataset_assets
 from aml_pipeline.components.baseline import baseline_assets
+from aml_pipeline.components.dagster_internals import in_defs_validation
 from aml_pipeline.components.maintenance import gc_job, gc_schedule, register_spec
 from aml_pipeline.components.resources import plant_resources
 from aml_pipeline.components.schedules import build_job, rebuild_job, rebuild_schedule, runs_job, verify_job, verify_schedule
@@ -245,7 +246,7 @@ def one_line_in_validation() -> Iterator[None]:
     try:
         yield
     except AmlError as e:
-        if os.environ.get("DAGSTER_IS_DEFS_VALIDATION_CLI") != "1":
+        if not in_defs_validation():
             raise
         print(e.one_line(), file=sys.stderr)
         raise SystemExit(2) from None

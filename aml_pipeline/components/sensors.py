@@ -4,7 +4,7 @@ Every tick reads the build plan (:class:`aml_pipeline.pipeline.plan.BuildPlan`):
 with late points (their TSDB version changed) and runs whose spec stages changed are requested, from their first stale stage on, in contiguous partition ranges of
 at most ``AML_BACKFILL_RUNS_PER_CHUNK`` runs per Dagster run (the range tags single-run backfills
 use), never one Dagster run per partition. A run whose build failed is requested again on a
-later tick, at most ``MAX_ATTEMPTS`` times, then reported in the tick's log and skip reason until
+later tick, ``MAX_ATTEMPTS`` requests in all, then reported in the tick's log and skip reason until
 its data or its spec changes.
 """
 
@@ -44,7 +44,8 @@ def new_run_sensor(spec: DatasetSpec, versions: StageVersions) -> dg.SensorDefin
         description=(
             f"Adds finished runs of line {spec.line_id} / product {spec.product_id} / recipe "
             f"{spec.recipe_id} as partitions of {spec.id} and materialises the run stages of new and "
-            "changed runs, in chunks of runs per Dagster run; retries a failed chunk a few times. "
+            "changed runs, in chunks of runs per Dagster run; requests a run whose build failed at most "
+            f"{MAX_ATTEMPTS} times in all. "
             "Runs still in progress are added once they finish."
         ),
         asset_selection=[dg.AssetKey([spec.id, n]) for n in RUN_ASSETS],
@@ -108,10 +109,10 @@ def _in_flight(context: dg.SensorEvaluationContext, sensor_name: str, order: lis
     """Run partitions covered by this sensor's queued or running Dagster runs."""
     position = {r: i for i, r in enumerate(order)}
     busy: set[str] = set()
-    active = context.instance.get_runs(
+    active = context.instance.get_run_records(
         filters=dg.RunsFilter(statuses=_ACTIVE, tags={SENSOR_TAG: sensor_name})
     )
-    for run in active:
+    for run in (record.dagster_run for record in active):
         lo, hi = position.get(run.tags.get(RANGE_START_TAG)), position.get(run.tags.get(RANGE_END_TAG))
         if lo is not None and hi is not None:
             busy.update(order[lo : hi + 1])

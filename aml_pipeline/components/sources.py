@@ -13,11 +13,11 @@ the watermark and when it last changed instead of "Never observed".
 from __future__ import annotations
 
 import datetime as _dt
-import warnings
 
 import dagster as dg
 
 from aml_pipeline.components.assets import TSDB_POINTS
+from aml_pipeline.components.dagster_internals import beta_api
 from aml_pipeline.components.resources import TsdbResource
 from aml_pipeline.errors import AmlError
 from aml_pipeline.urls import redact_url
@@ -30,11 +30,9 @@ def _version(watermark: int | None) -> str:
     return str(watermark) if watermark is not None else "empty"
 
 
-# Dagster notes its beta API on every import of this module: in the webserver's log, and in each
-# --workers build's step server, whose stderr is the user's terminal (the CLI filters it only in
-# its own process).
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", dg.BetaWarning)
+# The source asset's API is beta; its warning is silenced (dagster_internals.beta_api says why; the
+# CLI filters it only in its own process).
+with beta_api():
 
     # The multi form with one spec: the single form is converted to an asset through a Dagster
     # path that reads a deprecated op property on every load.

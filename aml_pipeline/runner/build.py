@@ -20,6 +20,7 @@ from typing import Any
 import dagster as dg
 
 from aml_pipeline import config
+from aml_pipeline.components.dagster_internals import build_event_settings, materialized_partitions, step_end_times
 from aml_pipeline.components.partitions import range_tags, run_partitions
 from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name
@@ -28,7 +29,7 @@ from aml_pipeline.pipeline.plan import BuildPlan, run_batches
 from aml_pipeline.pipeline.registry import DATASET_ASSETS, MANIFEST, RUN_ASSETS, RUN_STAGES, StageVersions
 from aml_pipeline.pipeline.stages.base import Stage
 from aml_pipeline.runner.instance import build_tags, fail_abandoned_runs, failure_description, instance_failures, user_error
-from aml_pipeline.runner.jobs import build_event_settings, dataset_job_definitions
+from aml_pipeline.runner.jobs import dataset_job_definitions
 from aml_pipeline.runner.parallel import execute_parallel, parallel_workers, start_step_server
 from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.tsdb_open import retrying_tsdb
@@ -55,7 +56,7 @@ def unrecorded_runs(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids: li
     """``{run id: stage}`` for the runs with a run-asset partition that ``instance`` has not recorded
     as materialised, from the first such asset's stage on. A step that died after storing some of
     its runs leaves their files fresh but unrecorded; so does a build recorded in another instance."""
-    recorded = {stage: instance.get_materialized_partitions(dg.AssetKey([spec.id, stage.asset])) for stage in RUN_STAGES}
+    recorded = {stage: materialized_partitions(instance, dg.AssetKey([spec.id, stage.asset])) for stage in RUN_STAGES}
     out = {}
     for run_id in run_ids:
         stage = next((stage for stage in RUN_STAGES if run_id not in recorded[stage]), None)
@@ -185,16 +186,9 @@ def materialize_dataset(
 
 def _run_stages_done(instance: dg.DagsterInstance, run_id: str, spec_id: str, started_at: float) -> float | None:
     """Seconds from ``started_at`` (wall clock) to the end of the run's run-stage step, or None
-    when it had none (nothing to rematerialise).
-
-    From the step's end event alone: Dagster's step statistics (``get_run_step_stats``) read and
-    decode every materialisation of the run, plot and table included, to derive them, a cost
-    per built run for a figure the build only reports."""
-    step = f"{spec_id}__run_stages"
-    ended = instance.get_records_for_run(
-        run_id, of_type={dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE},
-    ).records
-    ends = [r.event_log_entry.timestamp for r in ended if r.event_log_entry.step_key == step]
+    when it had none (nothing to rematerialise), from the step's end event alone
+    (:func:`~aml_pipeline.components.dagster_internals.step_end_times`)."""
+    ends = step_end_times(instance, run_id, f"{spec_id}__run_stages")
     return round(max(ends) - started_at, 3) if ends else None
 
 

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import dagster as dg
 
+from aml_pipeline.components.dagster_internals import report_run_failed
 from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name
 from aml_pipeline.errors import AmlError
 from aml_pipeline.fsutil import process_alive
@@ -58,11 +59,12 @@ def fail_abandoned_runs(instance: dg.DagsterInstance, spec: DatasetSpec) -> None
     jobs = {build_job_name(spec.id), runs_job_name(spec.id), rebuild_job_name(spec.id)}
     host = socket.gethostname()
     unfinished = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
-    for run in instance.get_runs(filters=dg.RunsFilter(statuses=unfinished, tags={BUILD_HOST_TAG: host})):
+    for record in instance.get_run_records(filters=dg.RunsFilter(statuses=unfinished, tags={BUILD_HOST_TAG: host})):
+        run = record.dagster_run
         pid = run.tags.get(BUILD_PID_TAG, "")
         if run.job_name in jobs and pid.isdigit() and not process_alive(int(pid)):
-            instance.report_run_failed(
-                run, f"the build that executed this run (process {pid} on {host}) ended before it could record "
+            report_run_failed(
+                instance, run, f"the build that executed this run (process {pid} on {host}) ended before it could record "
                      "the run's end; the next build materialised again what this run had not recorded",
             )
 

@@ -15,12 +15,13 @@ from pathlib import Path
 import dagster as dg
 
 from aml_pipeline import config
+from aml_pipeline.components.dagster_internals import BUILD_EVENT_SETTINGS, instance_without_settings
 from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.components.partitions import range_tags
 from aml_pipeline.components.schedules import runs_job_name
 from aml_pipeline.errors import AmlError
 from aml_pipeline.runner.instance import build_tags
-from aml_pipeline.runner.jobs import BUILD_EVENT_SETTINGS, dataset_job_definitions
+from aml_pipeline.runner.jobs import dataset_job_definitions
 from aml_pipeline.spec import DatasetSpec, parse_spec
 
 
@@ -165,7 +166,7 @@ def execute_parallel(
     # another thread's run logging at the same moment. The runs therefore go through the same
     # storage without the instance's settings (its telemetry switch, pool limits, python_logs);
     # the steps' processes get that instance too. docs/operations.md says what shows of it.
-    quiet = dg.DagsterInstance.from_ref(instance.get_ref()._replace(settings={}))
+    quiet = instance_without_settings(instance)
 
     def one(batch: tuple[list[str], list[str]]) -> str:
         names, chunk = batch

@@ -50,14 +50,12 @@ def latest(instance, key: dg.AssetKey, partition: str | None = None):
 
 
 def run_figures(instance, key: dg.AssetKey, partition: str) -> dict:
-    """A run's figures as the UI's partition view shows them: the latest observation of the
-    partition, recorded after its latest materialisation."""
+    """A run's figures as the UI's partition view shows them: the metadata of the partition's
+    latest materialisation, with no observation of their own."""
     where = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition])
-    [observation] = instance.fetch_observations(where, limit=1).records
     [materialization] = instance.fetch_materializations(where, limit=1).records
-    assert observation.storage_id > materialization.storage_id
-    assert observation.timestamp > materialization.timestamp  # what the UI compares
-    return observation.asset_observation.metadata
+    assert not instance.fetch_observations(where, limit=1).records
+    return materialization.asset_materialization.metadata
 
 
 def test_a_step_logs_at_most_its_progress_lines_and_always_the_last_run():
@@ -79,7 +77,7 @@ def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dags
     raw = latest(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), runs[0])
     assert raw.tags.get("dagster/data_version")  # hash of the fetched points
     grid = latest(instance, dg.AssetKey([dagster_spec.id, "cleaned_grid"]), runs[0])
-    assert grid.tags.get("dagster/data_version") and not grid.metadata
+    assert grid.tags.get("dagster/data_version") and grid.metadata["grid_rows"].value > 0
     # All three built in one step: each stage's figures on its own asset's partition.
     fetch = run_figures(instance, dg.AssetKey([dagster_spec.id, "raw_node_series"]), runs[0])
     assert fetch["points"].value > 0 and fetch["pages"].value >= len(dagster_spec.nodes)
@@ -158,12 +156,12 @@ def test_a_run_that_fails_in_a_chunk_loses_none_of_the_others(dagster_spec, dags
     [failure] = result.get_step_failure_events()
     description = failure.step_failure_data.user_failure_data.description
     assert description.startswith(f"1 of {len(runs) + 1} runs failed; first: run {unfinished}: "), description
-    # Every other run of the step is recorded, stage by stage, with its figures after it.
+    # Every other run of the step is recorded, stage by stage, with its figures.
     for name in RUN_ASSETS:
         assert instance.get_materialized_partitions(dg.AssetKey([dagster_spec.id, name])) == set(runs), name
     windows_key = dg.AssetKey([dagster_spec.id, "run_windows"])
     assert all(run_figures(instance, windows_key, r)["windows"].value > 0 for r in runs)
-    assert not instance.fetch_observations(
+    assert not instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=windows_key, asset_partitions=[unfinished]), limit=1).records
 
 
@@ -424,3 +422,18 @@ def test_a_series_dataset_has_the_windows_datasets_figures_and_checks(dagster_sp
     checks = {e.check_name: e for e in verify.execute_in_process(instance=instance, raise_on_error=False)
               .get_asset_check_evaluations()}
     assert not checks["hash_verifies"].passed and "arrays/x_rows.f32" in checks["hash_verifies"].description
+
+
+def test_the_dataset_assets_derive_from_the_stage_declarations(dagster_spec) -> None:
+    from aml_pipeline.components.assets import dataset_stage_assets
+    from aml_pipeline.pipeline.registry import DATASET_STAGES, STAGES
+
+    versions = StageVersions.of(dagster_spec)
+    assets = dataset_stage_assets(dagster_spec, versions)
+    by_name = {s.name: s for s in STAGES}
+    assert [a.key for a in assets] == [dg.AssetKey([dagster_spec.id, n]) for n in DATASET_ASSETS]
+    for a, stage in zip(assets, DATASET_STAGES):
+        [spec] = a.specs
+        assert spec.code_version == versions[stage] and spec.description == stage.description
+        assert spec.group_name == dagster_spec.id and a.node_def.name == f"{dagster_spec.id}__{stage.asset}"
+        assert dg.AssetKey([dagster_spec.id, by_name[stage.upstream].asset]) == next(iter(spec.deps)).asset_key

@@ -245,8 +245,8 @@ def test_webserver_lists_backfills_and_rebuilds_the_demo_spec(plant: dict[str, A
         }, (name, node["partitionStats"])
     # Each partition of the two-run range got its own figures, not just the range's summary, and
     # each stage's figures are on its own asset (the one a person opens): the partition view's
-    # metadata table is the latest materialisation's entries and those of the observations newer
-    # than it.
+    # metadata table is the latest materialisation's entries (where the build puts them) and those
+    # of any observations newer than it.
     own = {
         "raw_node_series": {"points", "pages", "per_node"},
         "cleaned_grid": {"cleaning", "removed_by_cause", "plot", "max_missing_ratio", "worst_missing_node", "points_removed"},

@@ -80,10 +80,10 @@ def test_a_build_on_the_production_instance_through_pgbouncer(postgres_url, pgbo
             # Every run partition and its figures are in the PostgreSQL event log.
             windows_key = dg.AssetKey([spec.id, "run_windows"])
             assert sorted(instance.get_materialized_partitions(windows_key)) == sorted(finished)
-            [record] = instance.fetch_observations(
+            [record] = instance.fetch_materializations(
                 dg.AssetRecordsFilter(asset_key=windows_key, asset_partitions=[finished[0]]), limit=1
             ).records
-            assert record.asset_observation.metadata["windows"].value > 0
+            assert record.asset_materialization.metadata["windows"].value > 0
         assert _transactions_through(pgbouncer_url, name) > 0
 
 

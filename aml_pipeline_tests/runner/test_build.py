@@ -267,7 +267,7 @@ def test_step_server_forks_with_the_step_modules_loaded(tmp_path, started):
 
 _STEP_SETTINGS_PROBE = """
 import json, multiprocessing, os
-from aml_pipeline.runner.jobs import build_event_settings
+from aml_pipeline.components.dagster_internals import build_event_settings
 from aml_pipeline.runner.parallel import STEP_SETTINGS, reconstruct_runs_job, start_step_server, step_settings
 from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
 def step(spec_json, settings, queue):
@@ -297,7 +297,7 @@ def test_step_processes_get_the_builds_settings(tmp_path):
     step process still builds its job and its runs with the build's settings."""
     import json
 
-    from aml_pipeline.runner.jobs import BUILD_EVENT_SETTINGS
+    from aml_pipeline.components.dagster_internals import BUILD_EVENT_SETTINGS
     from aml_pipeline.runner.parallel import STEP_SETTINGS
 
     env = {k: v for k, v in os.environ.items() if k not in STEP_SETTINGS} | {"AML_RUN_PLOTS": "on", "AML_MEMORY_MB": "512"}
