@@ -14,6 +14,7 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -98,6 +99,24 @@ def step_end_times(instance: dg.DagsterInstance, run_id: str, step_key: str) -> 
     return [r.event_log_entry.timestamp for r in ended if r.event_log_entry.step_key == step_key]
 
 
+def run_event_records(instance: dg.DagsterInstance, run_id: str,
+                      of_type: set[dg.DagsterEventType] | None = None) -> list[Any]:
+    """The event records of one run (of the given types), with their storage ids. The public
+    reads (``fetch_materializations``, ``fetch_observations``) go by asset, not by run: deciding
+    whether a run's every event is superseded would read every event of every asset it touched."""
+    return list(instance.get_records_for_run(run_id, of_type=of_type).records)
+
+
+def delete_run_files(instance: dg.DagsterInstance, run_id: str) -> None:
+    """Remove what Dagster keeps of a deleted run beside its rows: its captured step logs, and on
+    SQLite storage its own event-log file (empty once ``delete_run`` deleted its events, though as
+    large on disk as they were). ``delete_run`` leaves both, and no public call removes them."""
+    instance.compute_log_manager.delete_logs(prefix=[run_id])
+    shard = getattr(instance.event_log_storage, "path_for_shard", None)  # SQLite's per-run files
+    if shard is not None:
+        Path(shard(run_id)).unlink(missing_ok=True)
+
+
 def report_run_failed(instance: dg.DagsterInstance, run: dg.DagsterRun, message: str) -> None:
     """Record ``run`` as failed with ``message``. A run whose executing process died stays
     "started" for ever otherwise; there is no public call that ends a run (run monitoring does it
@@ -131,6 +150,7 @@ def instance_without_settings(instance: dg.DagsterInstance) -> dg.DagsterInstanc
 
 
 __all__ = [
-    "BUILD_EVENT_SETTINGS", "DEFS_VALIDATION_ENV", "add_partition_metadata", "beta_api", "build_event_settings", "in_defs_validation",
+    "BUILD_EVENT_SETTINGS", "DEFS_VALIDATION_ENV", "add_partition_metadata", "beta_api", "build_event_settings",
+    "delete_run_files", "in_defs_validation", "run_event_records",
     "instance_without_settings", "materialized_partitions", "report_run_failed", "step_end_times",
 ]

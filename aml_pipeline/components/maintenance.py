@@ -4,12 +4,12 @@ the Dagster instance too (:func:`prune_instance`: superseded runs older than the
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from aml_pipeline import config as settings
+from aml_pipeline.components.dagster_internals import delete_run_files, run_event_records
 from aml_pipeline.components.resources import StoreResource
 from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name, verify_job_name
 from aml_pipeline.components.shared_env import REBUILD_JOB, SHARED_ENV_KEY
@@ -113,9 +113,7 @@ class _Latest:
 def _superseded(instance: dg.DagsterInstance, run_id: str, latest: _Latest) -> bool:
     """Whether a newer event of the same asset partition (check) superseded each materialisation,
     observation and check evaluation of the run."""
-    records = instance.get_records_for_run(
-        run_id, of_type={*_ASSET_EVENTS, dg.DagsterEventType.ASSET_CHECK_EVALUATION}
-    ).records
+    records = run_event_records(instance, run_id, {*_ASSET_EVENTS, dg.DagsterEventType.ASSET_CHECK_EVALUATION})
     for record in records:
         event = record.event_log_entry.dagster_event
         if event is None:
@@ -160,7 +158,7 @@ def prune_instance(
                 report.kept_runs += 1
                 continue
             report.freed_bytes += sum(
-                len(dg.serialize_value(r.event_log_entry)) for r in instance.get_records_for_run(run.run_id).records
+                len(dg.serialize_value(r.event_log_entry)) for r in run_event_records(instance, run.run_id)
             )
             report.deleted_runs.append(run.run_id)
             if not dry_run:
@@ -173,10 +171,7 @@ def _delete_run(instance: dg.DagsterInstance, run_id: str) -> None:
     logs, and on SQLite storage its own event-log file (empty once its events are deleted, though
     as large on disk as the run's events were)."""
     instance.delete_run(run_id)
-    instance.compute_log_manager.delete_logs(prefix=[run_id])
-    shard = getattr(instance.event_log_storage, "path_for_shard", None)  # SQLite's per-run files
-    if shard is not None:
-        Path(shard(run_id)).unlink(missing_ok=True)
+    delete_run_files(instance, run_id)
 
 
 class GcConfig(dg.Config):

@@ -51,7 +51,7 @@ def test_no_module_imports_dagsters_private_packages() -> None:
 
 
 def test_the_non_public_calls_are_only_in_the_internals_module() -> None:
-    calls = re.compile(r"\.(get_runs|report_run_failed|get_materialized_partitions|get_records_for_run)\(|"
+    calls = re.compile(r"\.(get_runs|report_run_failed|get_materialized_partitions|get_records_for_run|delete_logs|path_for_shard)\b|"
                        r"_replace\(settings|BetaWarning|DAGSTER_IS_DEFS_VALIDATION_CLI\"|\"DAGSTER_EVENT_BATCH_SIZE|"
                        r"\"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS")
     offenders = [
@@ -198,3 +198,32 @@ def test_partition_metadata_lands_on_each_partitions_materialisation() -> None:
                 assert (metadata["run"].value, metadata["asset"].value) == (key, spec.key.path[-1])
             assert not instance.fetch_observations(spec.key, limit=1).records
         assert internals.materialized_partitions(instance, specs[0].key) == {"r1", "r2"}
+
+
+def test_run_event_records_are_the_runs_events_of_the_asked_types() -> None:
+    params = _params(dg.DagsterInstance.get_records_for_run)
+    assert params[:2] == ["self", "run_id"] and "of_type" in params
+    with dg.instance_for_test() as instance:
+        result = _job("events").execute_in_process(instance=instance, partition_key="a")
+        every = internals.run_event_records(instance, result.run_id)
+        assert {r.event_log_entry.run_id for r in every} == {result.run_id}
+        assert [r.storage_id for r in every] == sorted(r.storage_id for r in every)
+        [done] = internals.run_event_records(instance, result.run_id, {dg.DagsterEventType.RUN_SUCCESS})
+        assert done.event_log_entry.dagster_event.event_type == dg.DagsterEventType.RUN_SUCCESS
+
+
+def test_delete_run_files_removes_the_step_logs_and_the_sqlite_run_file(tmp_path: Path) -> None:
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    instance = dg.DagsterInstance.from_config(str(tmp_path))
+    try:
+        result = _job("files").execute_in_process(instance=instance, partition_key="a")
+        run_id = result.run_id
+        shard = Path(instance.event_log_storage.path_for_shard(run_id))
+        logs = [p for p in (tmp_path / "storage").rglob("*") if p.is_file() and run_id in str(p) and p != shard]
+        assert shard.exists() and logs, "Dagster no longer writes a run's shard or step logs where expected"
+        instance.delete_run(run_id)
+        assert shard.exists() and any(p.exists() for p in logs), "delete_run now removes the files itself"
+        internals.delete_run_files(instance, run_id)
+        assert not shard.exists() and not any(p.exists() for p in logs)
+    finally:
+        instance.dispose()
