@@ -121,9 +121,11 @@ class RunTraces:
                 member = io.BytesIO()
                 np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
                 packed = array.dtype.kind != "f"
-                zf.writestr(f"{name}.npy", member.getbuffer(),
-                            compress_type=zipfile.ZIP_DEFLATED if packed else zipfile.ZIP_STORED,
-                            compresslevel=1 if packed else None)
+                # A fixed member time (ZipInfo's 1980-01-01, as numpy's savez): the file's bytes
+                # depend on its content only, which the stage versions' byte checks rely on.
+                info = zipfile.ZipInfo(f"{name}.npy")
+                info.compress_type = zipfile.ZIP_DEFLATED if packed else zipfile.ZIP_STORED
+                zf.writestr(info, member.getbuffer(), compresslevel=1 if packed else None)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
