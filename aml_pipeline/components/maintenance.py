@@ -110,13 +110,12 @@ class _Latest:
         return self._check_runs[check]
 
 
-def _superseded(instance: dg.DagsterInstance, run_id: str, latest: _Latest) -> bool:
+def _superseded(records: list[Any], run_id: str, latest: _Latest) -> bool:
     """Whether a newer event of the same asset partition (check) superseded each materialisation,
-    observation and check evaluation of the run."""
-    records = run_event_records(instance, run_id, {*_ASSET_EVENTS, dg.DagsterEventType.ASSET_CHECK_EVALUATION})
+    observation and check evaluation among the run's event ``records``."""
     for record in records:
         event = record.event_log_entry.dagster_event
-        if event is None:
+        if event is None or event.event_type not in (*_ASSET_EVENTS, dg.DagsterEventType.ASSET_CHECK_EVALUATION):
             continue
         if event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
             if latest.check_run(event.asset_check_evaluation_data.asset_check_key) == run_id:
@@ -154,12 +153,11 @@ def prune_instance(
             run = record.dagster_run
             if not _project_run(run, jobs, spec_ids):
                 continue
-            if not _superseded(instance, run.run_id, latest):
+            records = run_event_records(instance, run.run_id)  # read once: decided on, then counted
+            if not _superseded(records, run.run_id, latest):
                 report.kept_runs += 1
                 continue
-            report.freed_bytes += sum(
-                len(dg.serialize_value(r.event_log_entry)) for r in run_event_records(instance, run.run_id)
-            )
+            report.freed_bytes += sum(len(dg.serialize_value(r.event_log_entry)) for r in records)
             report.deleted_runs.append(run.run_id)
             if not dry_run:
                 _delete_run(instance, run.run_id)
