@@ -361,11 +361,12 @@ def variables_read() -> dict[str, set[str]]:
 
 def documented_variables() -> set[str]:
     """The variables of the README's "Settings" table and of the tables it links for the rest
-    (docs/deployment.md's "Settings")."""
+    (docs/deployment.md's "Settings", a deployment's; docs/development.md's, the tests')."""
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    assert "docs/deployment.md#settings" in readme
+    assert "docs/deployment.md#settings" in readme and "docs/development.md#settings" in readme
     names = set()
-    for doc, heading in ((readme, "## Settings"), (text("deployment.md"), "## Settings")):
+    for doc, heading in ((readme, "## Settings"), (text("deployment.md"), "## Settings"),
+                         (text("development.md"), "## Settings")):
         rows = [line.split("|")[1] for line in section(doc, heading).splitlines() if line.startswith("| `")]
         names |= {n for cell in rows for n in re.findall(r"`([A-Z][A-Z0-9_]*)`", cell)}
     return names
@@ -381,7 +382,7 @@ def test_every_environment_variable_the_code_and_tests_read_is_documented():
     assert {"AML_HOME", "AML_TSDB_URL", "AML_MEMORY_MB", "AML_TEST_PG_URL", "PORT", "DAGSTER_HOME"} <= set(read)
     missing = sorted(f"{name} (read in {', '.join(sorted(where)[:3])})" for name, where in read.items()
                      if name not in documented_variables())
-    assert not missing, "read, not in README.md's Settings table (or docs/deployment.md's):\n" + "\n".join(missing)
+    assert not missing, "read, not in README.md's Settings table (or docs/deployment.md's, docs/development.md's):\n" + "\n".join(missing)
 
 
 def test_the_variable_scan_sees_each_way_of_reading_one(tmp_path):
