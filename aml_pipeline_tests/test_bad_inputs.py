@@ -251,6 +251,10 @@ CASES: dict[str, Case] = {
     "tsdb_url_unknown_scheme": Case(cmd("build", spec, env={"AML_TSDB_URL": "bogus://x"}), ("bogus://x",)),
     "tsdb_url_not_a_database": Case(cmd("build", spec, env={"AML_TSDB_URL": lambda w, s: f"duckdb://{write(s / 'afile', 'x')}"}),
                                     ("afile",)),
+    # a DuckDB URL names a DuckDB file whatever its suffix: not read as a source description
+    "tsdb_url_duckdb_names_a_yaml_file": Case(
+        cmd("build", spec, env={"AML_TSDB_URL": lambda w, s: f"duckdb://{write(s / 'plant.yaml', 'backend: postgres')}"}),
+        ("TSDB_ERROR", "plant.yaml", "not a valid DuckDB database file")),
     "env_location_is_a_file": Case(cmd("env", "status", env={"AML_ENV_LOCATION": lambda w, s: write(s / "afile", "x")}), ("afile",)),
     "dagster_home_is_a_file": Case(cmd("build", spec, env={"DAGSTER_HOME": lambda w, s: write(s / "afile", "x")}),
                                    ("DAGSTER_HOME", "afile")),

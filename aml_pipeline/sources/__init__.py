@@ -16,8 +16,13 @@ SUFFIXES = (".yaml", ".yml")
 
 
 def is_source_url(url: str) -> bool:
-    """Whether ``url`` names a source description (by scheme or by its suffix)."""
-    return isinstance(url, str) and (url.startswith(SCHEME) or url.lower().endswith(SUFFIXES))
+    """Whether ``url`` names a source description: by its scheme, or a plain path by its suffix
+    (``duckdb:///plant.yaml`` names a DuckDB file, whatever its name)."""
+    if not isinstance(url, str):
+        return False
+    if url.startswith(SCHEME):
+        return True
+    return "://" not in url and url.lower().endswith(SUFFIXES)
 
 
 def source_path(url: str) -> Path:

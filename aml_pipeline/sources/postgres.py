@@ -50,8 +50,8 @@ from aml_pipeline.sources.description import LoadedDescription, Quality
 from aml_pipeline.sources.sqlbuild import (
     Q,
     check_columns,
+    dotted_parts,
     join,
-    quote_dotted,
     quote_ident,
     state_expr,
     user_query,
@@ -202,8 +202,7 @@ class PostgresSource(Backend):
         return have
 
     def _quoted_table(self, name: str) -> str:
-        parts = quote_dotted(name).split(".")
-        return sql.SQL(".").join(sql.Identifier(p[1:-1].replace('""', '"')) for p in parts).as_string(self._c)
+        return sql.SQL(".").join(sql.Identifier(p) for p in dotted_parts(name)).as_string(self._c)
 
     def _query_columns(self, q: Q, key: str) -> dict[str, str]:
         text, params = q.render("pyformat")
@@ -293,13 +292,13 @@ class PostgresSource(Backend):
         import pandas as pd
 
         per = self.spec.points.periods
-        parts = quote_dotted(per.table).split(".")
+        parts = dotted_parts(per.table)
         schema = None
         if len(parts) == 2:
-            schema = parts[0][1:-1].replace('""', '"')
+            schema = parts[0]
         elif len(parts) != 1:
             raise SourceError(f"{self.loaded.path}: points.periods.table: use table or schema.table")
-        pattern = parts[-1][1:-1].replace('""', '"')
+        pattern = parts[-1]
         prefix, suffix = pattern.split("{period}", 1)
         with self._reading("points.periods: listing the period tables"):
             if schema is None:

@@ -60,14 +60,18 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def quote_dotted(name: str) -> str:
-    """``schema.table`` -> ``"schema"."table"`` (a part may be quoted already: ``"My Table"``).
-    A description's table names were checked when it was loaded (:func:`split_dotted`)."""
+def dotted_parts(name: str) -> list[str]:
+    """``schema.table`` -> ``["schema", "table"]``, unquoted (a quoted part may hold a dot). A
+    description's table names were checked when it was loaded (:func:`split_dotted`)."""
     try:
-        parts = split_dotted(name)
+        return split_dotted(name)
     except ValueError as e:
         raise SourceError(str(e)) from None
-    return ".".join(quote_ident(p) for p in parts)
+
+
+def quote_dotted(name: str) -> str:
+    """``schema.table`` -> ``"schema"."table"`` (a part may be quoted already: ``"My Table"``)."""
+    return ".".join(quote_ident(p) for p in dotted_parts(name))
 
 
 def state_expr(quality: Quality | None, column_sql: str, textual: bool) -> Q:

@@ -133,3 +133,18 @@ def test_a_bad_key_exits_2(tmp_path, capsys):
 def test_check_of_a_missing_file(tmp_path, capsys, name):
     err = one_error(capsys, tmp_path / name)
     assert "cannot read the source description" in err
+
+
+def test_period_tables_in_a_schema_whose_quoted_name_holds_a_dot(plant, pg_schema, postgres_url, tmp_path, capsys):
+    """``"hist.v2".samples_{period}``: the dot inside the quotes is part of the schema's name."""
+    con, plain = pg_schema()
+    schema = f'"{plain}.v2"'
+    con.execute(f"CREATE SCHEMA {schema}")
+    try:
+        desc = layouts.pg_monthly_layout(con, schema, postgres_url, plant, mes_schema=plain)
+        code, out, err = check(capsys, layouts.write_description(tmp_path / "p.yaml", desc))
+        assert code == 0, err
+        assert "points: query over 2 period tables" in out, out
+        assert "sample run L1-P100-0004" in out and "TI101 600" in out, out  # read from those tables
+    finally:
+        con.execute(f"DROP SCHEMA {schema} CASCADE")
