@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 
 # ---- Dagster's own environment switches --------------------------------------------------------
 
@@ -117,6 +118,43 @@ def delete_run_files(instance: dg.DagsterInstance, run_id: str) -> None:
         Path(shard(run_id)).unlink(missing_ok=True)
 
 
+# The table where Dagster's SQL event-log storages (SQLite, PostgreSQL) keep one row per check
+# execution of a run, with the serialised evaluation event; its columns as Dagster names them.
+CHECK_EXECUTIONS_TABLE = "asset_check_executions"
+
+
+def delete_check_executions(instance: dg.DagsterInstance, run_id: str, checks: Iterable[dg.AssetCheckKey]) -> int:
+    """Delete the rows of ``run_id``'s executions of ``checks`` from the instance's check table,
+    except the latest row of each check (and partition); returns how many went. ``delete_run``
+    deletes a run's events but leaves these rows (a copy of each evaluation event): every run that
+    evaluated a check leaves one for ever, and no public call deletes them short of wiping the
+    asset (``wipe_assets``, every check result of the asset). Storages without the table (not
+    SQL) have nothing to delete."""
+    storage = instance.event_log_storage
+    if not hasattr(storage, "index_transaction") or not storage.has_table(CHECK_EXECUTIONS_TABLE):
+        return 0
+    latest = sa.text(f"SELECT max(id) FROM {CHECK_EXECUTIONS_TABLE} "
+                     "WHERE asset_key = :asset_key AND check_name = :check_name GROUP BY partition")
+    delete = sa.text(f"DELETE FROM {CHECK_EXECUTIONS_TABLE} WHERE asset_key = :asset_key AND "
+                     "check_name = :check_name AND run_id = :run_id AND id NOT IN :latest"
+                     ).bindparams(sa.bindparam("latest", expanding=True))
+    deleted = 0
+    with storage.index_transaction() as conn:
+        for check in set(checks):
+            where = {"asset_key": check.asset_key.to_string(), "check_name": check.name}
+            keep = [row[0] for row in conn.execute(latest, where)]
+            if keep:
+                deleted += conn.execute(delete, {**where, "run_id": run_id, "latest": keep}).rowcount
+    return deleted
+
+
+def check_execution_runs(instance: dg.DagsterInstance, check: dg.AssetCheckKey) -> list[str]:
+    """The runs of every execution of ``check`` the instance keeps, newest first (what the UI's
+    check history lists). The public read (``get_latest_asset_check_evaluation_record``) gives
+    only the latest."""
+    return [r.run_id for r in instance.event_log_storage.get_asset_check_execution_history(check, limit=1_000_000)]
+
+
 def report_run_failed(instance: dg.DagsterInstance, run: dg.DagsterRun, message: str) -> None:
     """Record ``run`` as failed with ``message``. A run whose executing process died stays
     "started" for ever otherwise; there is no public call that ends a run (run monitoring does it
@@ -150,7 +188,7 @@ def instance_without_settings(instance: dg.DagsterInstance) -> dg.DagsterInstanc
 
 
 __all__ = [
-    "BUILD_EVENT_SETTINGS", "DEFS_VALIDATION_ENV", "add_partition_metadata", "beta_api", "build_event_settings",
-    "delete_run_files", "in_defs_validation", "run_event_records",
+    "BUILD_EVENT_SETTINGS", "CHECK_EXECUTIONS_TABLE", "DEFS_VALIDATION_ENV", "add_partition_metadata", "beta_api",
+    "build_event_settings", "check_execution_runs", "delete_check_executions", "delete_run_files", "in_defs_validation", "run_event_records",
     "instance_without_settings", "materialized_partitions", "report_run_failed", "step_end_times",
 ]
