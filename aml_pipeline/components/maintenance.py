@@ -140,9 +140,9 @@ def prune_instance(
 ) -> InstancePruneReport:
     """Delete (``delete_run``) the finished runs of this project's jobs created more than
     ``retention_days`` before ``now`` whose every materialisation, observation and check evaluation
-    is superseded: a newer one of the same asset partition (check) exists. The latest of each stays
-    with its run, as does every run within the retention (failed ones included) and every run of
-    another job."""
+    is superseded: a newer one of the same asset partition (check) exists, with the run's check
+    executions, which ``delete_run`` leaves. The latest of each stays with its run, as does every
+    run within the retention (failed ones included) and every run of another job."""
     if retention_days < 1:
         raise ValueError(f"retention_days must be >= 1, got {retention_days}")
     spec_ids = set(spec_ids)
