@@ -11,7 +11,7 @@ however it is built).
 
 Where the time goes: with pyinstrument installed, one more Dagster build (not counted in the
 ratio) is profiled, and its samples are attributed (:func:`attribute_profile`) to our library
-stages, our per-run plots, our Dagster wiring (asset bodies, metadata) and Dagster itself
+stages, our plots (each run's and the dataset's overview), our Dagster wiring (asset bodies, metadata) and Dagster itself
 (everything else the run does, including its SQLite writes).
 """
 
@@ -759,13 +759,13 @@ def event_counts(instance: Any) -> dict[str, int]:
 
 # Where a sample's time goes, by the file of the frame (or of its nearest classified caller).
 _LIBRARY = ("/aml_pipeline/pipeline/", "/aml_pipeline/core/", "/aml_pipeline/tsdb/")
-_PLOTS = "/aml_pipeline/pipeline/plots.py"
+_PLOTS = ("/aml_pipeline/pipeline/plots.py", "/aml_pipeline/pipeline/run_figure.py")  # the drawing
 _WIRING = ("/aml_pipeline/components/", "/aml_pipeline/runner/")
 _DAGSTER = ("/dagster/", "/dagster_shared/", "/dagster_pipes/")
 
 
 def _classify(path: str) -> str | None:
-    if _PLOTS in path:
+    if any(p in path for p in _PLOTS):
         return "plots"
     if any(p in path for p in _LIBRARY):
         return "library"
@@ -780,7 +780,8 @@ def attribute_profile(root: Any, top: int = 15) -> dict[str, Any]:
     """Seconds per bucket (library stages, plots, our Dagster wiring, Dagster, other) and the
     functions with the most self time inside Dagster.
 
-    Library and plot frames own everything they call (numpy, DuckDB, file I/O); a frame of
+    Library and plot frames own everything they call (numpy, DuckDB, file I/O), except that
+    drawing called from a library stage (a run's plot with its figures) is the plots'; a frame of
     another file (sqlite3, SQLAlchemy, the standard library) belongs to its nearest classified
     caller, so SQLite writes that Dagster makes count as Dagster's.
     """
@@ -792,10 +793,11 @@ def attribute_profile(root: Any, top: int = 15) -> dict[str, Any]:
         if frame.is_synthetic:
             continue  # "[self]" and "[await]" leaves: already in their parent's total_self_time
         path = frame.file_path or ""
-        if sticky:
-            label = inherited
+        found = _classify(path)
+        if found == "plots" or not sticky:  # the drawing is the plots' wherever it is called from
+            label = found or inherited
         else:
-            label = _classify(path) or inherited
+            label = inherited
         own = frame.total_self_time
         seconds[label] += own
         if label == "dagster":
