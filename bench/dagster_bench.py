@@ -11,8 +11,8 @@ however it is built).
 
 Where the time goes: with pyinstrument installed, one more Dagster build (not counted in the
 ratio) is profiled, and its samples are attributed (:func:`attribute_profile`) to our library
-stages, our plots (each run's and the dataset's overview), our Dagster wiring (asset bodies, metadata) and Dagster itself
-(everything else the run does, including its SQLite writes).
+stages, our plots (each run's and the dataset's overview), our Dagster wiring (asset bodies,
+metadata) and Dagster itself (everything else the run does, including its SQLite writes).
 """
 
 from __future__ import annotations

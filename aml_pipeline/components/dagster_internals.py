@@ -243,6 +243,7 @@ def sqlite_files_held(instance: dg.DagsterInstance) -> Iterator[None]:
 
 __all__ = [
     "BUILD_EVENT_SETTINGS", "CHECK_EXECUTIONS_TABLE", "DEFS_VALIDATION_ENV", "add_partition_metadata", "beta_api",
-    "build_event_settings", "check_execution_runs", "delete_check_executions", "delete_run_files", "in_defs_validation", "run_event_records",
-    "instance_without_settings", "materialized_partitions", "report_run_failed", "sqlite_files_held", "step_end_times",
+    "build_event_settings", "check_execution_runs", "delete_check_executions", "delete_run_files",
+    "in_defs_validation", "instance_without_settings", "materialized_partitions", "report_run_failed",
+    "run_event_records", "sqlite_files_held", "step_end_times",
 ]

@@ -173,9 +173,9 @@ def prune_instance(
 
 def _delete_run(instance: dg.DagsterInstance, run_id: str, records: list[Any]) -> None:
     """``delete_run``, and what Dagster keeps of the run beside its events: its check executions
-    (a row per check with a copy of the evaluation; none is the latest of its check, or the run
-    would not be deleted), its captured step logs, and on SQLite storage its own event-log file
-    (empty once its events are deleted, though as large on disk as the run's events were)."""
+    (a row per check with a copy of the evaluation; never the latest of a check), its captured
+    step logs, and on SQLite storage its own event-log file (empty once its events are deleted,
+    though as large on disk as the run's events were)."""
     checks = {r.event_log_entry.dagster_event.event_specific_data.asset_check_key for r in records
               if r.event_log_entry.dagster_event_type in _CHECK_EVENTS}
     instance.delete_run(run_id)

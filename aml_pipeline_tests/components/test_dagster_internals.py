@@ -53,8 +53,8 @@ def test_no_module_imports_dagsters_private_packages() -> None:
 
 
 def test_the_non_public_calls_are_only_in_the_internals_module() -> None:
-    calls = re.compile(r"\.(get_runs|report_run_failed|get_materialized_partitions|get_records_for_run|delete_logs|path_for_shard|"
-                       r"index_transaction|get_asset_check_execution_history)\b|asset_check_executions|"
+    calls = re.compile(r"\.(get_runs|report_run_failed|get_materialized_partitions|get_records_for_run|delete_logs|"
+                       r"path_for_shard|index_transaction|get_asset_check_execution_history)\b|asset_check_executions|"
                        r"_replace\(settings|BetaWarning|DAGSTER_IS_DEFS_VALIDATION_CLI\"|\"DAGSTER_EVENT_BATCH_SIZE|"
                        r"\"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS")
     offenders = [
