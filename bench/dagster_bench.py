@@ -11,8 +11,8 @@ however it is built).
 
 Where the time goes: with pyinstrument installed, one more Dagster build (not counted in the
 ratio) is profiled, and its samples are attributed (:func:`attribute_profile`) to our library
-stages, our per-run plots, our Dagster wiring (asset bodies, metadata) and Dagster itself
-(everything else the run does, including its SQLite writes).
+stages, our plots (each run's and the dataset's overview), our Dagster wiring (asset bodies,
+metadata) and Dagster itself (everything else the run does, including its SQLite writes).
 """
 
 from __future__ import annotations
@@ -344,17 +344,20 @@ def _floor_recorder(runs: int) -> Callable[[Any], None]:
     The shape is the build's: the three run assets of one multi-asset step with its two checks and
     the ``aml_tsdb`` pool, run partitions of one spec (added first, as the build syncs them), one
     Dagster run per chunk of ``AML_BACKFILL_RUNS_PER_CHUNK`` runs over a partition range, with the
-    build's run tags and event settings. The body only yields the three results and the two
+    build's run tags and event settings, the instance's SQLite files held open as a build holds
+    them (``sqlite_files_held``). The body only yields the three results and the two
     check results, no per-run figures. What the build's ``ms_per_run`` adds on top of this floor
     is the product's own orchestration cost (the per-run figures and the plots)."""
-    from aml_pipeline.components.dagster_internals import build_event_settings, materialized_partitions
+    from aml_pipeline.components.dagster_internals import (
+        build_event_settings, materialized_partitions, sqlite_files_held,
+    )
     from aml_pipeline.config import backfill_runs_per_chunk
 
     partitions, job, carrier = _run_stages_job("floor", figures="none")
     keys = [f"run-{i:06d}" for i in range(runs)]
 
     def record(instance: Any) -> None:
-        with build_event_settings():
+        with build_event_settings(), sqlite_files_held(instance):
             instance.add_dynamic_partitions(partitions.name, keys)
             _record_in_chunks(job, instance, keys, backfill_runs_per_chunk(), "orchestration floor")
         recorded = materialized_partitions(instance, carrier)
@@ -396,7 +399,7 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
     import dagster as dg
 
     from aml_pipeline.config import backfill_runs_per_chunk
-    from aml_pipeline.components.dagster_internals import build_event_settings
+    from aml_pipeline.components.dagster_internals import build_event_settings, sqlite_files_held
 
     chunk_runs = backfill_runs_per_chunk()
     stack = contextlib.ExitStack()
@@ -413,7 +416,8 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
 
         def record() -> None:
             instance = state["instance"]
-            _record_in_chunks(job, instance, recorded, chunk_runs, f"figures ({mode})")
+            with sqlite_files_held(instance):  # as a build holds them
+                _record_in_chunks(job, instance, recorded, chunk_runs, f"figures ({mode})")
             fetch = (instance.fetch_materializations if mode in ("none", "metadata", "stage_metadata")
                      else instance.fetch_observations)
             events = fetch(where, limit=1).records
@@ -759,13 +763,13 @@ def event_counts(instance: Any) -> dict[str, int]:
 
 # Where a sample's time goes, by the file of the frame (or of its nearest classified caller).
 _LIBRARY = ("/aml_pipeline/pipeline/", "/aml_pipeline/core/", "/aml_pipeline/tsdb/")
-_PLOTS = "/aml_pipeline/pipeline/plots.py"
+_PLOTS = ("/aml_pipeline/pipeline/plots.py", "/aml_pipeline/pipeline/run_figure.py")  # the drawing
 _WIRING = ("/aml_pipeline/components/", "/aml_pipeline/runner/")
 _DAGSTER = ("/dagster/", "/dagster_shared/", "/dagster_pipes/")
 
 
 def _classify(path: str) -> str | None:
-    if _PLOTS in path:
+    if any(p in path for p in _PLOTS):
         return "plots"
     if any(p in path for p in _LIBRARY):
         return "library"
@@ -780,7 +784,8 @@ def attribute_profile(root: Any, top: int = 15) -> dict[str, Any]:
     """Seconds per bucket (library stages, plots, our Dagster wiring, Dagster, other) and the
     functions with the most self time inside Dagster.
 
-    Library and plot frames own everything they call (numpy, DuckDB, file I/O); a frame of
+    Library and plot frames own everything they call (numpy, DuckDB, file I/O), except that
+    drawing called from a library stage (a run's plot with its figures) is the plots'; a frame of
     another file (sqlite3, SQLAlchemy, the standard library) belongs to its nearest classified
     caller, so SQLite writes that Dagster makes count as Dagster's.
     """
@@ -792,10 +797,11 @@ def attribute_profile(root: Any, top: int = 15) -> dict[str, Any]:
         if frame.is_synthetic:
             continue  # "[self]" and "[await]" leaves: already in their parent's total_self_time
         path = frame.file_path or ""
-        if sticky:
-            label = inherited
+        found = _classify(path)
+        if found == "plots" or not sticky:  # the drawing is the plots' wherever it is called from
+            label = found or inherited
         else:
-            label = _classify(path) or inherited
+            label = inherited
         own = frame.total_self_time
         seconds[label] += own
         if label == "dagster":

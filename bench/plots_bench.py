@@ -36,7 +36,8 @@ with the core functions (:func:`plant_run_traces`).
   (``prune_instance``) once a simulated day with a retention of ``retention_days`` simulated days. Each build is one simulated hour slot;
   the clock gc sees is set from the builds' own run creation times (a simulated day = that many
   builds). The figure: the instance directory's size at the end of week two over its size at the
-  end of week one (flat is 1.0); the details add the growth in KB per simulated build hour.
+  end of week one (flat is 1.0); the details add the growth in KB per simulated build hour and
+  the tables and indexes that grew from week one to week two (:func:`sqlite_table_bytes`).
 
 Budget (per run, 16 nodes): 20 ms and 80 KB on SQLite, 45 KB on PostgreSQL.
 
@@ -195,6 +196,7 @@ def instance_growth(directory: Path, *, builds_per_day: int = 4, days_per_week: 
     base = plant_spec_dict(plant, "growth", history_steps=20, horizon_steps=10)
     home = directory / "instance"
     sizes: list[int] = []
+    tables: list[dict[str, int]] = []
     created: list[Any] = []  # each build's first run's creation time: the simulated clock
     deleted = 0
     t0 = time.perf_counter()
@@ -215,13 +217,16 @@ def instance_growth(directory: Path, *, builds_per_day: int = 4, days_per_week: 
                 deleted += len(prune_instance(instance, ["growth"], retention_days=retention_days, now=now).deleted_runs)
             if (day + 1) % days_per_week == 0:
                 sizes.append(dir_bytes(home))
+                tables.append(sqlite_table_bytes(home))
     week_one, week_two = sizes
+    grew = {name: (tables[1].get(name, 0) - tables[0].get(name, 0)) / 1e3 for name in tables[1]}
     hours = days_per_week * builds_per_day
     return {
         "ratio": week_two / week_one,
         "week_one_kb": week_one / 1e3,
         "week_two_kb": week_two / 1e3,
         "kb_per_build_hour_week_two": (week_two - week_one) / 1e3 / hours,
+        "grew_kb_by_table": dict(sorted(((k, v) for k, v in grew.items() if v > 0), key=lambda kv: -kv[1])),
         "builds": len(created),
         "deleted_runs": deleted,
         "builds_per_day": builds_per_day,
@@ -229,6 +234,29 @@ def instance_growth(directory: Path, *, builds_per_day: int = 4, days_per_week: 
         "retention_days": retention_days,
         "seconds": time.perf_counter() - t0,
     }
+
+
+def sqlite_table_bytes(home: Path) -> dict[str, int]:
+    """Bytes of each table and index (``file:name``) and of the free pages (``file:<free>``) of the
+    SQLite instance in ``home``, from SQLite's ``dbstat``; the runs' own event-log files summed as
+    ``run shards``."""
+    import sqlite3
+
+    out: dict[str, int] = {}
+    for db in sorted(home.rglob("*.db")):
+        name = db.relative_to(home).as_posix()
+        if db.parent.name == "runs" and db.name != "index.db":
+            out["run shards"] = out.get("run shards", 0) + db.stat().st_size
+            continue
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            for table, size in con.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"):
+                out[f"{name}:{table}"] = size
+            page = con.execute("PRAGMA page_size").fetchone()[0]
+            out[f"{name}:<free>"] = con.execute("PRAGMA freelist_count").fetchone()[0] * page
+        finally:
+            con.close()
+    return out
 
 
 def plant_run_traces(plant, spec, run, *, chunk: int = 20_000):

@@ -11,13 +11,16 @@ read by Dagster's source, the API still beta).
 from __future__ import annotations
 
 import os
+import sqlite3
+import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 
 # ---- Dagster's own environment switches --------------------------------------------------------
 
@@ -117,6 +120,43 @@ def delete_run_files(instance: dg.DagsterInstance, run_id: str) -> None:
         Path(shard(run_id)).unlink(missing_ok=True)
 
 
+# The table where Dagster's SQL event-log storages (SQLite, PostgreSQL) keep one row per check
+# execution of a run, with the serialised evaluation event; its columns as Dagster names them.
+CHECK_EXECUTIONS_TABLE = "asset_check_executions"
+
+
+def delete_check_executions(instance: dg.DagsterInstance, run_id: str, checks: Iterable[dg.AssetCheckKey]) -> int:
+    """Delete the rows of ``run_id``'s executions of ``checks`` from the instance's check table,
+    except the latest row of each check (and partition); returns how many went. ``delete_run``
+    deletes a run's events but leaves these rows (a copy of each evaluation event): every run that
+    evaluated a check leaves one for ever, and no public call deletes them short of wiping the
+    asset (``wipe_assets``, every check result of the asset). Storages without the table (not
+    SQL) have nothing to delete."""
+    storage = instance.event_log_storage
+    if not hasattr(storage, "index_transaction") or not storage.has_table(CHECK_EXECUTIONS_TABLE):
+        return 0
+    latest = sa.text(f"SELECT max(id) FROM {CHECK_EXECUTIONS_TABLE} "
+                     "WHERE asset_key = :asset_key AND check_name = :check_name GROUP BY partition")
+    delete = sa.text(f"DELETE FROM {CHECK_EXECUTIONS_TABLE} WHERE asset_key = :asset_key AND "
+                     "check_name = :check_name AND run_id = :run_id AND id NOT IN :latest"
+                     ).bindparams(sa.bindparam("latest", expanding=True))
+    deleted = 0
+    with storage.index_transaction() as conn:
+        for check in set(checks):
+            where = {"asset_key": check.asset_key.to_string(), "check_name": check.name}
+            keep = [row[0] for row in conn.execute(latest, where)]
+            if keep:
+                deleted += conn.execute(delete, {**where, "run_id": run_id, "latest": keep}).rowcount
+    return deleted
+
+
+def check_execution_runs(instance: dg.DagsterInstance, check: dg.AssetCheckKey) -> list[str]:
+    """The runs of every execution of ``check`` the instance keeps, newest first (what the UI's
+    check history lists). The public read (``get_latest_asset_check_evaluation_record``) gives
+    only the latest."""
+    return [r.run_id for r in instance.event_log_storage.get_asset_check_execution_history(check, limit=1_000_000)]
+
+
 def report_run_failed(instance: dg.DagsterInstance, run: dg.DagsterRun, message: str) -> None:
     """Record ``run`` as failed with ``message``. A run whose executing process died stays
     "started" for ever otherwise; there is no public call that ends a run (run monitoring does it
@@ -149,8 +189,61 @@ def instance_without_settings(instance: dg.DagsterInstance) -> dg.DagsterInstanc
     return dg.DagsterInstance.from_ref(instance.get_ref()._replace(settings={}))
 
 
+# ---- the SQLite storage's connections ------------------------------------------------------------
+
+
+@contextmanager
+def sqlite_files_held(instance: dg.DagsterInstance) -> Iterator[None]:
+    """Keep one idle connection open to each SQLite file of ``instance``'s storage that Dagster
+    opens for the duration. Dagster's SQLite storage opens and closes a connection for every write
+    (an engine without a pool), and the last connection to close a database in WAL mode copies the
+    WAL back into the database file, syncs it and deletes the WAL: on every event, as costly as the
+    write's own commit. With another connection open, a close is only a close; SQLite checkpoints
+    when its WAL reaches its size limit, and at the end, when the held connection closes last. What
+    each commit writes, and when it is synced, is unchanged. The held connections read nothing
+    between their first read (which makes them known to the WAL's readers) and their close, so
+    they pin no snapshot. Other storages (PostgreSQL) are left as they are."""
+    shards = getattr(instance.event_log_storage, "path_for_shard", None)
+    if shards is None:
+        yield
+        return
+    folder = Path(shards("probe")).parent
+    folders = {str(folder), str(folder.parent)}  # the event log's files, and the runs' database beside them
+    held: dict[str, sqlite3.Connection] = {}
+    known: set[str] = set()
+    lock = threading.Lock()
+
+    def on_connect(conn: Any) -> None:
+        path = conn.engine.url.database
+        if conn.engine.url.get_backend_name() != "sqlite" or not path or os.path.dirname(path) not in folders:
+            return
+        with lock:
+            if path in known:
+                return
+            try:
+                if path not in held:
+                    held[path] = sqlite3.connect(path, timeout=0.1, check_same_thread=False)
+                # A read registers the connection with the WAL's readers, once Dagster has
+                # created the file in WAL mode.
+                held[path].execute("SELECT count(*) FROM sqlite_master").fetchall()
+                if held[path].execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                    known.add(path)
+            except sqlite3.Error:
+                pass  # busy: tried again at the next connection
+
+    sa.event.listen(sa.engine.Engine, "engine_connect", on_connect)
+    try:
+        yield
+    finally:
+        sa.event.remove(sa.engine.Engine, "engine_connect", on_connect)
+        with lock:
+            for conn in held.values():
+                conn.close()
+
+
 __all__ = [
-    "BUILD_EVENT_SETTINGS", "DEFS_VALIDATION_ENV", "add_partition_metadata", "beta_api", "build_event_settings",
-    "delete_run_files", "in_defs_validation", "run_event_records",
-    "instance_without_settings", "materialized_partitions", "report_run_failed", "step_end_times",
+    "BUILD_EVENT_SETTINGS", "CHECK_EXECUTIONS_TABLE", "DEFS_VALIDATION_ENV", "add_partition_metadata", "beta_api",
+    "build_event_settings", "check_execution_runs", "delete_check_executions", "delete_run_files",
+    "in_defs_validation", "instance_without_settings", "materialized_partitions", "report_run_failed",
+    "run_event_records", "sqlite_files_held", "step_end_times",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 
 from aml_pipeline import config as settings
-from aml_pipeline.components.dagster_internals import delete_run_files, run_event_records
+from aml_pipeline.components.dagster_internals import delete_check_executions, delete_run_files, run_event_records
 from aml_pipeline.components.resources import StoreResource
 from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name, verify_job_name
 from aml_pipeline.components.shared_env import REBUILD_JOB, SHARED_ENV_KEY
@@ -39,6 +39,7 @@ GC_JOB = "aml_gc"
 ASSET_JOB = "__ASSET_JOB"
 _FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 _ASSET_EVENTS = (dg.DagsterEventType.ASSET_MATERIALIZATION, dg.DagsterEventType.ASSET_OBSERVATION)
+_CHECK_EVENTS = (dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED, dg.DagsterEventType.ASSET_CHECK_EVALUATION)
 
 
 def project_job_names(spec_ids: Iterable[str]) -> set[str]:
@@ -56,7 +57,9 @@ class InstancePruneReport:
 
     deleted_runs: list[str] = field(default_factory=list)
     kept_runs: int = 0  # runs older than the retention kept: they hold a latest event
-    freed_bytes: int = 0  # the deleted runs' events, serialised (what the event log stores of them)
+    # the deleted runs' events, serialised (what the event log stores of them), their check
+    # evaluations counted twice (the check table keeps a copy of each)
+    freed_bytes: int = 0
     retention_days: int = 0
     dry_run: bool = False
 
@@ -137,9 +140,9 @@ def prune_instance(
 ) -> InstancePruneReport:
     """Delete (``delete_run``) the finished runs of this project's jobs created more than
     ``retention_days`` before ``now`` whose every materialisation, observation and check evaluation
-    is superseded: a newer one of the same asset partition (check) exists. The latest of each stays
-    with its run, as does every run within the retention (failed ones included) and every run of
-    another job."""
+    is superseded: a newer one of the same asset partition (check) exists, with the run's check
+    executions, which ``delete_run`` leaves. The latest of each stays with its run, as does every
+    run within the retention (failed ones included) and every run of another job."""
     if retention_days < 1:
         raise ValueError(f"retention_days must be >= 1, got {retention_days}")
     spec_ids = set(spec_ids)
@@ -157,18 +160,26 @@ def prune_instance(
             if not _superseded(records, run.run_id, latest):
                 report.kept_runs += 1
                 continue
-            report.freed_bytes += sum(len(dg.serialize_value(r.event_log_entry)) for r in records)
+            report.freed_bytes += sum(
+                len(dg.serialize_value(r.event_log_entry))
+                * (2 if r.event_log_entry.dagster_event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION else 1)
+                for r in records
+            )
             report.deleted_runs.append(run.run_id)
             if not dry_run:
-                _delete_run(instance, run.run_id)
+                _delete_run(instance, run.run_id, records)
     return report
 
 
-def _delete_run(instance: dg.DagsterInstance, run_id: str) -> None:
-    """``delete_run``, and the files Dagster keeps of the run beside its rows: its captured step
-    logs, and on SQLite storage its own event-log file (empty once its events are deleted, though
-    as large on disk as the run's events were)."""
+def _delete_run(instance: dg.DagsterInstance, run_id: str, records: list[Any]) -> None:
+    """``delete_run``, and what Dagster keeps of the run beside its events: its check executions
+    (a row per check with a copy of the evaluation; never the latest of a check), its captured
+    step logs, and on SQLite storage its own event-log file (empty once its events are deleted,
+    though as large on disk as the run's events were)."""
+    checks = {r.event_log_entry.dagster_event.event_specific_data.asset_check_key for r in records
+              if r.event_log_entry.dagster_event_type in _CHECK_EVENTS}
     instance.delete_run(run_id)
+    delete_check_executions(instance, run_id, checks)
     delete_run_files(instance, run_id)
 
 

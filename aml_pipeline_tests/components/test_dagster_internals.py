@@ -4,10 +4,12 @@ changes one of them fails here, not in a build."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -51,7 +53,8 @@ def test_no_module_imports_dagsters_private_packages() -> None:
 
 
 def test_the_non_public_calls_are_only_in_the_internals_module() -> None:
-    calls = re.compile(r"\.(get_runs|report_run_failed|get_materialized_partitions|get_records_for_run|delete_logs|path_for_shard)\b|"
+    calls = re.compile(r"\.(get_runs|report_run_failed|get_materialized_partitions|get_records_for_run|delete_logs|"
+                       r"path_for_shard|index_transaction|get_asset_check_execution_history)\b|asset_check_executions|"
                        r"_replace\(settings|BetaWarning|DAGSTER_IS_DEFS_VALIDATION_CLI\"|\"DAGSTER_EVENT_BATCH_SIZE|"
                        r"\"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS")
     offenders = [
@@ -227,3 +230,77 @@ def test_delete_run_files_removes_the_step_logs_and_the_sqlite_run_file(tmp_path
         assert not shard.exists() and not any(p.exists() for p in logs)
     finally:
         instance.dispose()
+
+
+def _checked_job(name: str) -> dg.JobDefinition:
+    """An asset with two checks, each run evaluating both."""
+    checks = [dg.AssetCheckSpec(n, asset="checked") for n in ("first", "second")]
+
+    @dg.asset(name="checked", check_specs=checks)
+    def checked():
+        return dg.MaterializeResult(check_results=[dg.AssetCheckResult(check_name=c.name, passed=True) for c in checks])
+
+    return dg.Definitions(assets=[checked], jobs=[dg.define_asset_job(name)]).resolve_job_def(name)
+
+
+@contextlib.contextmanager
+def _instance(storage: str, tmp_path: Path, request, monkeypatch) -> Iterator[dg.DagsterInstance]:
+    """A persistent instance: SQLite files, or deploy/dagster.yaml's PostgreSQL storage on a fresh database."""
+    if storage == "sqlite":
+        (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+            yield instance
+        return
+    from aml_pipeline_tests.deploy.cluster import database, instance_env, production_home
+
+    server = request.getfixturevalue("postgres_url")
+    with database(server) as name:
+        for k, v in instance_env(server, name, max_concurrent_runs=1).items():
+            monkeypatch.setenv(k, v)
+        with dg.DagsterInstance.from_config(str(production_home(tmp_path))) as instance:
+            yield instance
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "postgres"])
+def test_delete_check_executions_deletes_a_deleted_runs_rows_never_a_checks_latest(storage, tmp_path, request,
+                                                                                    monkeypatch) -> None:
+    with _instance(storage, tmp_path, request, monkeypatch) as instance:
+        params = _params(type(instance.event_log_storage).get_asset_check_execution_history)
+        assert params[:3] == ["self", "check_key", "limit"]
+        assert instance.event_log_storage.has_table(internals.CHECK_EXECUTIONS_TABLE)
+        job = _checked_job("checked_job")
+        runs = [job.execute_in_process(instance=instance).run_id for _ in range(3)]
+        keys = [dg.AssetCheckKey(dg.AssetKey("checked"), n) for n in ("first", "second")]
+        assert all(internals.check_execution_runs(instance, k) == runs[::-1] for k in keys)
+        instance.delete_run(runs[0])
+        # Dagster keeps a deleted run's check executions: once it deletes them itself, this goes.
+        assert all(internals.check_execution_runs(instance, k) == runs[::-1] for k in keys)
+        assert internals.delete_check_executions(instance, runs[0], keys) == 2
+        assert all(internals.check_execution_runs(instance, k) == runs[:0:-1] for k in keys)
+        # the latest execution of a check stays, even asked for by its run
+        assert internals.delete_check_executions(instance, runs[2], keys) == 0
+        assert internals.delete_check_executions(instance, runs[1], keys[:1]) == 1
+        assert internals.check_execution_runs(instance, keys[0]) == [runs[2]]
+        assert internals.check_execution_runs(instance, keys[1]) == runs[:0:-1]
+        assert instance.get_latest_asset_check_evaluation_record(keys[0]).run_id == runs[2]
+
+
+def test_sqlite_files_held_keeps_the_wal_between_dagsters_writes(tmp_path: Path) -> None:
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        index = Path(instance.event_log_storage.path_for_shard("index"))
+        wal = Path(f"{index}-wal")
+        job = _job("held")
+        first = job.execute_in_process(instance=instance, partition_key="a").run_id
+        # Dagster closes its last connection after each write: the WAL is checkpointed and deleted.
+        assert index.exists() and not wal.exists()
+        with internals.sqlite_files_held(instance):
+            second = job.execute_in_process(instance=instance, partition_key="b").run_id
+            shard = Path(instance.event_log_storage.path_for_shard(second))
+            assert wal.exists() and Path(f"{shard}-wal").exists(), "a held file's WAL is checkpointed at each close"
+            assert internals.materialized_partitions(instance, dg.AssetKey("thing_held")) == {"a", "b"}
+        assert not wal.exists() and not Path(f"{shard}-wal").exists()  # the held connections closed last
+        assert internals.materialized_partitions(instance, dg.AssetKey("thing_held")) == {"a", "b"}
+        assert {r.run_id for r in instance.get_runs()} == {first, second}
+    with dg.DagsterInstance.ephemeral() as instance, internals.sqlite_files_held(instance):  # no files to hold
+        assert _job("memory").execute_in_process(instance=instance, partition_key="a").success

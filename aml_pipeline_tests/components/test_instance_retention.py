@@ -16,6 +16,7 @@ import psycopg
 import pytest
 import yaml
 
+from aml_pipeline.components.dagster_internals import check_execution_runs
 from aml_pipeline.components.maintenance import prune_instance
 from aml_pipeline.components.schedules import runs_job_name
 from aml_pipeline.pipeline.registry import DATASET_ASSETS, RUN_ASSETS
@@ -231,3 +232,28 @@ def test_gc_deletes_superseded_runs_and_keeps_every_partitions_latest(tiny_plant
         assert labels and labels == set(latest_mat.asset_materialization.metadata), (name, labels)
         # only the runs within the retention (and the latest) left: not a month of rebuilds
         assert len(events) <= 2 * 4, (name, run_id, len(events))
+
+
+def test_gc_deletes_the_check_results_of_the_runs_it_deletes(tmp_path):
+    """Dagster's ``delete_run`` leaves a run's check executions (a copy of each evaluation); gc
+    deletes those of the runs it deletes, and the latest of each check stays with its run."""
+    checks = [dg.AssetCheckSpec(n, asset=dg.AssetKey(["tiny", "checked"])) for n in ("first", "second")]
+
+    @dg.asset(key=["tiny", "checked"], check_specs=checks)
+    def checked():
+        return dg.MaterializeResult(check_results=[dg.AssetCheckResult(check_name=c.name, passed=True) for c in checks])
+
+    job = dg.Definitions(assets=[checked], jobs=[dg.define_asset_job(runs_job_name("tiny"))]).resolve_job_def(
+        runs_job_name("tiny"))
+    with _sqlite(tmp_path) as (instance, _):
+        runs = [job.execute_in_process(instance=instance).run_id for _ in range(3)]
+        keys = [c.key for c in checks]
+        assert all(check_execution_runs(instance, k) == runs[::-1] for k in keys)
+        far = datetime.now(timezone.utc) + timedelta(days=2)
+        dry = prune_instance(instance, ["tiny"], retention_days=1, now=far, dry_run=True)
+        assert all(check_execution_runs(instance, k) == runs[::-1] for k in keys)
+        report = prune_instance(instance, ["tiny"], retention_days=1, now=far)
+        assert sorted(report.deleted_runs) == sorted(dry.deleted_runs) == sorted(runs[:2])
+        assert report.freed_bytes == dry.freed_bytes > 0
+        assert all(check_execution_runs(instance, k) == [runs[2]] for k in keys)
+        assert all(instance.get_latest_asset_check_evaluation_record(k).run_id == runs[2] for k in keys)
