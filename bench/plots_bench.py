@@ -116,8 +116,6 @@ def png_floor(traces, units: list[str], title: str) -> dict[str, float]:
     every pixel outside them white), as PNG with the plot's settings and as lossless WebP at
     its smallest (``method=6``, slow): what any image of the bands at this size costs, before
     base64 and before the event log stores it."""
-    import zlib
-
     from PIL import Image
 
     from aml_pipeline.pipeline import run_figure
@@ -135,7 +133,7 @@ def png_floor(traces, units: list[str], title: str) -> dict[str, float]:
     bands.putpalette(image.getpalette())
     return {
         "png_kb": len(png) / 1e3,
-        "bands_png_kb": _encoded_bytes(bands, format="PNG", compress_level=6, compress_type=zlib.Z_RLE) / 1e3,
+        "bands_png_kb": len(run_figure.palette_png(data)) / 1e3,
         "bands_webp_lossless_kb": _encoded_bytes(bands.convert("RGB"), format="WEBP", lossless=True, quality=100, method=6) / 1e3,
     }
 
