@@ -734,8 +734,11 @@ def render(d: dict[str, Any]) -> str:
         pg = pl.get("event_log_pg") or {}
         if "event_log_kb" in pg:
             e = pg["event_log_kb"]
+            f = pg["fresh_event_log_kb"]
             L.append(f"  the plot's share of a PostgreSQL instance's event log: {e['median']:.1f} KB a run "
-                     f"[{e['min']:.1f}-{e['max']:.1f}] x{len(e['all'])} (SQLite: {pl['event_log_kb']['median']:.1f} KB)")
+                     f"[{e['min']:.1f}-{e['max']:.1f}] x{len(e['all'])} rebuilt after VACUUM; the first build into a "
+                     f"fresh database {f['median']:.1f} KB [{f['min']:.1f}-{f['max']:.1f}] "
+                     f"(SQLite: {pl['event_log_kb']['median']:.1f} KB)")
         elif pg:
             L.append(f"  PostgreSQL instance: {pg['reason']}")
     if "sources" in d:
