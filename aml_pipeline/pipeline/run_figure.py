@@ -448,7 +448,7 @@ class RunFigure:
         self._draw_data(traces)
         self._draw_texts(traces, title)
         # Every pixel is a palette colour: its green value names it (see GREEN_TO_INDEX).
-        return palette_png(GREEN_TO_INDEX[self.pixels[:, :, 1]])
+        return palette_png(np.take(GREEN_TO_INDEX, self.pixels[:, :, 1]))
 
     def _draw_data(self, traces: RunTraces) -> None:
         n, band, w = self.n, self.band, traces.width
