@@ -39,6 +39,7 @@ with the core functions (:func:`plant_run_traces`).
   workload's runs. ``fresh_event_log_kb_lz4``: the first build's again, in a database whose
   ``default_toast_compression`` is ``lz4`` (``ALTER DATABASE``), which compresses any event it
   can shorten where ``pglz`` stores an event uncompressed unless it saves a quarter.
+  ``fresh_breakdown_kb``: where the first build's bytes are (:func:`_pg_breakdown`).
 
 * ``instance_growth_kb_per_hour_after_gc`` (:func:`instance_growth`): a small spec rebuilt
   ``builds_per_day`` times a simulated day for two simulated weeks into one persistent SQLite
@@ -161,8 +162,29 @@ def _pg_bytes(url: str) -> int:
             "WHERE c.relkind = 'r' AND n.nspname = 'public'").fetchone()[0])
 
 
+def _pg_breakdown(url: str) -> dict[str, float]:
+    """Where the bytes of the database at ``url`` are (KB, tables with their indexes and TOAST):
+    ``event_logs``, ``asset_keys`` (each asset's row, with its latest materialisation) and the
+    rest; and the cleaned grid's materialisation events, stored (after TOAST compression) and
+    as written (KB an event)."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        tables = dict(conn.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON "
+            "n.oid = c.relnamespace WHERE c.relkind = 'r' AND n.nspname = 'public'").fetchall())
+        stored, written = conn.execute(
+            "SELECT avg(pg_column_size(event)), avg(octet_length(event)) FROM event_logs "
+            "WHERE dagster_event_type = 'ASSET_MATERIALIZATION' AND asset_key LIKE '%\"cleaned_grid\"%'").fetchone()
+    main = {k: tables.pop(k, 0) / 1e3 for k in ("event_logs", "asset_keys")}
+    return {"event_logs_kb": main["event_logs"], "asset_keys_kb": main["asset_keys"],
+            "other_tables_kb": sum(tables.values()) / 1e3,
+            "cleaned_grid_event_kb_stored": float(stored or 0) / 1e3, "cleaned_grid_event_kb_written": float(written or 0) / 1e3}
+
+
 def _build_event_log_bytes(workload, plots: bool, directory: Path, pg_base_url: str | None = None,
-                           rebuilds: int = 0, toast_compression: str | None = None) -> list[int]:
+                           rebuilds: int = 0, toast_compression: str | None = None,
+                           breakdown: list[dict[str, float]] | None = None) -> list[int]:
     """Bytes of a fresh persistent instance after the real build of ``workload`` with the run
     plots on or off (``AML_RUN_PLOTS``): SQLite (the instance directory, the instance closed), or
     with ``pg_base_url`` PostgreSQL storage in a fresh database (its tables with their indexes
@@ -171,7 +193,8 @@ def _build_event_log_bytes(workload, plots: bool, directory: Path, pg_base_url: 
     instance, each rebuild followed by a plain ``VACUUM`` of the database (what autovacuum does:
     the space of dead rows is kept for reuse, the files do not shrink); the bytes after each are
     listed after the first build's. ``toast_compression`` sets the database's
-    ``default_toast_compression`` before the build (``lz4``; the server's default is ``pglz``)."""
+    ``default_toast_compression`` before the build (``lz4``; the server's default is ``pglz``).
+    ``breakdown`` (PostgreSQL) gets :func:`_pg_breakdown` after the first build appended."""
     import os
     from unittest import mock
 
@@ -209,6 +232,8 @@ def _build_event_log_bytes(workload, plots: bool, directory: Path, pg_base_url: 
                     with psycopg.connect(db_url, autocommit=True) as conn:
                         conn.execute("VACUUM")
                 sizes.append(_pg_bytes(db_url))
+                if build == 0 and breakdown is not None:
+                    breakdown.append(_pg_breakdown(db_url))
     return sizes if db_url is not None else [dir_bytes(home)]
 
 
@@ -340,6 +365,7 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
         pg_sizes_with: list[list[float]] = []
         pg_sizes_without: list[list[float]] = []
         pg_lz4_with: list[float] = []
+        pg_breakdown: dict[bool, list[dict[str, float]]] = {True: [], False: []}
         pg_lz4_without: list[float] = []
         markdowns: list[str] = []
         for i in range(repeat):
@@ -359,7 +385,7 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
                 for plots, fresh, steady, sizes in ((True, pg_kb_with, pg_steady_with, pg_sizes_with),
                                                     (False, pg_kb_without, pg_steady_without, pg_sizes_without)):
                     b = _build_event_log_bytes(log_workload, plots, work / f"pg-{plots}-{i}", pg_base_url,
-                                               rebuilds=PG_REBUILDS)
+                                               rebuilds=PG_REBUILDS, breakdown=pg_breakdown[plots])
                     fresh.append(b[0] / 1e3 / log_runs)
                     steady.append((b[-1] - b[1]) / (PG_REBUILDS - 1) / 1e3 / log_runs)
                     sizes.append([v / 1e3 for v in b])
@@ -382,6 +408,10 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
                "fresh_event_log_kb_per_run_without_plot": _spread(pg_kb_without),
                "fresh_event_log_kb_lz4": {**_spread(pg_lz4_kb), "all": pg_lz4_kb},
                "fresh_event_log_kb_per_run_with_plot_lz4": _spread(pg_lz4_with),
+               "fresh_breakdown_kb": {"with_plot": {k: statistics.median(d[k] for d in pg_breakdown[True])
+                                                    for k in pg_breakdown[True][0]},
+                                      "without_plot": {k: statistics.median(d[k] for d in pg_breakdown[False])
+                                                       for k in pg_breakdown[False][0]}},
                "rebuilds": PG_REBUILDS,
                "database_kb_after_each_build": {"with_plot": pg_sizes_with, "without_plot": pg_sizes_without}}
               if pg_plot_kb else None)
