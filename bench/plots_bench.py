@@ -27,8 +27,19 @@ with the core functions (:func:`plant_run_traces`).
   shard of the SQLite event log (each holds the plot once). SQLite stores large rows in 4 KB
   overflow pages, so the figure depends on the rows' real sizes. ``event_log_pg``: the same on a
   PostgreSQL instance (``--pg``: the benchmark's server, ``bench.pg_bench.postgres_server``),
-  the sizes of its tables (indexes and TOAST included) in a fresh database for each build; it
-  stores each event once, compressed where its TOAST compression finds repeats.
+  the sizes of its tables (indexes and TOAST included) in a fresh database for each side; it
+  stores each event once, compressed where its TOAST compression saves a quarter of the event.
+  Its figure (``event_log_kb``) is the steady state: after the first build, the workload is
+  rebuilt ``PG_REBUILDS`` times into the same database (every run partition again), each
+  rebuild followed by a plain ``VACUUM`` (what autovacuum does: dead rows' space kept for
+  reuse), and the figure is the mean growth per run of the rebuilds after the first, plots on
+  less plots off. ``fresh_event_log_kb``: the first build's, as the SQLite figure; it also holds
+  the asset's row (``asset_keys.last_materialization``), where Dagster keeps a copy of the
+  asset's latest materialisation with its plot: one per asset, not per run, here shared by the
+  workload's runs. ``fresh_event_log_kb_lz4``: the first build's again, in a database whose
+  ``default_toast_compression`` is ``lz4`` (``ALTER DATABASE``), which compresses any event it
+  can shorten where ``pglz`` stores an event uncompressed unless it saves a quarter.
+  ``fresh_breakdown_kb``: where the first build's bytes are (:func:`_pg_breakdown`).
 
 * ``instance_growth_kb_per_hour_after_gc`` (:func:`instance_growth`): a small spec rebuilt
   ``builds_per_day`` times a simulated day for two simulated weeks into one persistent SQLite
@@ -70,6 +81,9 @@ from bench.workload import HISTORY, HORIZON, N_CONTROLS, N_FEATURES, N_TARGETS, 
 
 BUDGET_MS, BUDGET_KB, BUDGET_KB_PG = 20.0, 80.0, 45.0
 LOG_RUNS = 8  # runs built for the event-log figure
+# Rebuilds of the workload into a PostgreSQL instance after its first build, VACUUM after each: the
+# figure is the mean growth of the rebuilds after the first (a database grows by whole pages, unevenly).
+PG_REBUILDS = 3
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -117,8 +131,6 @@ def png_floor(traces, units: list[str], title: str) -> dict[str, float]:
     every pixel outside them white), as PNG with the plot's settings and as lossless WebP at
     its smallest (``method=6``, slow): what any image of the bands at this size costs, before
     base64 and before the event log stores it."""
-    import zlib
-
     from PIL import Image
 
     from aml_pipeline.pipeline import run_figure
@@ -136,16 +148,54 @@ def png_floor(traces, units: list[str], title: str) -> dict[str, float]:
     bands.putpalette(image.getpalette())
     return {
         "png_kb": len(png) / 1e3,
-        "bands_png_kb": _encoded_bytes(bands, format="PNG", compress_level=6, compress_type=zlib.Z_RLE) / 1e3,
+        "bands_png_kb": len(run_figure.palette_png(data)) / 1e3,
         "bands_webp_lossless_kb": _encoded_bytes(bands.convert("RGB"), format="WEBP", lossless=True, quality=100, method=6) / 1e3,
     }
 
 
-def _build_event_log_bytes(workload, plots: bool, directory: Path, pg_base_url: str | None = None) -> int:
+def _pg_bytes(url: str) -> int:
+    """Bytes of the tables of the database at ``url``, their indexes and TOAST included."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return int(conn.execute(
+            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind = 'r' AND n.nspname = 'public'").fetchone()[0])
+
+
+def _pg_breakdown(url: str) -> dict[str, float]:
+    """Where the bytes of the database at ``url`` are (KB, tables with their indexes and TOAST):
+    ``event_logs``, ``asset_keys`` (each asset's row, with its latest materialisation) and the
+    rest; and the cleaned grid's materialisation events, stored (after TOAST compression) and
+    as written (KB an event)."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        tables = dict(conn.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON "
+            "n.oid = c.relnamespace WHERE c.relkind = 'r' AND n.nspname = 'public'").fetchall())
+        stored, written = conn.execute(
+            "SELECT avg(pg_column_size(event)), avg(octet_length(event)) FROM event_logs "
+            "WHERE dagster_event_type = 'ASSET_MATERIALIZATION' AND asset_key LIKE '%\"cleaned_grid\"%'").fetchone()
+    main = {k: tables.pop(k, 0) / 1e3 for k in ("event_logs", "asset_keys")}
+    return {"event_logs_kb": main["event_logs"], "asset_keys_kb": main["asset_keys"],
+            "other_tables_kb": sum(tables.values()) / 1e3,
+            "cleaned_grid_event_kb_stored": float(stored or 0) / 1e3, "cleaned_grid_event_kb_written": float(written or 0) / 1e3}
+
+
+def _build_event_log_bytes(workload, plots: bool, directory: Path, pg_base_url: str | None = None,
+                           rebuilds: int = 0, toast_compression: str | None = None,
+                           breakdown: list[dict[str, float]] | None = None) -> list[int]:
     """Bytes of a fresh persistent instance after the real build of ``workload`` with the run
-    plots on or off (``AML_RUN_PLOTS``): SQLite (the instance directory), or with
-    ``pg_base_url`` PostgreSQL storage in a fresh database (its tables with their indexes and
-    TOAST, the deployment's instance, ``deploy/dagster.yaml``)."""
+    plots on or off (``AML_RUN_PLOTS``): SQLite (the instance directory, the instance closed), or
+    with ``pg_base_url`` PostgreSQL storage in a fresh database (its tables with their indexes
+    and TOAST, the deployment's instance, ``deploy/dagster.yaml``). With ``rebuilds``, the
+    workload is then rebuilt that many times (every run partition again, ``full``) into the same
+    instance, each rebuild followed by a plain ``VACUUM`` of the database (what autovacuum does:
+    the space of dead rows is kept for reuse, the files do not shrink); the bytes after each are
+    listed after the first build's. ``toast_compression`` sets the database's
+    ``default_toast_compression`` before the build (``lz4``; the server's default is ``pglz``).
+    ``breakdown`` (PostgreSQL) gets :func:`_pg_breakdown` after the first build appended."""
     import os
     from unittest import mock
 
@@ -156,23 +206,36 @@ def _build_event_log_bytes(workload, plots: bool, directory: Path, pg_base_url: 
     fresh_dir(directory)
     home = directory / "instance"
     pg_url = fresh_pg_database(pg_base_url, "aml_bench_plots") if pg_base_url else None
+    db_url = None
+    if pg_url is not None:
+        from urllib.parse import urlsplit, urlunsplit
+
+        db_url = urlunsplit(urlsplit(pg_base_url)._replace(path="/aml_bench_plots"))
+        if toast_compression is not None:
+            import psycopg
+
+            with psycopg.connect(pg_base_url, autocommit=True) as conn:
+                conn.execute(f"ALTER DATABASE aml_bench_plots SET default_toast_compression = '{toast_compression}'")
+    sizes: list[int] = []
     with mock.patch.dict(os.environ, {"AML_RUN_PLOTS": "on" if plots else "off"}), \
             persistent_instance(home, pg_url) as instance:
-        summary = materialize_dataset(parse_spec(workload.spec), tsdb_url=workload.tsdb_url,
-                                      home=directory / "aml", instance=instance, console_log_level="CRITICAL")
-    built = summary["materialized"]["run_windows"]
-    if built != len(workload.runs):
-        raise RuntimeError(f"event log: the build recorded {built} of {len(workload.runs)} runs")
-    if pg_url is None:
-        return dir_bytes(home)
-    from urllib.parse import urlsplit, urlunsplit
+        for build in range(1 + rebuilds):
+            summary = materialize_dataset(parse_spec(workload.spec), tsdb_url=workload.tsdb_url,
+                                          home=directory / "aml", instance=instance, console_log_level="CRITICAL",
+                                          full=build > 0)
+            built = summary["materialized"]["run_windows"]
+            if built != len(workload.runs):
+                raise RuntimeError(f"event log: build {build + 1} recorded {built} of {len(workload.runs)} runs")
+            if db_url is not None:
+                if build > 0:
+                    import psycopg
 
-    import psycopg
-
-    with psycopg.connect(urlunsplit(urlsplit(pg_base_url)._replace(path="/aml_bench_plots"))) as conn:
-        return int(conn.execute(
-            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE c.relkind = 'r' AND n.nspname = 'public'").fetchone()[0])
+                    with psycopg.connect(db_url, autocommit=True) as conn:
+                        conn.execute("VACUUM")
+                sizes.append(_pg_bytes(db_url))
+                if build == 0 and breakdown is not None:
+                    breakdown.append(_pg_breakdown(db_url))
+    return sizes if db_url is not None else [dir_bytes(home)]
 
 
 def instance_growth(directory: Path, *, builds_per_day: int = 4, days_per_week: int = 7,
@@ -325,6 +388,13 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
         ours_ms, ours_cpu_ms, naive_ms, kb_with, kb_without = [], [], [], [], []
         pg_kb_with: list[float] = []
         pg_kb_without: list[float] = []
+        pg_steady_with: list[float] = []
+        pg_steady_without: list[float] = []
+        pg_sizes_with: list[list[float]] = []
+        pg_sizes_without: list[list[float]] = []
+        pg_lz4_with: list[float] = []
+        pg_breakdown: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+        pg_lz4_without: list[float] = []
         markdowns: list[str] = []
         for i in range(repeat):
             mine = rest[i * runs : (i + 1) * runs]
@@ -337,21 +407,42 @@ def run(repeat: int = 5, *, runs: int = 4, minutes: float = 120.0, workdir: Path
             for run_id, tr in mine:
                 _naive_png(tr, units, f"run {run_id}")
             naive_ms.append((time.perf_counter() - t0) * 1e3 / len(mine))
-            kb_with.append(_build_event_log_bytes(log_workload, True, work / f"build-with-{i}") / 1e3 / log_runs)
-            kb_without.append(_build_event_log_bytes(log_workload, False, work / f"build-without-{i}") / 1e3 / log_runs)
+            kb_with.append(_build_event_log_bytes(log_workload, True, work / f"build-with-{i}")[0] / 1e3 / log_runs)
+            kb_without.append(_build_event_log_bytes(log_workload, False, work / f"build-without-{i}")[0] / 1e3 / log_runs)
             if pg_base_url:
-                pg_kb_with.append(_build_event_log_bytes(log_workload, True, work / f"pg-with-{i}", pg_base_url) / 1e3 / log_runs)
-                pg_kb_without.append(
-                    _build_event_log_bytes(log_workload, False, work / f"pg-without-{i}", pg_base_url) / 1e3 / log_runs)
+                for plots, fresh, steady, sizes in ((True, pg_kb_with, pg_steady_with, pg_sizes_with),
+                                                    (False, pg_kb_without, pg_steady_without, pg_sizes_without)):
+                    b = _build_event_log_bytes(log_workload, plots, work / f"pg-{plots}-{i}", pg_base_url,
+                                               rebuilds=PG_REBUILDS, breakdown=pg_breakdown[plots])
+                    fresh.append(b[0] / 1e3 / log_runs)
+                    steady.append((b[-1] - b[1]) / (PG_REBUILDS - 1) / 1e3 / log_runs)
+                    sizes.append([v / 1e3 for v in b])
+                    b = _build_event_log_bytes(log_workload, plots, work / f"pg-lz4-{plots}-{i}", pg_base_url,
+                                               toast_compression="lz4")
+                    (pg_lz4_with if plots else pg_lz4_without).append(b[0] / 1e3 / log_runs)
         floors = [png_floor(tr, units, f"run {run_id}") for run_id, tr in rest[: runs * repeat]]
         plot_kb = [a - b for a, b in zip(kb_with, kb_without)]
         markdown_kb = [len(m.encode()) / 1e3 for m in markdowns]
         ms = _spread(ours_ms)
         kb = _spread(plot_kb)
         pg_plot_kb = [a - b for a, b in zip(pg_kb_with, pg_kb_without)]
-        pg = ({"event_log_kb": {**_spread(pg_plot_kb), "all": pg_plot_kb},
-               "event_log_kb_per_run_with_plot": _spread(pg_kb_with),
-               "event_log_kb_per_run_without_plot": _spread(pg_kb_without)} if pg_plot_kb else None)
+        pg_steady_kb = [a - b for a, b in zip(pg_steady_with, pg_steady_without)]
+        pg_lz4_kb = [a - b for a, b in zip(pg_lz4_with, pg_lz4_without)]
+        pg = ({"event_log_kb": {**_spread(pg_steady_kb), "all": pg_steady_kb},
+               "event_log_kb_per_run_with_plot": _spread(pg_steady_with),
+               "event_log_kb_per_run_without_plot": _spread(pg_steady_without),
+               "fresh_event_log_kb": {**_spread(pg_plot_kb), "all": pg_plot_kb},
+               "fresh_event_log_kb_per_run_with_plot": _spread(pg_kb_with),
+               "fresh_event_log_kb_per_run_without_plot": _spread(pg_kb_without),
+               "fresh_event_log_kb_lz4": {**_spread(pg_lz4_kb), "all": pg_lz4_kb},
+               "fresh_event_log_kb_per_run_with_plot_lz4": _spread(pg_lz4_with),
+               "fresh_breakdown_kb": {"with_plot": {k: statistics.median(d[k] for d in pg_breakdown[True])
+                                                    for k in pg_breakdown[True][0]},
+                                      "without_plot": {k: statistics.median(d[k] for d in pg_breakdown[False])
+                                                       for k in pg_breakdown[False][0]}},
+               "rebuilds": PG_REBUILDS,
+               "database_kb_after_each_build": {"with_plot": pg_sizes_with, "without_plot": pg_sizes_without}}
+              if pg_plot_kb else None)
         return {
             "event_log_pg": pg,
             "plot_ms_per_run": ms["median"],
@@ -413,7 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     if res["event_log_pg"]:
         pg = res["event_log_pg"]["event_log_kb"]
-        print(f"event_log_kb_per_run on a PostgreSQL instance {pg['median']:.1f} KB (min {pg['min']:.1f}, max {pg['max']:.1f})")
+        fresh = res["event_log_pg"]["fresh_event_log_kb"]
+        print(f"event_log_kb_per_run on a PostgreSQL instance {pg['median']:.1f} KB (min {pg['min']:.1f}, max {pg['max']:.1f}; "
+              f"a rebuild after VACUUM); the first build into a fresh database {fresh['median']:.1f} KB "
+              f"(min {fresh['min']:.1f}, max {fresh['max']:.1f}), with lz4 TOAST compression "
+              f"{res['event_log_pg']['fresh_event_log_kb_lz4']['median']:.1f} KB")
     return 0
 
 

@@ -82,7 +82,8 @@ GOALS = (
     Goal("product_over_floor_ms_per_run_pg_pooled", "<=", 15.0, "ms", "the same, through PgBouncer", "orchestration"),
     Goal("plot_ms_per_run", "<=", 20.0, "ms", "per-run plot, draw + encode", "plots"),
     Goal("event_log_kb_per_run", "<=", 80.0, "KB", "event-log growth per run's plot, SQLite instance", "plots"),
-    Goal("event_log_kb_per_run_pg", "<=", 45.0, "KB", "event-log growth per run's plot, PostgreSQL instance", "plots"),
+    Goal("event_log_kb_per_run_pg", "<=", 45.0, "KB",
+         "event-log growth per run's plot, PostgreSQL instance, rebuilds after a plain VACUUM", "plots"),
     Goal("instance_growth_kb_per_hour_after_gc", "<=", 1.1, "x",
          "instance size, end of simulated week two / week one, hourly rebuilds, gc daily", "plots"),
     Goal("open_verify_rss_mb", "<=", 150.0, "MB", "peak RSS, open + verify the snapshot", "snapshot"),
@@ -734,8 +735,11 @@ def render(d: dict[str, Any]) -> str:
         pg = pl.get("event_log_pg") or {}
         if "event_log_kb" in pg:
             e = pg["event_log_kb"]
+            f = pg["fresh_event_log_kb"]
             L.append(f"  the plot's share of a PostgreSQL instance's event log: {e['median']:.1f} KB a run "
-                     f"[{e['min']:.1f}-{e['max']:.1f}] x{len(e['all'])} (SQLite: {pl['event_log_kb']['median']:.1f} KB)")
+                     f"[{e['min']:.1f}-{e['max']:.1f}] x{len(e['all'])} rebuilt after VACUUM; the first build into a "
+                     f"fresh database {f['median']:.1f} KB [{f['min']:.1f}-{f['max']:.1f}] "
+                     f"(SQLite: {pl['event_log_kb']['median']:.1f} KB)")
         elif pg:
             L.append(f"  PostgreSQL instance: {pg['reason']}")
     if "sources" in d:

@@ -22,7 +22,7 @@ from aml_pipeline.components.sources import tsdb_points
 from aml_pipeline.pipeline.checks import MANIFEST_CHECKS
 from aml_pipeline.pipeline.publish import current_snapshot
 from aml_pipeline.pipeline.runs import PROGRESS_LINES, progress_line_due
-from aml_pipeline.pipeline.registry import DATASET_ASSETS, RUN_ASSETS
+from aml_pipeline.pipeline.registry import DATASET_ASSETS, GRID, RUN_ASSETS
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.pipeline.registry import StageVersions
 
@@ -98,6 +98,10 @@ def test_one_partition_per_run_with_metadata_and_data_version(dagster_spec, dags
     fast = cleaning["sampled_faster_than_beat"].value  # AI910 has a point every 0.5 s, on the edge of it
     assert fast == "none" or fast.startswith("AI910: median sample period")
     assert sorted(r.data["node"] for r in per_node.records) == sorted(dagster_spec.node_ids)
+    # each node's unit, as its stored summary carries it from the catalog
+    units = resources["store"].dataset_store(dagster_spec).read_meta(runs[0], GRID)["units"]
+    assert all(units[n] for n in dagster_spec.node_ids)
+    assert {r.data["node"]: r.data["unit"] for r in per_node.records} == units
     assert all(r.data["input"] - r.data["removed"] == r.data["kept"] for r in per_node.records)
     by_cause = cleaning["removed_by_cause"].value
     assert [c.name for c in by_cause.schema.columns] == ["node", "cause", "points"]

@@ -298,6 +298,32 @@ def test_a_16_node_run_is_a_small_4_bit_palette_png_with_what_the_legend_names(p
     assert f"run {run_id}" in markdown
 
 
+def test_the_run_plot_png_has_unfiltered_rows_and_is_smaller_than_pillows_of_the_same_pixels(plant16):
+    """palette_png writes every row with PNG filter type 0, which compresses the plot's palette
+    image smaller than Pillow's per-row filters at the same level; odd widths keep their last
+    pixel."""
+    import struct
+    import zlib
+
+    traces, units, run_id = plant16
+    png = plots.run_figure_png(traces, units, f"run {run_id}")
+    width, height = struct.unpack(">II", png[16:24])
+    idat, at = b"", 8
+    while at < len(png):
+        (size,), kind = struct.unpack(">I", png[at : at + 4]), png[at + 4 : at + 8]
+        idat += png[at + 8 : at + 8 + size] if kind == b"IDAT" else b""
+        at += 12 + size
+    raw = zlib.decompress(idat)
+    row_bytes = 1 + (width + 1) // 2
+    assert len(raw) == height * row_bytes and set(raw[::row_bytes]) == {0}
+    image = Image.open(io.BytesIO(png))
+    pillow = io.BytesIO()
+    image.save(pillow, format="PNG", compress_level=6)
+    assert len(png) < len(pillow.getvalue())
+    odd = np.arange(3 * 7, dtype=np.uint8).reshape(3, 7) % len(rf.PALETTE)
+    assert (np.asarray(Image.open(io.BytesIO(rf.palette_png(odd)))) == odd).all()
+
+
 def _title_ink(rgb: np.ndarray) -> np.ndarray:
     """The dark pixels of the title line (above the legend)."""
     return (rgb[: rf.TOP_PX - 30] < 100).all(axis=2)

@@ -163,6 +163,7 @@ class GridSummary:
     # node -> median interval between its kept points (None: fewer than two, or a beat or more)
     sample_period_ms: dict[str, float | None] = field(default_factory=dict)
     fast: dict[str, float] = field(default_factory=dict)  # nodes sampled faster than beat / 2 taking point values
+    units: dict[str, str] = field(default_factory=dict)  # node -> unit, as the stage's summary stores them
 
     @property
     def cleaning_totals(self) -> dict[str, int]:
@@ -172,7 +173,7 @@ class GridSummary:
         """What cleaning did, per node and cause with the node's unit, and the run's plot."""
         spec = store.spec
         totals = self.cleaning_totals
-        units = (store.read_meta(self.run_id, GRID) or {}).get("units", {})
+        units = self.units
         figures: dict[str, Any] = {
             "grid_rows": self.rows,
             "points_kept": totals["kept"],
@@ -287,7 +288,8 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
         if (spec.id, node) not in _warned:
             _warned.add((spec.id, node))
             log.warning(f"spec {spec.id}: {fast_sampled_line(node, period, spec.beat_ms)}")
-    return GridSummary(run_id, rows, counts, missing, summary["dataVersion"], run_traces, periods, fast)
+    return GridSummary(run_id, rows, counts, missing, summary["dataVersion"], run_traces, periods, fast,
+                       dict(summary.get("units") or {}))
 
 
 def _clean_whole_run(store: DatasetStore, run_id: str, meta: Mapping[str, Any], first: int, rows: int, values: Any,
