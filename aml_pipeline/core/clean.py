@@ -207,24 +207,19 @@ class BatchCleaned:
     def counts(self, starts: np.ndarray) -> list[dict[str, int]]:
         """Per series (rows ``starts[i] .. starts[i+1]-1``, as given to :func:`clean_batch`): the
         counts :class:`SeriesCleaner` keeps, ``input``, each of :data:`CLEAN_CAUSES` and ``kept``."""
-        n = int(self.kept.size)
-        bounds = np.append(np.asarray(starts, dtype=np.int64), n)
-        series = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
-        per_cause = {
-            "non_finite": self.non_finite,
-            "bad_state": self.bad_state,
-            "out_of_range": self.out_of_range,
-            # Survivors of the rules above that are not the last of their timestamp group.
-            "duplicate_ts": ~(self.non_finite | self.bad_state | self.out_of_range | self.judged),
-            "hampel_outlier": self.judged & ~self.kept,
-            "kept": self.kept,
-        }
-        sums = {c: np.bincount(series[m], minlength=bounds.size - 1).tolist() for c, m in per_cause.items()}
-        sizes = np.diff(bounds).tolist()
-        return [
-            {"input": sizes[i], **{c: sums[c][i] for c in CLEAN_CAUSES}, "kept": sums["kept"][i]}
-            for i in range(bounds.size - 1)
-        ]
+        bounds = np.append(np.asarray(starts, dtype=np.int64), self.kept.size).tolist()
+        out = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            c = {m: int(np.count_nonzero(getattr(self, m)[a:b]))
+                 for m in ("non_finite", "bad_state", "out_of_range", "judged", "kept")}
+            out.append({
+                "input": b - a, "non_finite": c["non_finite"], "bad_state": c["bad_state"], "out_of_range": c["out_of_range"],
+                # Survivors of the rules above that are not the last of their timestamp group (the
+                # causes are disjoint, and the judged points are those survivors' last ones).
+                "duplicate_ts": b - a - c["non_finite"] - c["bad_state"] - c["out_of_range"] - c["judged"],
+                "hampel_outlier": c["judged"] - c["kept"], "kept": c["kept"],
+            })
+        return out
 
 
 def clean_batch(
@@ -243,12 +238,14 @@ def clean_batch(
     bounds = np.append(np.asarray(starts, dtype=np.int64), ts.size)
     if bounds.size - 1 != len(params) or (bounds.size and bounds[0] != 0) or np.any(np.diff(bounds) < 0):
         raise ValueError(f"clean_batch: starts must ascend from 0, one per series ({len(params)} params)")
-    series = np.repeat(np.arange(len(params)), np.diff(bounds))
     back = np.flatnonzero(np.diff(ts) < 0)
-    back = back[series[back] == series[back + 1]]  # a series' first point may precede the last one's
+    if back.size:  # a series' first point may precede the last one's
+        at = np.minimum(np.searchsorted(bounds, back + 1), bounds.size - 1)
+        back = back[bounds[at] != back + 1]
     if back.size:
         i = int(back[0]) + 1
         raise ValueError(f"clean_batch: timestamps must be ordered by (ts, seq) within a series; ts decreases at index {i}")
+    series = np.repeat(np.arange(len(params)), np.diff(bounds))
     goods = {p.good_states for p in params}
     lo = np.array([-np.inf if p.valid_range[0] is None else p.valid_range[0] for p in params])[series]
     hi = np.array([np.inf if p.valid_range[1] is None else p.valid_range[1] for p in params])[series]
@@ -263,7 +260,8 @@ def clean_batch(
     candidates = np.flatnonzero(~(removed[0] | removed[1] | removed[2]))
     # Of equal timestamps within a series, the last (the highest seq) survives.
     last = np.ones(candidates.size, dtype=bool)
-    last[:-1] = (ts[candidates[:-1]] != ts[candidates[1:]]) | (series[candidates[:-1]] != series[candidates[1:]])
+    cand_ts, cand_series = ts[candidates], series[candidates]
+    last[:-1] = (cand_ts[:-1] != cand_ts[1:]) | (cand_series[:-1] != cand_series[1:])
     judged_idx = candidates[last]
     judged = np.zeros(ts.size, dtype=bool)
     judged[judged_idx] = True
@@ -278,7 +276,7 @@ def clean_batch(
         else:
             in_group = np.zeros(len(params), dtype=bool)
             in_group[members] = True
-            idx = judged_idx[in_group[series[judged_idx]]]
+            idx = judged_idx[in_group[cand_series[last]]]
         if not idx.size:
             continue
         owner = series[idx]
