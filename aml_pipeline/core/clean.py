@@ -270,17 +270,14 @@ def clean_batch(
     for i, p in enumerate(params):
         if p.hampel_k:
             groups.setdefault((p.hampel_k, p.hampel_sigma, p.hampel_min_dev, p.causal), []).append(i)
+    # Each series' judged points are a slice of judged_idx (it ascends): a group's are its members' slices.
+    judged_bounds = np.searchsorted(judged_idx, bounds).tolist()
     for (k, sigma, min_dev, causal), members in groups.items():
-        if len(members) == len(params):
-            idx = judged_idx
-        else:
-            in_group = np.zeros(len(params), dtype=bool)
-            in_group[members] = True
-            idx = judged_idx[in_group[cand_series[last]]]
-        if not idx.size:
+        parts = [(judged_bounds[i], judged_bounds[i + 1]) for i in members if judged_bounds[i + 1] > judged_bounds[i]]
+        if not parts:
             continue
-        owner = series[idx]
-        first = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
+        idx = judged_idx[parts[0][0] : parts[0][1]] if len(parts) == 1 else np.concatenate([judged_idx[a:b] for a, b in parts])
+        first = np.cumsum([0] + [b - a for a, b in parts[:-1]])
         flags = hampel_outliers(value[idx], k, sigma, min_dev, trailing=causal, starts=first)
         kept[idx[flags]] = False
     return BatchCleaned(judged, kept, *removed)
