@@ -238,30 +238,37 @@ def clean_batch(
     bounds = np.append(np.asarray(starts, dtype=np.int64), ts.size)
     if bounds.size - 1 != len(params) or (bounds.size and bounds[0] != 0) or np.any(np.diff(bounds) < 0):
         raise ValueError(f"clean_batch: starts must ascend from 0, one per series ({len(params)} params)")
-    back = np.flatnonzero(np.diff(ts) < 0)
+    back = np.flatnonzero(ts[1:] < ts[:-1])
     if back.size:  # a series' first point may precede the last one's
         at = np.minimum(np.searchsorted(bounds, back + 1), bounds.size - 1)
         back = back[bounds[at] != back + 1]
     if back.size:
         i = int(back[0]) + 1
         raise ValueError(f"clean_batch: timestamps must be ordered by (ts, seq) within a series; ts decreases at index {i}")
-    series = np.repeat(np.arange(len(params)), np.diff(bounds))
+    sizes = np.diff(bounds)
     goods = {p.good_states for p in params}
-    lo = np.array([-np.inf if p.valid_range[0] is None else p.valid_range[0] for p in params])[series]
-    hi = np.array([np.inf if p.valid_range[1] is None else p.valid_range[1] for p in params])[series]
+    lo_hi = []
+    for side, unbounded in ((0, -np.inf), (1, np.inf)):
+        per_series = [unbounded if p.valid_range[side] is None else p.valid_range[side] for p in params]
+        lo_hi.append(None if all(b == unbounded for b in per_series) else np.repeat(np.array(per_series, dtype=np.float64), sizes))
+    lo, hi = lo_hi
     if len(goods) == 1:
         removed = point_removals(value, state, np.asarray(next(iter(goods))), lo, hi)
     else:  # per series (a spec's goodStates are spec-wide, so only a caller's own mix gets here)
         removed = tuple(np.zeros(ts.size, dtype=bool) for _ in range(3))
         for i, p in enumerate(params):
             a, b = int(bounds[i]), int(bounds[i + 1])
-            for mask, part in zip(removed, point_removals(value[a:b], state[a:b], np.asarray(p.good_states), lo[a:b], hi[a:b])):
+            part_lo, part_hi = (None if x is None else x[a:b] for x in (lo, hi))
+            for mask, part in zip(removed, point_removals(value[a:b], state[a:b], np.asarray(p.good_states), part_lo, part_hi)):
                 mask[a:b] = part
     candidates = np.flatnonzero(~(removed[0] | removed[1] | removed[2]))
-    # Of equal timestamps within a series, the last (the highest seq) survives.
+    # Of equal timestamps within a series, the last (the highest seq) survives; a series' last
+    # candidate is always the last of its group.
     last = np.ones(candidates.size, dtype=bool)
-    cand_ts, cand_series = ts[candidates], series[candidates]
-    last[:-1] = (cand_ts[:-1] != cand_ts[1:]) | (cand_series[:-1] != cand_series[1:])
+    cand_ts = ts[candidates]
+    np.not_equal(cand_ts[:-1], cand_ts[1:], out=last[:-1])
+    series_ends = np.searchsorted(candidates, bounds[1:]) - 1
+    last[series_ends[series_ends >= 0]] = True
     judged_idx = candidates[last]
     judged = np.zeros(ts.size, dtype=bool)
     judged[judged_idx] = True
