@@ -207,24 +207,19 @@ class BatchCleaned:
     def counts(self, starts: np.ndarray) -> list[dict[str, int]]:
         """Per series (rows ``starts[i] .. starts[i+1]-1``, as given to :func:`clean_batch`): the
         counts :class:`SeriesCleaner` keeps, ``input``, each of :data:`CLEAN_CAUSES` and ``kept``."""
-        n = int(self.kept.size)
-        bounds = np.append(np.asarray(starts, dtype=np.int64), n)
-        series = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
-        per_cause = {
-            "non_finite": self.non_finite,
-            "bad_state": self.bad_state,
-            "out_of_range": self.out_of_range,
-            # Survivors of the rules above that are not the last of their timestamp group.
-            "duplicate_ts": ~(self.non_finite | self.bad_state | self.out_of_range | self.judged),
-            "hampel_outlier": self.judged & ~self.kept,
-            "kept": self.kept,
-        }
-        sums = {c: np.bincount(series[m], minlength=bounds.size - 1).tolist() for c, m in per_cause.items()}
-        sizes = np.diff(bounds).tolist()
-        return [
-            {"input": sizes[i], **{c: sums[c][i] for c in CLEAN_CAUSES}, "kept": sums["kept"][i]}
-            for i in range(bounds.size - 1)
-        ]
+        bounds = np.append(np.asarray(starts, dtype=np.int64), self.kept.size).tolist()
+        out = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            c = {m: int(np.count_nonzero(getattr(self, m)[a:b]))
+                 for m in ("non_finite", "bad_state", "out_of_range", "judged", "kept")}
+            out.append({
+                "input": b - a, "non_finite": c["non_finite"], "bad_state": c["bad_state"], "out_of_range": c["out_of_range"],
+                # Survivors of the rules above that are not the last of their timestamp group (the
+                # causes are disjoint, and the judged points are those survivors' last ones).
+                "duplicate_ts": b - a - c["non_finite"] - c["bad_state"] - c["out_of_range"] - c["judged"],
+                "hampel_outlier": c["judged"] - c["kept"], "kept": c["kept"],
+            })
+        return out
 
 
 def clean_batch(
@@ -243,27 +238,37 @@ def clean_batch(
     bounds = np.append(np.asarray(starts, dtype=np.int64), ts.size)
     if bounds.size - 1 != len(params) or (bounds.size and bounds[0] != 0) or np.any(np.diff(bounds) < 0):
         raise ValueError(f"clean_batch: starts must ascend from 0, one per series ({len(params)} params)")
-    series = np.repeat(np.arange(len(params)), np.diff(bounds))
-    back = np.flatnonzero(np.diff(ts) < 0)
-    back = back[series[back] == series[back + 1]]  # a series' first point may precede the last one's
+    back = np.flatnonzero(ts[1:] < ts[:-1])
+    if back.size:  # a series' first point may precede the last one's
+        at = np.minimum(np.searchsorted(bounds, back + 1), bounds.size - 1)
+        back = back[bounds[at] != back + 1]
     if back.size:
         i = int(back[0]) + 1
         raise ValueError(f"clean_batch: timestamps must be ordered by (ts, seq) within a series; ts decreases at index {i}")
+    sizes = np.diff(bounds)
     goods = {p.good_states for p in params}
-    lo = np.array([-np.inf if p.valid_range[0] is None else p.valid_range[0] for p in params])[series]
-    hi = np.array([np.inf if p.valid_range[1] is None else p.valid_range[1] for p in params])[series]
+    lo_hi = []
+    for side, unbounded in ((0, -np.inf), (1, np.inf)):
+        per_series = [unbounded if p.valid_range[side] is None else p.valid_range[side] for p in params]
+        lo_hi.append(None if all(b == unbounded for b in per_series) else np.repeat(np.array(per_series, dtype=np.float64), sizes))
+    lo, hi = lo_hi
     if len(goods) == 1:
         removed = point_removals(value, state, np.asarray(next(iter(goods))), lo, hi)
     else:  # per series (a spec's goodStates are spec-wide, so only a caller's own mix gets here)
         removed = tuple(np.zeros(ts.size, dtype=bool) for _ in range(3))
         for i, p in enumerate(params):
             a, b = int(bounds[i]), int(bounds[i + 1])
-            for mask, part in zip(removed, point_removals(value[a:b], state[a:b], np.asarray(p.good_states), lo[a:b], hi[a:b])):
+            part_lo, part_hi = (None if x is None else x[a:b] for x in (lo, hi))
+            for mask, part in zip(removed, point_removals(value[a:b], state[a:b], np.asarray(p.good_states), part_lo, part_hi)):
                 mask[a:b] = part
     candidates = np.flatnonzero(~(removed[0] | removed[1] | removed[2]))
-    # Of equal timestamps within a series, the last (the highest seq) survives.
+    # Of equal timestamps within a series, the last (the highest seq) survives; a series' last
+    # candidate is always the last of its group.
     last = np.ones(candidates.size, dtype=bool)
-    last[:-1] = (ts[candidates[:-1]] != ts[candidates[1:]]) | (series[candidates[:-1]] != series[candidates[1:]])
+    cand_ts = ts[candidates]
+    np.not_equal(cand_ts[:-1], cand_ts[1:], out=last[:-1])
+    series_ends = np.searchsorted(candidates, bounds[1:]) - 1
+    last[series_ends[series_ends >= 0]] = True
     judged_idx = candidates[last]
     judged = np.zeros(ts.size, dtype=bool)
     judged[judged_idx] = True
@@ -272,17 +277,14 @@ def clean_batch(
     for i, p in enumerate(params):
         if p.hampel_k:
             groups.setdefault((p.hampel_k, p.hampel_sigma, p.hampel_min_dev, p.causal), []).append(i)
+    # Each series' judged points are a slice of judged_idx (it ascends): a group's are its members' slices.
+    judged_bounds = np.searchsorted(judged_idx, bounds).tolist()
     for (k, sigma, min_dev, causal), members in groups.items():
-        if len(members) == len(params):
-            idx = judged_idx
-        else:
-            in_group = np.zeros(len(params), dtype=bool)
-            in_group[members] = True
-            idx = judged_idx[in_group[series[judged_idx]]]
-        if not idx.size:
+        parts = [(judged_bounds[i], judged_bounds[i + 1]) for i in members if judged_bounds[i + 1] > judged_bounds[i]]
+        if not parts:
             continue
-        owner = series[idx]
-        first = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
+        idx = judged_idx[parts[0][0] : parts[0][1]] if len(parts) == 1 else np.concatenate([judged_idx[a:b] for a, b in parts])
+        first = np.cumsum([0] + [b - a for a, b in parts[:-1]])
         flags = hampel_outliers(value[idx], k, sigma, min_dev, trailing=causal, starts=first)
         kept[idx[flags]] = False
     return BatchCleaned(judged, kept, *removed)

@@ -165,6 +165,12 @@ class GridAligner:
             self.next_row = b
 
 
+# Grid cells per call of a point kernel over long series: its temporaries (about twenty arrays of
+# 8 bytes a cell) stay in the CPU cache and below glibc's mmap threshold, where each new array of
+# a whole run would be a fresh mapping whose page faults cost more than its arithmetic.
+_ALIGN_BLOCK_CELLS = 1 << 13
+
+
 def align_batch(
     ts: np.ndarray, value: np.ndarray, starts: np.ndarray, params: Sequence[NodeGridParams],
     first_ms: int, beat_ms: int, n_rows: int,
@@ -173,10 +179,13 @@ def align_batch(
     each strictly increasing) aligned onto one grid of ``n_rows`` times from ``first_ms``, each by
     its own ``params[i]``: ``[series, n_rows]``, the values :class:`GridAligner` gives each series.
 
-    The series sharing a kernel (``interp``, ``aggregate``, ``causal``, ``max_interp_ms``) go through
-    it in one call: each series and its grid are moved to a time span of their own, far enough
-    apart that no gap between two series is ever bridged. The kernels use only differences of
-    times, so the values are those of each series alone, bit for bit.
+    Point values (``aggregate: point``) come from a count of each series' points per grid row
+    (:func:`_points_before`), which gives every row's neighbours among its own series' points, and
+    the point kernels' arithmetic on them (:func:`_linear_at`, :func:`_hold_at`): short series all
+    in one call, long ones series by series in blocks of rows. The series sharing a mean kernel (``interp``, ``causal``, ``max_interp_ms``) go through it in one
+    call: each series and its grid are moved to a time span of their own, far enough apart that no
+    gap between two series is ever bridged. The kernels use only differences of times, so the
+    values are those of each series alone, bit for bit.
     """
     first, beat, rows = as_int("first_ms", first_ms), as_int("beat_ms", beat_ms), as_int("n_rows", n_rows)
     ts = _int_array("align_batch", "ts", ts)
@@ -184,16 +193,47 @@ def align_batch(
     bounds = np.append(np.asarray(starts, dtype=np.int64), ts.size)
     if bounds.size - 1 != len(params) or (bounds.size and bounds[0] != 0) or np.any(np.diff(bounds) < 0):
         raise ValueError(f"align_batch: starts must ascend from 0, one per series ({len(params)} params)")
+    if beat < 1:
+        raise ValueError(f"align_batch: beat_ms must be >= 1, got {beat}")
     out = np.full((len(params), rows), np.nan)
     if rows == 0 or not len(params):
         return out
+    if value.ndim != 1 or value.size != ts.size:
+        raise ValueError(f"align_batch: value must be 1-D with the same length as ts ({ts.size}), got shape {value.shape}")
+    step_back = np.flatnonzero(np.diff(ts) <= 0)
+    step_back = step_back[~np.isin(step_back + 1, bounds)]  # a series' first point may precede the last one's
+    if step_back.size:
+        i = int(step_back[0]) + 1
+        raise ValueError(f"align_batch: ts must be strictly increasing within a series (clean duplicates first); "
+                         f"ts[{i - 1}] = {int(ts[i - 1])}, ts[{i}] = {int(ts[i])}")
     grid = first + beat * np.arange(rows, dtype=np.int64)
     groups: dict[tuple[str, str, bool, int], list[int]] = {}
     for i, p in enumerate(params):
         groups.setdefault((p.interp, p.aggregate, p.causal, p.max_interp_ms), []).append(i)
     lo = min(int(ts.min()) if ts.size else first, first - beat)
     hi = max(int(ts.max()) if ts.size else first, int(grid[-1]))
-    for (_, _, _, max_gap), members in groups.items():
+    for (interp, aggregate, causal, max_gap), members in groups.items():
+        if max_gap < 0:
+            raise ValueError(f"align_batch: max_interp_ms must be >= 0, got {max_gap}")
+        if aggregate != "mean":
+            if not ts.size:
+                continue
+            def point_kernel(r, a, b, g, interp=interp, causal=causal, max_gap=max_gap):
+                if interp == "linear":
+                    return _linear_at(ts, value, g, r, a, b, max_gap, beat if causal else None)
+                return _hold_at(ts, value, g, r, a, b, max_gap)
+
+            parts = [(int(bounds[j]), int(bounds[j + 1])) for j in members]
+            if rows * len(members) <= _ALIGN_BLOCK_CELLS:  # short series (a live input): all in one call
+                m = np.asarray(members)
+                out[m] = point_kernel(_points_before(ts, parts, first, beat, rows), bounds[m][:, None], bounds[m + 1][:, None], grid)
+                continue
+            for j, (a, b) in zip(members, parts):  # series by series, in blocks of rows
+                r = _points_before(ts, [(a, b)], first, beat, rows)[0]
+                for i0 in range(0, rows, _ALIGN_BLOCK_CELLS):
+                    i1 = min(rows, i0 + _ALIGN_BLOCK_CELLS)
+                    out[j, i0:i1] = point_kernel(r[i0:i1], a, b, grid[i0:i1])
+            continue
         span = hi - lo + 2 * (max_gap + beat) + 1  # wider than any gap a kernel may bridge or look back
         if span * len(members) >= 1 << 62:
             raise ValueError("align_batch: the series span too long a time to be aligned together")
@@ -201,10 +241,85 @@ def align_batch(
         shift = np.repeat(np.arange(len(members), dtype=np.int64) * span - lo, [b - a for a, b in parts])
         seg_ts = np.concatenate([ts[a:b] for a, b in parts]) + shift
         seg_value = np.concatenate([value[a:b] for a, b in parts])
-        _check("align_batch", seg_ts, seg_value, np.empty(0, np.int64), max_gap)  # strictly increasing per series
         seg_grid = (grid - lo + (np.arange(len(members), dtype=np.int64) * span)[:, None]).ravel()
         out[members] = _kernel(params[members[0]], beat)(seg_ts, seg_value, seg_grid, max_gap).reshape(len(members), rows)
     return out
+
+
+def _points_before(ts: np.ndarray, parts: Sequence[tuple[int, int]], first: int, beat: int, rows: int) -> np.ndarray:
+    """``[len(parts), rows]``: for each series ``ts[a:b]`` (ascending) of ``parts`` and each grid
+    time ``g`` of ``rows`` from ``first``, the index in ``ts`` of the series' first point at or
+    after ``g`` (``b`` if none): ``a + np.searchsorted(ts[a:b], g)``.
+
+    A point at ``t`` comes before grid row ``i`` (``t < first + i * beat``) exactly when
+    ``(t - first) // beat + 1 <= i``, so counting each series' points per that row and summing the
+    counts gives every row's index in one pass over the points, with no search per row."""
+    key = (ts[parts[0][0] : parts[0][1]] if len(parts) == 1 else np.concatenate([ts[a:b] for a, b in parts])) - first
+    key //= beat
+    key += 1
+    np.clip(key, 0, rows, out=key)  # before the grid: before every row; after it: before none
+    if len(parts) > 1:
+        key += np.repeat(np.arange(len(parts), dtype=np.int64) * (rows + 1), [b - a for a, b in parts])
+    counts = np.bincount(key, minlength=len(parts) * (rows + 1)).reshape(len(parts), rows + 1)[:, :rows]
+    r = np.cumsum(counts, axis=1)
+    r += np.array([a for a, _ in parts], dtype=np.int64)[:, None]
+    return r
+
+
+def _linear_at(
+    ts: np.ndarray, value: np.ndarray, grid: np.ndarray, r: np.ndarray, a: np.ndarray, b: np.ndarray, max_gap: int,
+    causal_beat: int | None,
+) -> np.ndarray:
+    """:func:`_linear` of each series ``ts[a:b]`` (rows of ``r``, ``a``, ``b``) on ``grid``, given
+    ``r`` (:func:`_points_before`): the same operations on the same values, row by row."""
+    n = ts.size
+    right = np.minimum(r, n - 1)
+    left = np.maximum(r - 1, 0)
+    t_r, t_l = ts[right], ts[left]
+    v_r, v_l = value[right], value[left]
+    has_r, has_l = r < b, r > a
+    exact = t_r == grid
+    exact &= has_r
+    # Strictly between two points of the series: t_l < g < t_r; never before the first or after the last.
+    between = has_l & has_r
+    between &= ~exact
+    if causal_beat is not None:
+        # The next point must come before the next grid time; if it does not (or never comes),
+        # the row holds the last point, as a live system one beat later knows it.
+        soon = has_r & (t_r - grid < causal_beat)  # exact hits included
+        held = has_l & ~soon & (grid - t_l <= max_gap)
+        between &= soon
+    dt = t_r - t_l
+    between &= dt <= max_gap
+    # Every cell computed, the ones not between two bridged points discarded: the same IEEE
+    # operations on the same operands as on the between cells alone. int64 differences convert
+    # to float64 exactly (|dt| < 2**53 ms), as Python's int / int does.
+    with np.errstate(all="ignore"):
+        frac = (grid - t_l).astype(np.float64)
+        frac /= dt.astype(np.float64)
+        out = v_r - v_l
+        out *= frac
+        out += v_l
+    np.copyto(out, v_r, where=exact)
+    if causal_beat is not None:
+        np.copyto(out, v_l, where=held)
+        between |= held
+    between |= exact
+    out[~between] = np.nan
+    return out
+
+
+def _hold_at(
+    ts: np.ndarray, value: np.ndarray, grid: np.ndarray, r: np.ndarray, a: np.ndarray, b: np.ndarray, max_age: int,
+) -> np.ndarray:
+    """:func:`_hold` of each series ``ts[a:b]`` on ``grid``, given ``r`` (:func:`_points_before`)."""
+    n = ts.size
+    right = np.minimum(r, n - 1)
+    last = r + ((r < b) & (ts[right] == grid)) - 1  # the last point at or before g: an exact hit, else r's left
+    has = last >= a
+    np.maximum(last, 0, out=last)
+    fresh = has & ((grid - ts[last]) <= max_age)
+    return np.where(fresh, value[last], np.nan)
 
 
 def _kernel(params: NodeGridParams, beat: int):

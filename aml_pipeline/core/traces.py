@@ -210,6 +210,91 @@ class TraceAccumulator:
         """Points the Hampel filter removed."""
         self._add("removed", node_index, ts, value)
 
+    def add_series(self, kind: str, starts: np.ndarray, ts: np.ndarray, value: np.ndarray) -> None:
+        """Several nodes' points at once, as :meth:`add_raw` (``kind`` ``"raw"``) or
+        :meth:`add_removed` (``"removed"``) with node ``j``'s points at ``starts[j] ..
+        starts[j+1]-1``, each node's in time order (the nodes in ``node_ids`` order, all of them).
+
+        When every point lies in the run's span, each node's pixel columns are found by searching
+        the columns' first times among its points (no division per point), and the extremes are
+        reduced over the finite values exactly as :meth:`_add` reduces them; otherwise it is
+        :meth:`_add` itself."""
+        if kind not in ("raw", "removed"):
+            raise ValueError(f"add_series: kind must be 'raw' or 'removed', got {kind!r}")
+        ts = np.asarray(ts)
+        value = np.asarray(value, dtype=np.float64)
+        bounds = np.append(np.asarray(starts, dtype=np.int64), ts.size)
+        nodes = len(self.node_ids)
+        if bounds.size != nodes + 1 or bounds[0] != 0 or np.any(np.diff(bounds) < 0):
+            raise ValueError(f"add_{kind}: starts must ascend from 0, one per node ({nodes} nodes)")
+        if ts.ndim != 1 or ts.shape != value.shape or (ts.size and not np.issubdtype(ts.dtype, np.integer)):
+            raise ValueError(f"add_{kind}: ts (integer epoch ms) and values must be 1-D of equal length")
+        back = np.flatnonzero(ts[1:] < ts[:-1])
+        if back.size:  # a node's first point may precede the last one's
+            at = np.minimum(np.searchsorted(bounds, back + 1), bounds.size - 1)
+            back = back[bounds[at] != back + 1]
+        lo, hi = bounds[:-1], bounds[1:] - 1
+        filled = hi >= lo
+        if back.size or np.any(ts[lo[filled]] < self.t0_ms) or np.any(ts[hi[filled]] > self.t1_ms):
+            self._add(kind, np.repeat(np.arange(nodes, dtype=np.int64), np.diff(bounds)), ts, value)
+            return
+        # Column c holds the times t with (t - t0) * width // span == c: from t0 + ceil(c * span / width) on.
+        c = np.arange(self.width + 1, dtype=np.int64)
+        edges = self.t0_ms + (c * self._span + self.width - 1) // self.width
+        pos = np.stack([np.searchsorted(ts[a:b], edges) + a for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())])
+        self._count[kind] += np.diff(pos, axis=1).ravel()
+        finite = np.isfinite(value)
+        if not finite.all():
+            pos -= np.searchsorted(np.flatnonzero(~finite), pos)  # positions among the finite values
+            value = value[finite]
+        per_cell = np.diff(pos, axis=1).ravel()
+        cells_hit = np.flatnonzero(per_cell)
+        if not cells_hit.size:
+            return
+        first = pos[:, :-1].ravel()[cells_hit]
+        mins, maxs = self._min[kind], self._max[kind]
+        mins[cells_hit] = np.minimum(mins[cells_hit], np.minimum.reduceat(value, first))
+        maxs[cells_hit] = np.maximum(maxs[cells_hit], np.maximum.reduceat(value, first))
+
+    def add_grid_rows(self, grid_ts: np.ndarray, values: np.ndarray) -> None:
+        """Every node's grid at once, node-major (``values[j]`` is node ``j``'s column, the grid
+        stage's order) at the ascending times ``grid_ts``: as :meth:`add_grid` of each node, with
+        each row's pixel column computed once for all nodes."""
+        values = np.asarray(values, dtype=np.float64)
+        grid_ts = np.asarray(grid_ts)
+        nodes = len(self.node_ids)
+        if values.ndim != 2 or values.shape != (nodes, grid_ts.size):
+            raise ValueError(f"add_grid_rows: values must be [{nodes} nodes, {grid_ts.size} rows], got {values.shape}")
+        if grid_ts.size and not np.issubdtype(grid_ts.dtype, np.integer):
+            raise ValueError(f"add_grid_rows: grid_ts must be integer epoch ms, got {grid_ts.dtype}")
+        if np.any(grid_ts[1:] <= grid_ts[:-1]):
+            raise ValueError("add_grid_rows: grid_ts must be strictly increasing")
+        i0, i1 = np.searchsorted(grid_ts, [self.t0_ms, self.t1_ms + 1]).tolist()
+        values, col = values[:, i0:i1], grid_ts[i0:i1].astype(np.int64) - self.t0_ms
+        col *= self.width
+        col //= self._span
+        rows = col.size
+        if not rows:
+            return
+        per_col = np.bincount(col, minlength=self.width)
+        count = self._count["grid"].reshape(nodes, self.width)
+        count += per_col
+        missing = np.flatnonzero(~np.isfinite(values))
+        per_cell = np.broadcast_to(per_col, (nodes, self.width)).ravel()
+        flat = values.ravel()
+        if missing.size:
+            nan_cells = np.bincount(missing // rows * self.width + col[missing % rows], minlength=nodes * self.width)
+            self._missing += nan_cells
+            per_cell = per_cell - nan_cells
+            flat = np.delete(flat, missing)
+        cells_hit = np.flatnonzero(per_cell)
+        if not cells_hit.size:
+            return
+        first = np.concatenate([[0], np.cumsum(per_cell[cells_hit])[:-1]])
+        mins, maxs = self._min["grid"], self._max["grid"]
+        mins[cells_hit] = np.minimum(mins[cells_hit], np.minimum.reduceat(flat, first))
+        maxs[cells_hit] = np.maximum(maxs[cells_hit], np.maximum.reduceat(flat, first))
+
     def _add(self, kind: str, node_index: int | np.ndarray, ts: np.ndarray, value: np.ndarray) -> None:
         ts = np.asarray(ts)
         value = np.asarray(value, dtype=np.float64)

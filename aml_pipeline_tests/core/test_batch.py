@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from aml_pipeline.core.clean import clean_batch
+import aml_pipeline.core.grid as grid_module
 from aml_pipeline.core.grid import align_batch
 from aml_pipeline_tests.core.whole_series import clean_series, grid_column, node_params
 
@@ -32,8 +33,11 @@ def _params(rng: np.random.Generator):
     )
 
 
+@pytest.mark.parametrize("block_cells", [None, 7])
 @pytest.mark.parametrize("seed", range(6))
-def test_batch_cleaning_and_alignment_equal_each_series_alone(seed: int) -> None:
+def test_batch_cleaning_and_alignment_equal_each_series_alone(seed: int, block_cells: int | None, monkeypatch) -> None:
+    if block_cells is not None:  # long series' path: series by series, in blocks of rows
+        monkeypatch.setattr(grid_module, "_ALIGN_BLOCK_CELLS", block_cells)
     rng = np.random.default_rng(seed)
     lengths = [int(rng.integers(0, 200)) for _ in range(12)] + [0, 1]
     series = [_series(rng, n, 10.0 * j) for j, n in enumerate(lengths)]
@@ -42,9 +46,6 @@ def test_batch_cleaning_and_alignment_equal_each_series_alone(seed: int) -> None
     starts = np.cumsum([0, *lengths[:-1]])
     ts, value, state = (np.concatenate([s[i] for s in series]) for i in range(3))
     cleaned = clean_batch(ts, value, state, starts, params)
-    first, beat, rows = 1_700_000_000_000 - 3000, 1000, 400
-    got = align_batch(ts[cleaned.kept], value[cleaned.kept], np.searchsorted(np.flatnonzero(cleaned.kept), starts),
-                      params, first, beat, rows)
     counts = cleaned.counts(starts)
     for j, ((t, v, s), p) in enumerate(zip(series, params)):
         a, b = starts[j], starts[j] + lengths[j]
@@ -52,6 +53,11 @@ def test_batch_cleaning_and_alignment_equal_each_series_alone(seed: int) -> None
         assert counts[j] == alone.counts and list(counts[j]) == list(alone.counts), j
         assert np.array_equal(ts[a:b][cleaned.kept[a:b]], alone.ts), j
         assert np.array_equal(np.sort(ts[a:b][cleaned.judged[a:b] & ~cleaned.kept[a:b]]), alone.outlier_ts), j
-        column, _ = grid_column(t, v, s, first, beat, rows, p)
-        assert got[j].tobytes() == column.tobytes(), (j, p)
-    assert np.isfinite(got).any() and np.isnan(got).any()
+    # A grid from before the series' points, and one beginning among them (points before its first row).
+    for first, beat, rows in ((1_700_000_000_000 - 3000, 1000, 400), (1_700_000_000_000 + 40_500, 500, 300)):
+        got = align_batch(ts[cleaned.kept], value[cleaned.kept], np.searchsorted(np.flatnonzero(cleaned.kept), starts),
+                          params, first, beat, rows)
+        for j, ((t, v, s), p) in enumerate(zip(series, params)):
+            column, _ = grid_column(t, v, s, first, beat, rows, p)
+            assert got[j].tobytes() == column.tobytes(), (j, p, first)
+        assert np.isfinite(got).any() and np.isnan(got).any()

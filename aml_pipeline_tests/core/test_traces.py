@@ -212,3 +212,56 @@ def test_folding_onto_any_narrower_width_keeps_every_count_and_extreme():
     assert wide.folded(1000) is wide
     with pytest.raises(ValueError, match="more than the traces' 1000"):
         wide.folded(1001)
+
+
+def _series_points(rng: np.random.Generator, t0: int, t1: int, nodes: int):
+    """Each node's points in time order (duplicates, runs of one column, ends of the span), some
+    non-finite, some values signed zeros; back to back."""
+    parts = []
+    for j in range(nodes):
+        n = int(rng.choice([0, 1, 7, 300]))
+        ts = np.sort(rng.integers(t0, t1 + 1, n))
+        if n > 2:
+            ts[0], ts[-1] = t0, t1
+        value = np.round(rng.normal(0, 1, n), 1)  # -0.0 and 0.0 both occur
+        value[rng.random(n) < 0.1] = rng.choice([np.nan, np.inf, -np.inf])
+        parts.append((ts.astype(np.int64), value))
+    starts = np.cumsum([0] + [p[0].size for p in parts[:-1]])
+    return starts, np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_series_and_grid_rows_equal_the_per_point_adds(seed):
+    """add_series and add_grid_rows (every node at once, columns found once) give the bytes of
+    add_raw / add_removed / add_grid fed the same points with a node index per point; a point
+    outside the span or out of order falls back to them."""
+    rng = np.random.default_rng(seed)
+    t0, t1, nodes, width = 1_000, 61_000, 5, 37
+    fast, slow = (TraceAccumulator(t0, t1, [f"n{j}" for j in range(nodes)], width=width) for _ in range(2))
+    starts, ts, value = _series_points(rng, t0, t1, nodes)
+    node = np.repeat(np.arange(nodes), np.diff(np.append(starts, ts.size)))
+    fast.add_series("raw", starts, ts, value)
+    slow.add_raw(node, ts, value)
+    fast.add_series("removed", starts, ts[::-1][::-1], value)
+    slow.add_removed(node, ts, value)
+    outside = ts.copy()
+    if outside.size:
+        outside[-1] = t1 + 5  # falls back: ignored like add_raw ignores it
+    fast.add_series("raw", starts, outside, value)
+    slow.add_raw(node, outside, value)
+    if ts.size > 2:
+        shuffled = ts.copy()
+        shuffled[[-1, -2]] = shuffled[[-2, -1]] if shuffled[-1] != shuffled[-2] else (t0, t1)
+        fast.add_series("removed", starts, shuffled, value)
+        slow.add_removed(node, shuffled, value)
+    grid_ts = np.arange(t0 - 3_000, t1 + 3_000, 700, dtype=np.int64)
+    grid = np.round(rng.normal(0, 1, (nodes, grid_ts.size)), 1)
+    grid[rng.random(grid.shape) < 0.2] = np.nan
+    grid[0, :3] = np.inf
+    grid[1] = np.nan
+    fast.add_grid_rows(grid_ts, grid)
+    slow.add_grid(np.repeat(np.arange(nodes), grid_ts.size), np.tile(grid_ts, nodes), grid.reshape(-1))
+    a, b = fast.result(), slow.result()
+    for name in RunTraces.ARRAYS:
+        assert getattr(a, name).tobytes() == getattr(b, name).tobytes(), name
+    assert b.raw_count.sum() and b.removed_count.sum() and b.grid_missing.sum()

@@ -306,21 +306,18 @@ def _clean_whole_run(store: DatasetStore, run_id: str, meta: Mapping[str, Any], 
     ts = store.read_flat(run_id, RAW, "ts", 0, n)
     value = store.read_flat(run_id, RAW, "value", 0, n)
     state = store.read_flat(run_id, RAW, "state", 0, n)
-    node_of = np.repeat(np.arange(len(params), dtype=np.int64), np.diff(offsets))
-    traces.add_raw(node_of, ts, value)
+    traces.add_series("raw", starts, ts, value)
     cleaned = clean_batch(ts, value, state, starts, params)
-    outliers = cleaned.judged & ~cleaned.kept
-    traces.add_removed(node_of[outliers], ts[outliers], value[outliers])
-    kept = np.flatnonzero(cleaned.kept)
-    kept_ts, kept_value = ts[kept], value[kept]
-    kept_starts = np.searchsorted(kept, offsets)
+    node_counts = cleaned.counts(starts)
+    outliers = np.flatnonzero(cleaned.judged & ~cleaned.kept)
+    traces.add_series("removed", np.searchsorted(outliers, starts), ts[outliers], value[outliers])
+    kept_ts, kept_value = ts[cleaned.kept], value[cleaned.kept]
+    kept_starts = np.cumsum([0] + [c["kept"] for c in node_counts])
     grid = align_batch(kept_ts, kept_value, kept_starts[:-1], params, first, spec.beat_ms, rows)
     values.append(grid)
-    # Node by node (their cells ascend): the grid's values in its stored, node-major order.
-    traces.add_grid(np.repeat(np.arange(len(params), dtype=np.int64), rows),
-                    np.tile(first + spec.beat_ms * np.arange(rows, dtype=np.int64), len(params)), grid.reshape(-1))
+    traces.add_grid_rows(first + spec.beat_ms * np.arange(rows, dtype=np.int64), grid)
     nan_rows = np.count_nonzero(np.isnan(grid), axis=1).tolist()
-    for j, (node, p, c) in enumerate(zip(spec.nodes, params, cleaned.counts(starts))):
+    for j, (node, p, c) in enumerate(zip(spec.nodes, params, node_counts)):
         sampling = SamplePeriods(spec.beat_ms)
         sampling.feed(kept_ts[kept_starts[j] : kept_starts[j + 1]])
         counts[node.node_id] = c
