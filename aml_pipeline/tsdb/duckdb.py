@@ -792,7 +792,7 @@ class DuckDBTsdb(ReadBase):
             out[node_id] = Rows(ts[a:b], value[a:b], state[a:b], seq[a:b])
         return out
 
-    def _read_runs(
+    def _read_slices(
         self, slices: Sequence[tuple[str, int, int]], node_ids: Sequence[str], most: int, total: int
     ) -> list[dict[str, Rows] | None]:
         """Consecutive slices in one query where the runs' point counts (``run_state``, read-only

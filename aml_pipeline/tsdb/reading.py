@@ -84,7 +84,7 @@ class ReadBase(TsdbPort):
         adapter has no such read."""
         return None
 
-    def _read_runs(
+    def _read_slices(
         self, slices: Sequence[tuple[str, int, int]], node_ids: Sequence[str], most: int, total: int
     ) -> list[dict[str, Rows] | None]:
         """Per slice ``(run_id, from_ms, to_ms)``, what :meth:`_read_run` gives for it (None: not
@@ -162,7 +162,7 @@ class ReadBase(TsdbPort):
         dropped once its last page has been served; a new prefetch replaces the old one.
 
         ``ahead`` (the slices prefetched next) is read in the same read where the adapter can
-        (:meth:`_read_runs`) and held: a later prefetch of one of them, for the same nodes, is
+        (:meth:`_read_slices`) and held: a later prefetch of one of them, for the same nodes, is
         served from what is held, and drops the slices held before it; any other prefetch drops
         them all, and closing the handle does too.
 
@@ -194,7 +194,7 @@ class ReadBase(TsdbPort):
                 for r, a, b in ahead:
                     if (r, a, b) not in slices:
                         slices.append((r, a, b))
-                read = self._read_runs(slices, list(nodes), most, limit)
+                read = self._read_slices(slices, list(nodes), most, limit)
                 held = read[0]
                 for (r, a, b), rows in zip(slices[1:], read[1:]):
                     if rows is not None:
