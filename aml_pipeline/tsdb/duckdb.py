@@ -537,7 +537,9 @@ class DuckDBTsdb(ReadBase):
         try:
             if not arrow:
                 return self._c.execute(sql, params).fetchnumpy()
-            table = self._c.sql(sql, params=params).to_arrow_table(_ARROW_BATCH_ROWS)
+            rel = self._c.sql(sql, params=params)
+            to_table = getattr(rel, "to_arrow_table", None) or rel.fetch_arrow_table  # older DuckDB: fetch_arrow_table
+            table = to_table(_ARROW_BATCH_ROWS)
             return {name: table.column(name).to_numpy() for name in table.column_names}
         except duckdb.OutOfMemoryException as e:
             if self.memory_limit_mb is None:
