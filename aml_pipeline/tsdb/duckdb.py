@@ -836,7 +836,9 @@ class DuckDBTsdb(ReadBase):
             "SELECT run_key, node_key, ts, value, state, seq FROM points "
             f"WHERE run_key IN ({run_list}) AND node_key IN ({node_list}) AND ts BETWEEN ? AND ?",
             [min(c[1] for c in ranges), max(c[2] for c in ranges)],
-            arrow=True,
+            # Through Arrow when runs are read ahead: its conversion costs a fixed setup per
+            # query and less per row than fetchnumpy's, which a read of one slice does not repay.
+            arrow=len(ranges) > 1,
         )
         rk, nk, ts, seq = cols["run_key"], cols["node_key"], cols["ts"], cols["seq"]
         value, state = cols["value"], cols["state"]
