@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aml_pipeline.errors import BuildError
 from aml_pipeline.pipeline.plan import BuildPlan
+from aml_pipeline.pipeline.registry import RAW
 from aml_pipeline.pipeline.runs import build_runs
 from aml_pipeline.pipeline.stages.manifest import PublishedDataset, publish_dataset
 from aml_pipeline.pipeline.stages.norm import fit_or_reuse_normalization
@@ -46,8 +47,9 @@ def build_dataset(
     store = DatasetStore(store_root, spec)
     with store.in_use():
         plan = BuildPlan.read(tsdb, store, full=full)
-        fetch = plan.fetcher(tsdb, page_limit=page_limit)
-        with closing(build_runs(store, plan.work(), fetch)) as results:
+        work = plan.work()
+        fetch = plan.fetcher(tsdb, page_limit=page_limit, order=[r for r, stages in work if RAW in stages])
+        with closing(build_runs(store, work, fetch)) as results:
             for i, run in enumerate(plan.runs):
                 if run.run_id in plan.stale:
                     result = next(results)

@@ -110,7 +110,8 @@ def run_stage_assets(spec: DatasetSpec, versions: StageVersions) -> dg.AssetsDef
             fetch = None
             if RAW in stages:
                 # A partition that is not a finished run in scope is looked up: an unfinished run fails naming why.
-                fetch = BuildPlan.read(db, ds, run_ids=run_ids, require_runs=False).fetcher(db, page_limit=tsdb.page_limit)
+                plan = BuildPlan.read(db, ds, run_ids=run_ids, require_runs=False)
+                fetch = plan.fetcher(db, page_limit=tsdb.page_limit, order=run_ids)
             outcomes = []
             for i, outcome in enumerate(run_outcomes(ds, [(r, stages) for r in run_ids], fetch, plot=plots), 1):
                 outcomes.append(outcome)

@@ -106,8 +106,11 @@ class BuildPlan:
                 rows += max(0, hi - lo) // spec.beat_ms + 1
         return rows * len(spec.nodes)
 
-    def fetcher(self, tsdb: TsdbPort, *, page_limit: int) -> Callable[[str], RawSummary]:
-        return run_fetcher(tsdb, self.store, self.runs, self.catalog, page_limit=page_limit, tsdb_versions=self.tsdb_versions)
+    def fetcher(self, tsdb: TsdbPort, *, page_limit: int, order: Sequence[str] = ()) -> Callable[[str], RawSummary]:
+        """:func:`~aml_pipeline.pipeline.stages.raw.run_fetcher` for the plan's runs; ``order``: the
+        run ids in the order they will be fetched (each fetch names the next ones to the TSDB)."""
+        return run_fetcher(tsdb, self.store, self.runs, self.catalog, page_limit=page_limit,
+                           tsdb_versions=self.tsdb_versions, order=order)
 
 
 def first_stale_stage(

@@ -96,6 +96,7 @@ from aml_pipeline.tsdb.port import (
     PointColumns,
     Run,
     RunScope,
+    ordered_by_ts_seq,
 )
 from aml_pipeline.tsdb.reading import ReadBase, Rows
 from aml_pipeline.tsdb.versions import migrated_version
@@ -114,6 +115,8 @@ READER_MEMORY_MIN_MB = 16
 # Points one page query reads at most (more if the page limit is larger); see DuckDBTsdb._read.
 _WINDOW_ROWS = 65_536
 _SERIES = "run_key = ? AND node_key = ?"
+# Rows per Arrow batch of a prefetch: one batch for most reads, so its columns are taken without a copy.
+_ARROW_BATCH_ROWS = 1 << 22
 
 # Version 1: every table but run_state. Kept as it was: a fresh file is created at version 1 and
 # migrated, the same path every version-1 file takes.
@@ -490,6 +493,7 @@ class DuckDBTsdb(ReadBase):
         with self._lock:
             self._closed = True
             self._prefetched.clear()
+            self._ahead.clear()
             self._release(remove_files=self.created_file)
 
     def _release(self, *, remove_files: bool = False) -> None:
@@ -527,9 +531,16 @@ class DuckDBTsdb(ReadBase):
             raise TsdbError(f"{self.url}: this TSDB handle is closed")
         return self._con
 
-    def _select(self, sql: str, params: list[Any]) -> dict[str, np.ndarray]:
+    def _select(self, sql: str, params: list[Any], *, arrow: bool = False) -> dict[str, np.ndarray]:
+        """The result's columns as numpy arrays. ``arrow``: through one Arrow table (its columns
+        taken without a copy, read-only): less work for a result of many rows."""
         try:
-            return self._c.execute(sql, params).fetchnumpy()
+            if not arrow:
+                return self._c.execute(sql, params).fetchnumpy()
+            rel = self._c.sql(sql, params=params)
+            to_table = getattr(rel, "to_arrow_table", None) or rel.fetch_arrow_table  # older DuckDB: fetch_arrow_table
+            table = to_table(_ARROW_BATCH_ROWS)
+            return {name: table.column(name).to_numpy() for name in table.column_names}
         except duckdb.OutOfMemoryException as e:
             if self.memory_limit_mb is None:
                 raise TsdbError(f"{self.path}: out of memory ({_one_line(e)})", code="TSDB_OUT_OF_MEMORY") from None
@@ -592,6 +603,24 @@ class DuckDBTsdb(ReadBase):
                 # Nothing changes under a read-only handle: a bound for every series of the run.
                 self._run_points[key] = int(rows[0][1])
         return key
+
+    def _run_keys_of(self, run_ids: Sequence[str]) -> None:
+        """Look up the keys (and point counts) of those of ``run_ids`` not known yet, in one query."""
+        missing = [r for r in dict.fromkeys(run_ids) if r not in self._run_keys]
+        if not missing:
+            return
+        counted = self.read_only and self.schema_version >= 2
+        rows = self._c.execute(
+            "SELECT r.run_id, r.run_key, s.point_count FROM runs r LEFT JOIN run_state s USING (run_key) "
+            "WHERE list_contains(?, r.run_id)"
+            if counted
+            else "SELECT run_id, run_key, NULL FROM runs WHERE list_contains(?, run_id)",
+            [missing],
+        ).fetchall()
+        for run_id, key, points in rows:
+            self._run_keys[run_id] = int(key)
+            if points is not None:
+                self._run_points[int(key)] = int(points)
 
     def _node_key(self, node_id: str) -> int:
         key = self._node_keys.get(node_id)
@@ -765,6 +794,72 @@ class DuckDBTsdb(ReadBase):
             out[node_id] = Rows(ts[a:b], value[a:b], state[a:b], seq[a:b])
         return out
 
+    def _read_slices(
+        self, slices: Sequence[tuple[str, int, int]], node_ids: Sequence[str], most: int, total: int
+    ) -> list[dict[str, Rows] | None]:
+        """Consecutive slices in one query where the runs' point counts (``run_state``, read-only
+        handles) bound what it returns: the first slice, then each next one while its run has at
+        most ``most`` points and all of them together at most ``total``. The rows are split by
+        run and node here, and each slice cut to its own time range."""
+        out: list[dict[str, Rows] | None] = [None] * len(slices)
+        self._run_keys_of([r for r, _, _ in slices])
+        run_key = self._run_key(slices[0][0])  # an unknown run is reported here
+        counted = self._run_points.get(run_key)
+        if counted is None or counted > most:  # no bound from the counts: the first slice alone
+            out[0] = self._read_run(slices[0][0], node_ids, slices[0][1], slices[0][2], most)
+            return out
+        keys: dict[int, str] = {}
+        for node_id in node_ids:
+            try:
+                keys[self._node_key(node_id)] = node_id
+            except UnknownNodeError:
+                continue  # query_page reports it when that node is asked for
+        if not keys:
+            return out
+        chosen: dict[int, list[tuple[int, int, int]]] = {}  # run_key -> its slices (index, lo, hi)
+        points = 0
+        for i, (run_id, from_ms, to_ms) in enumerate(slices):
+            key = self._run_keys.get(run_id)
+            n = None if key is None else self._run_points.get(key)
+            lo, hi = clamp_i64(from_ms), clamp_i64(to_ms)
+            if n is None or n > most or points + n > total:
+                break
+            if lo <= hi:
+                chosen.setdefault(key, []).append((i, lo, hi))
+            points += n
+        if not chosen:
+            return out
+        run_list = ", ".join(str(int(k)) for k in chosen)  # integers from our own catalog
+        node_list = ", ".join(str(int(k)) for k in keys)
+        ranges = [c for cs in chosen.values() for c in cs]
+        cols = self._select(
+            "SELECT run_key, node_key, ts, value, state, seq FROM points "
+            f"WHERE run_key IN ({run_list}) AND node_key IN ({node_list}) AND ts BETWEEN ? AND ?",
+            [min(c[1] for c in ranges), max(c[2] for c in ranges)],
+            # Through Arrow when runs are read ahead: its conversion costs a fixed setup per
+            # query and less per row than fetchnumpy's, which a read of one slice does not repay.
+            arrow=len(ranges) > 1,
+        )
+        rk, nk, ts, seq = cols["run_key"], cols["node_key"], cols["ts"], cols["seq"]
+        value, state = cols["value"], cols["state"]
+        starts = _series_starts(rk, nk, ts, seq)
+        if starts is None:  # not in storage order: sort (run, node, ts, seq)
+            order = np.lexsort((seq, ts, nk, rk))
+            rk, nk, ts, value, state, seq = rk[order], nk[order], ts[order], value[order], state[order], seq[order]
+            starts = _series_starts(rk, nk, ts, seq)
+            assert starts is not None
+        empty = Rows(ts[:0], value[:0], state[:0], seq[:0])
+        for i, _, _ in ranges:
+            out[i] = dict.fromkeys(keys.values(), empty)
+        bounds = starts.tolist() + [int(ts.shape[0])]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            node_id = keys[int(nk[a])]
+            part = ts[a:b]
+            for i, lo, hi in chosen[int(rk[a])]:
+                x, y = a + int(np.searchsorted(part, lo, "left")), a + int(np.searchsorted(part, hi, "right"))
+                out[i][node_id] = Rows(ts[x:y], value[x:y], state[x:y], seq[x:y])
+        return out
+
     # ---- ingest ----------------------------------------------------------------------------
     def ingest(
         self,
@@ -801,6 +896,19 @@ class DuckDBTsdb(ReadBase):
                     raise IngestError(f"{self.url}: {what} ({_one_line(e)})") from e
                 raise
         return outcome.written
+
+
+def _series_starts(rk: np.ndarray, nk: np.ndarray, ts: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
+    """Where each series (``rk``, ``nk``) begins, if the rows come in series, each series once and
+    in ``(ts, seq)`` order (as they are stored); None otherwise."""
+    n = int(ts.shape[0])
+    if n < 2:
+        return np.zeros(min(n, 1), dtype=np.int64)
+    new = (rk[1:] != rk[:-1]) | (nk[1:] != nk[:-1])
+    starts = np.concatenate(([0], np.flatnonzero(new) + 1))
+    if np.unique(rk[starts].astype(np.int64) << 32 | nk[starts].astype(np.int64)).shape[0] != starts.shape[0]:
+        return None
+    return starts if ordered_by_ts_seq(ts, seq, new) else None
 
 
 class _Statements:

@@ -179,13 +179,23 @@ class TsdbPort(Protocol):
         ordered by ``(ts, seq)``, at most ``limit`` of them."""
 
     def prefetch(
-        self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int, *, max_points: int | None = None
+        self,
+        run_id: str,
+        node_ids: Sequence[str],
+        from_ms: int,
+        to_ms: int,
+        *,
+        max_points: int | None = None,
+        ahead: Sequence[tuple[str, int, int]] = (),
     ) -> bool:
         """A hint before a time slice of a run is read node by node: read the points of
         ``node_ids`` in ``run_id`` within ``[from_ms, to_ms]`` at once (at most ``max_points``,
         within the memory budget) and serve the next :meth:`query_page` calls for exactly those
-        series from memory, the same pages as without the hint. Returns whether the hint was
-        taken. The default takes none (False): every page is read when it is asked for."""
+        series from memory, the same pages as without the hint. ``ahead``: the slices
+        ``(run_id, from_ms, to_ms)`` of the same nodes the caller prefetches next, in that order;
+        an adapter may read them with this one and hold them (within the same memory bound), so
+        that their own prefetch reads nothing. Returns whether the hint was taken. The default
+        takes none (False): every page is read when it is asked for."""
         return False
 
     def run_versions(self, run_ids: Sequence[str]) -> dict[str, str]:
@@ -238,6 +248,21 @@ class PortCalls:
         return self._call("run_versions", *args, **kwargs)
 
 
+def ordered_by_ts_seq(ts: np.ndarray, seq: np.ndarray, new: np.ndarray | None = None) -> bool:
+    """Whether the points ``(ts, seq)`` ascend strictly: one comparison over the points, the
+    seqs compared only where timestamps repeat. ``new`` (one flag per point after the first):
+    where another series begins, which need not follow the one before it."""
+    if ts.shape[0] < 2:
+        return True
+    later = ts[1:] > ts[:-1]
+    if new is not None:
+        later |= new
+    if bool(later.all()):
+        return True
+    tied = np.flatnonzero(~later)
+    return bool(np.all((ts[tied + 1] == ts[tied]) & (seq[tied + 1] > seq[tied])))
+
+
 def iter_node_pages(
     tsdb: TsdbPort,
     node_id: str,
@@ -272,9 +297,7 @@ def iter_node_pages(
                 raise PaginationError(
                     f"{tsdb.url}: page for {where} starts at {first}, not after cursor {cursor}"
                 )
-            keys_ts, keys_seq = page.ts, page.seq
-            ordered = (np.diff(keys_ts) > 0) | ((np.diff(keys_ts) == 0) & (np.diff(keys_seq) > 0))
-            if not bool(np.all(ordered)):
+            if not ordered_by_ts_seq(page.ts, page.seq):
                 raise PaginationError(f"{tsdb.url}: page for {where} is not ordered by (ts, seq)")
         crash_point("fetch.page")
         yield page, queries

@@ -60,6 +60,9 @@ class ReadBase(TsdbPort):
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._prefetched: dict[tuple[str, str, int, int], Rows] = {}
+        # Slices read ahead by a prefetch, until their own prefetch: (run, from, to, nodes) ->
+        # (points, rows per node).
+        self._ahead: dict[tuple[str, int, int, tuple[str, ...]], tuple[int, dict[str, Rows]]] = {}
         self._closed = False
 
     # ---- primitives ----------------------------------------------------------------------------
@@ -80,6 +83,16 @@ class ReadBase(TsdbPort):
         ``[from_ms, to_ms]``, in one read; None if there are more than ``most`` in all or the
         adapter has no such read."""
         return None
+
+    def _read_slices(
+        self, slices: Sequence[tuple[str, int, int]], node_ids: Sequence[str], most: int, total: int
+    ) -> list[dict[str, Rows] | None]:
+        """Per slice ``(run_id, from_ms, to_ms)``, what :meth:`_read_run` gives for it (None: not
+        read), the first slice always tried, those after it read with it where the adapter can:
+        each at most ``most`` points, all together at most ``total``. The default reads the
+        first alone."""
+        run_id, from_ms, to_ms = slices[0]
+        return [self._read_run(run_id, node_ids, from_ms, to_ms, most), *([None] * (len(slices) - 1))]
 
     def _release(self) -> None:
         """Close connections and files."""
@@ -134,27 +147,61 @@ class ReadBase(TsdbPort):
         return Page(rows.ts, rows.value, rows.state, rows.seq, next_cursor, done)
 
     def prefetch(
-        self, run_id: str, node_ids: Sequence[str], from_ms: int, to_ms: int, *, max_points: int | None = None
+        self,
+        run_id: str,
+        node_ids: Sequence[str],
+        from_ms: int,
+        to_ms: int,
+        *,
+        max_points: int | None = None,
+        ahead: Sequence[tuple[str, int, int]] = (),
     ) -> bool:
         """Read the points of ``node_ids`` in ``run_id`` within ``[from_ms, to_ms]`` in one read
         (:meth:`_read_run`) and serve the next :meth:`query_page` calls for exactly those series
         from memory: the same rows, order, limits and cursors as the reads give. A series is
         dropped once its last page has been served; a new prefetch replaces the old one.
 
+        ``ahead`` (the slices prefetched next) is read in the same read where the adapter can
+        (:meth:`_read_slices`) and held: a later prefetch of one of them, for the same nodes, is
+        served from what is held, and drops the slices held before it; any other prefetch drops
+        them all, and closing the handle does too.
+
         Bounded: a slice of more than ``max_points`` (at most :meth:`prefetch_limit` points,
         1/:data:`PREFETCH_MEMORY_SHARE` of ``AML_MEMORY_MB``) is not kept, and the pages are read
-        as without the hint. A node the database does not know is left to :meth:`query_page`,
-        which reports it. Returns whether the slice is served from memory.
+        as without the hint; what is held and served at once is at most :meth:`prefetch_limit`
+        points. A node the database does not know is left to :meth:`query_page`, which reports
+        it. Returns whether the slice is served from memory.
         """
         with self._lock:
             self._require_open()
             self._prefetched.clear()
+            if from_ms > to_ms:  # nothing to read (what is held stays)
+                return False
             limit = self.prefetch_limit()
             most = limit if max_points is None else min(int(max_points), limit)
-            slices = self._read_run(run_id, list(dict.fromkeys(node_ids)), from_ms, to_ms, most)
-            if slices is None:
+            nodes = tuple(dict.fromkeys(node_ids))
+            key = (run_id, from_ms, to_ms, nodes)
+            held = None
+            if key in self._ahead:
+                for k in list(self._ahead):  # the slices before it are not asked for any more
+                    points, rows = self._ahead.pop(k)
+                    if k == key:
+                        held = rows if points <= most else None
+                        break
+            if held is None:
+                self._ahead.clear()
+                slices = [(run_id, from_ms, to_ms)]
+                for r, a, b in ahead:
+                    if (r, a, b) not in slices:
+                        slices.append((r, a, b))
+                read = self._read_slices(slices, list(nodes), most, limit)
+                held = read[0]
+                for (r, a, b), rows in zip(slices[1:], read[1:]):
+                    if rows is not None:
+                        self._ahead[(r, a, b, nodes)] = (sum(len(x) for x in rows.values()), rows)
+            if held is None:
                 return False
-            for node_id, rows in slices.items():
+            for node_id, rows in held.items():
                 self._prefetched[(node_id, run_id, from_ms, to_ms)] = rows
         return True
 
@@ -184,6 +231,7 @@ class ReadBase(TsdbPort):
         with self._lock:
             self._closed = True
             self._prefetched.clear()
+            self._ahead.clear()
             self._release()
 
     def __enter__(self) -> Any:

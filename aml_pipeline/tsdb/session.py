@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aml_pipeline.errors import TsdbError
 from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, PortCalls, TsdbPort
@@ -124,6 +124,7 @@ class BriefHandle(PortCalls):
         self.session, self.hold_s = session, float(hold_s)
         self.url = session.url
         self._since: float | None = None
+        self._last_prefetch: float | None = None
 
     def _call(self, name: str, *args, **kwargs):
         handle = self.session.acquire()
@@ -136,19 +137,25 @@ class BriefHandle(PortCalls):
                 self.session.release()
                 self._since = None
 
-    def prefetch(self, *args, **kwargs) -> bool:
+    def prefetch(self, *args, ahead: Sequence[tuple[str, int, int]] = (), **kwargs) -> bool:
         """The handle's :meth:`~aml_pipeline.tsdb.port.TsdbPort.prefetch`. Served pages stay with
         the handle: a hold that ends before they are read drops them, and the rest of the slice
-        is read page by page from the reopened handle."""
+        is read page by page from the reopened handle. So does what is read ahead: ``ahead`` is
+        cut to the slices the prefetches so far, at their pace, would ask for before the hold ends."""
+        now = time.monotonic()
         # A hold that is already over ends here, before the slice is read: were each prefetch to
         # restart the hold, a build of short runs would keep the file from a waiting ingest until
         # its last run.
-        if self._since is not None and time.monotonic() - self._since >= self.hold_s:
+        if self._since is not None and now - self._since >= self.hold_s:
             self.release()
         handle = self.session.acquire()
         if self._since is None or not self.session.holding:
-            self._since = time.monotonic()
-        return handle.prefetch(*args, **kwargs)
+            self._since = now
+        if ahead and self._last_prefetch is not None and now > self._last_prefetch:
+            left = self.hold_s - (now - self._since)
+            ahead = ahead[: max(0, int(left / (now - self._last_prefetch)))]
+        self._last_prefetch = now
+        return handle.prefetch(*args, ahead=ahead, **kwargs)
 
     def release(self) -> None:
         """Let go of the handle now (e.g. at the end of a step)."""

@@ -336,3 +336,42 @@ def test_a_brief_handle_ends_its_hold_even_when_every_chunk_starts_with_a_prefet
     assert chunks >= 8
     # One hold per hold_s of the second: not one hold for all of it.
     assert session.opens >= 3, session.opens
+
+
+def test_a_brief_handle_reads_ahead_only_what_its_hold_will_serve(monkeypatch):
+    """What a prefetch names as read next is cut to the slices the prefetches' pace asks for before
+    the hold ends: a hold that ends drops what it read ahead, so reading more is wasted."""
+    import aml_pipeline.tsdb.session as session_mod
+    from aml_pipeline.tsdb.session import BriefHandle
+
+    clock = [100.0]
+    monkeypatch.setattr(session_mod.time, "monotonic", lambda: clock[0])
+    asked: list[int] = []
+
+    class Handle:
+        def prefetch(self, run_id, node_ids, from_ms, to_ms, *, ahead=(), **kw):
+            asked.append(len(ahead))
+            return True
+
+    class Session:
+        url, holding, opens = "duckdb:///x", False, 0
+
+        def acquire(self):
+            if not self.holding:
+                self.holding, self.opens = True, self.opens + 1
+            return Handle()
+
+        def release(self):
+            self.holding = False
+
+    session = Session()
+    brief = BriefHandle(session, hold_s=1.0)
+    ahead = [(f"R{i}", 0, 1) for i in range(1, 8)]
+    brief.prefetch("R0", NODES, 0, 1, ahead=ahead)  # no pace yet: all of it
+    clock[0] += 0.3  # a prefetch every 0.3 s: 0.7 s of the hold left, two more before it ends
+    brief.prefetch("R1", NODES, 0, 1, ahead=ahead[1:])
+    clock[0] += 0.3  # 0.4 s left: one more
+    brief.prefetch("R2", NODES, 0, 1, ahead=ahead[2:])
+    clock[0] += 0.5  # the hold is over: a new one, its second at a prefetch every 0.5 s
+    brief.prefetch("R3", NODES, 0, 1, ahead=ahead[3:])
+    assert asked == [7, 2, 1, 2] and session.opens == 2

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.tsdb.port import Node, Run, TsdbPort, iter_node_pages
 
 RAW_COLUMNS = (("ts", "<i8"), ("value", "<f8"), ("state", "<i4"), ("seq", "<i8"))
+# Runs a fetch names to the TSDB as read next (``ahead``): the embedded file reads them in one query.
+READ_AHEAD_RUNS = 7
 
 
 def _covers(spec: DatasetSpec, j: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,18 +87,21 @@ def fetch_run(
     *,
     page_limit: int,
     tsdb_version: str | None = None,
+    ahead: Sequence[Run] = (),
 ) -> RawSummary:
     """Read every spec node of one run from the TSDB, page by page, appending to the store.
 
     ``tsdb_version`` is the run's version in the TSDB when the fetch began (recorded so a later
     build can tell whether the run changed); the stage's data version hashes what was actually
-    fetched, with the run record and the catalog ranges the later stages use.
+    fetched, with the run record and the catalog ranges the later stages use. ``ahead``: the
+    runs fetched next, which the TSDB may read with this one (the port's ``prefetch``).
     """
     spec = store.spec
     lo, hi = run_bounds(spec, run)
-    # A TSDB may serve a small run's nodes from one read (a query per node costs more); a run
-    # larger than one cleaning chunk is read page by page instead.
-    tsdb.prefetch(run.run_id, spec.node_ids, lo, hi, max_points=clean_chunk_points())
+    # A TSDB may serve a small run's nodes from one read (a query per node costs more), and the
+    # next runs' from the same read; a run larger than one cleaning chunk is read page by page.
+    tsdb.prefetch(run.run_id, spec.node_ids, lo, hi, max_points=clean_chunk_points(),
+                  ahead=[(r.run_id, *run_bounds(spec, r)) for r in ahead])
     content = hashlib.sha256()
     points: dict[str, int] = {}
     pages: dict[str, int] = {}
@@ -149,16 +154,26 @@ def run_fetcher(
     *,
     page_limit: int,
     tsdb_versions: Mapping[str, str],
+    order: Sequence[str] = (),
 ) -> Callable[[str], RawSummary]:
     """:func:`~aml_pipeline.pipeline.runs.build_runs`'s ``fetch``: :func:`fetch_run` by run id, for
     the spec's finished runs in scope (``runs``) with their TSDB versions. Any other id is looked up
     in the TSDB, so that an unknown or unfinished run fails naming why instead of with a bare
-    KeyError."""
+    KeyError. ``order``: the run ids in the order they will be fetched; each fetch passes the next
+    :data:`READ_AHEAD_RUNS` of them in scope as ``ahead``."""
     by_id = {r.run_id: r for r in runs}
+    position = {r: i for i, r in enumerate(order)}
 
     def fetch(run_id: str) -> RawSummary:
         run = by_id.get(run_id) or tsdb.get_run(run_id)
-        return fetch_run(tsdb, store, run, catalog, page_limit=page_limit, tsdb_version=tsdb_versions.get(run_id))
+        ahead = []
+        if run_id in position:
+            for next_id in order[position[run_id] + 1 : position[run_id] + 1 + READ_AHEAD_RUNS]:
+                if next_id not in by_id:
+                    break
+                ahead.append(by_id[next_id])
+        return fetch_run(tsdb, store, run, catalog, page_limit=page_limit, tsdb_version=tsdb_versions.get(run_id),
+                         ahead=ahead)
 
     return fetch
 
