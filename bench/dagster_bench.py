@@ -344,20 +344,17 @@ def _floor_recorder(runs: int) -> Callable[[Any], None]:
     The shape is the build's: the three run assets of one multi-asset step with its two checks and
     the ``aml_tsdb`` pool, run partitions of one spec (added first, as the build syncs them), one
     Dagster run per chunk of ``AML_BACKFILL_RUNS_PER_CHUNK`` runs over a partition range, with the
-    build's run tags and event settings, the instance's SQLite files held open as a build holds
-    them (``sqlite_files_held``). The body only yields the three results and the two
+    build's run tags and event settings. The body only yields the three results and the two
     check results, no per-run figures. What the build's ``ms_per_run`` adds on top of this floor
     is the product's own orchestration cost (the per-run figures and the plots)."""
-    from aml_pipeline.components.dagster_internals import (
-        build_event_settings, materialized_partitions, sqlite_files_held,
-    )
+    from aml_pipeline.components.dagster_internals import build_event_settings, materialized_partitions
     from aml_pipeline.config import backfill_runs_per_chunk
 
     partitions, job, carrier = _run_stages_job("floor", figures="none")
     keys = [f"run-{i:06d}" for i in range(runs)]
 
     def record(instance: Any) -> None:
-        with build_event_settings(), sqlite_files_held(instance):
+        with build_event_settings():
             instance.add_dynamic_partitions(partitions.name, keys)
             _record_in_chunks(job, instance, keys, backfill_runs_per_chunk(), "orchestration floor")
         recorded = materialized_partitions(instance, carrier)
@@ -399,7 +396,7 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
     import dagster as dg
 
     from aml_pipeline.config import backfill_runs_per_chunk
-    from aml_pipeline.components.dagster_internals import build_event_settings, sqlite_files_held
+    from aml_pipeline.components.dagster_internals import build_event_settings
 
     chunk_runs = backfill_runs_per_chunk()
     stack = contextlib.ExitStack()
@@ -416,8 +413,7 @@ def _figure_modes_side_by_side(jobs: dict[str, Any], keys: list[str], recorded: 
 
         def record() -> None:
             instance = state["instance"]
-            with sqlite_files_held(instance):  # as a build holds them
-                _record_in_chunks(job, instance, recorded, chunk_runs, f"figures ({mode})")
+            _record_in_chunks(job, instance, recorded, chunk_runs, f"figures ({mode})")
             fetch = (instance.fetch_materializations if mode in ("none", "metadata", "stage_metadata")
                      else instance.fetch_observations)
             events = fetch(where, limit=1).records
