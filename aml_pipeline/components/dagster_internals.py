@@ -11,8 +11,6 @@ read by Dagster's source, the API still beta).
 from __future__ import annotations
 
 import os
-import sqlite3
-import threading
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -189,61 +187,9 @@ def instance_without_settings(instance: dg.DagsterInstance) -> dg.DagsterInstanc
     return dg.DagsterInstance.from_ref(instance.get_ref()._replace(settings={}))
 
 
-# ---- the SQLite storage's connections ------------------------------------------------------------
-
-
-@contextmanager
-def sqlite_files_held(instance: dg.DagsterInstance) -> Iterator[None]:
-    """Keep one idle connection open to each SQLite file of ``instance``'s storage that Dagster
-    opens for the duration. Dagster's SQLite storage opens and closes a connection for every write
-    (an engine without a pool), and the last connection to close a database in WAL mode copies the
-    WAL back into the database file, syncs it and deletes the WAL: on every event, as costly as the
-    write's own commit. With another connection open, a close is only a close; SQLite checkpoints
-    when its WAL reaches its size limit, and at the end, when the held connection closes last. What
-    each commit writes, and when it is synced, is unchanged. The held connections read nothing
-    between their first read (which makes them known to the WAL's readers) and their close, so
-    they pin no snapshot. Other storages (PostgreSQL) are left as they are."""
-    shards = getattr(instance.event_log_storage, "path_for_shard", None)
-    if shards is None:
-        yield
-        return
-    folder = Path(shards("probe")).parent
-    folders = {str(folder), str(folder.parent)}  # the event log's files, and the runs' database beside them
-    held: dict[str, sqlite3.Connection] = {}
-    known: set[str] = set()
-    lock = threading.Lock()
-
-    def on_connect(conn: Any) -> None:
-        path = conn.engine.url.database
-        if conn.engine.url.get_backend_name() != "sqlite" or not path or os.path.dirname(path) not in folders:
-            return
-        with lock:
-            if path in known:
-                return
-            try:
-                if path not in held:
-                    held[path] = sqlite3.connect(path, timeout=0.1, check_same_thread=False)
-                # A read registers the connection with the WAL's readers, once Dagster has
-                # created the file in WAL mode.
-                held[path].execute("SELECT count(*) FROM sqlite_master").fetchall()
-                if held[path].execute("PRAGMA journal_mode").fetchone()[0] == "wal":
-                    known.add(path)
-            except sqlite3.Error:
-                pass  # busy: tried again at the next connection
-
-    sa.event.listen(sa.engine.Engine, "engine_connect", on_connect)
-    try:
-        yield
-    finally:
-        sa.event.remove(sa.engine.Engine, "engine_connect", on_connect)
-        with lock:
-            for conn in held.values():
-                conn.close()
-
-
 __all__ = [
     "BUILD_EVENT_SETTINGS", "CHECK_EXECUTIONS_TABLE", "DEFS_VALIDATION_ENV", "add_partition_metadata", "beta_api",
     "build_event_settings", "check_execution_runs", "delete_check_executions", "delete_run_files",
     "in_defs_validation", "instance_without_settings", "materialized_partitions", "report_run_failed",
-    "run_event_records", "sqlite_files_held", "step_end_times",
+    "run_event_records", "step_end_times",
 ]

@@ -11,7 +11,6 @@ materialised too, so that what the UI shows is what the snapshot holds.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tempfile
 import time
@@ -21,9 +20,7 @@ from typing import Any
 import dagster as dg
 
 from aml_pipeline import config
-from aml_pipeline.components.dagster_internals import (
-    build_event_settings, materialized_partitions, sqlite_files_held, step_end_times,
-)
+from aml_pipeline.components.dagster_internals import build_event_settings, materialized_partitions, step_end_times
 from aml_pipeline.components.partitions import range_tags, run_partitions
 from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name
@@ -107,10 +104,8 @@ def materialize_dataset(
     with build_event_settings(), instance_failures(where):
         own = instance is None
         scratch = None
-        held = contextlib.ExitStack()  # the instance's SQLite files held open for the build
         try:
             if not own:
-                held.enter_context(sqlite_files_held(instance))
                 fail_abandoned_runs(instance, spec)
                 keys = sync_run_partitions(instance, spec, plan.run_ids)
                 if not full:
@@ -128,7 +123,6 @@ def materialize_dataset(
                     instance = dg.DagsterInstance.local_temp(scratch.name)
                 else:
                     instance = dg.DagsterInstance.ephemeral()
-                held.enter_context(sqlite_files_held(instance))
                 keys = sync_run_partitions(instance, spec, plan.run_ids)
             workers = used
             materialized = dict.fromkeys(RUN_ASSETS, 0)
@@ -184,7 +178,6 @@ def materialize_dataset(
                             "workers": {"asked": asked, "used": used, **({"why": why} if why else {})}}
             raise BuildError(f"spec {spec.id!r}: dataset_manifest was not materialised")
         finally:
-            held.close()
             if own and instance is not None:
                 instance.dispose()
             if scratch is not None:

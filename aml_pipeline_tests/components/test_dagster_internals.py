@@ -283,24 +283,3 @@ def test_delete_check_executions_deletes_a_deleted_runs_rows_never_a_checks_late
         assert internals.check_execution_runs(instance, keys[0]) == [runs[2]]
         assert internals.check_execution_runs(instance, keys[1]) == runs[:0:-1]
         assert instance.get_latest_asset_check_evaluation_record(keys[0]).run_id == runs[2]
-
-
-def test_sqlite_files_held_keeps_the_wal_between_dagsters_writes(tmp_path: Path) -> None:
-    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
-        index = Path(instance.event_log_storage.path_for_shard("index"))
-        wal = Path(f"{index}-wal")
-        job = _job("held")
-        first = job.execute_in_process(instance=instance, partition_key="a").run_id
-        # Dagster closes its last connection after each write: the WAL is checkpointed and deleted.
-        assert index.exists() and not wal.exists()
-        with internals.sqlite_files_held(instance):
-            second = job.execute_in_process(instance=instance, partition_key="b").run_id
-            shard = Path(instance.event_log_storage.path_for_shard(second))
-            assert wal.exists() and Path(f"{shard}-wal").exists(), "a held file's WAL is checkpointed at each close"
-            assert internals.materialized_partitions(instance, dg.AssetKey("thing_held")) == {"a", "b"}
-        assert not wal.exists() and not Path(f"{shard}-wal").exists()  # the held connections closed last
-        assert internals.materialized_partitions(instance, dg.AssetKey("thing_held")) == {"a", "b"}
-        assert {r.run_id for r in instance.get_runs()} == {first, second}
-    with dg.DagsterInstance.ephemeral() as instance, internals.sqlite_files_held(instance):  # no files to hold
-        assert _job("memory").execute_in_process(instance=instance, partition_key="a").success
