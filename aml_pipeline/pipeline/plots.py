@@ -293,9 +293,8 @@ def _rgba_png(rgba: np.ndarray) -> bytes:
     """A matplotlib figure's pixels as a 256-colour PNG (Pillow's fast octree quantiser)."""
     from PIL import Image
 
-    im = Image.fromarray(np.ascontiguousarray(rgba[:, :, :3])).quantize(
-        colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE
-    )
+    # Pillow drops the alpha channel in C; numpy's copy of the strided RGB view costs ten times more
+    im = Image.fromarray(rgba).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
     # The octree merges white with its neighbours into an off-white: keep the background white.
     palette = np.array(im.getpalette(), np.uint8).reshape(-1, 3)
     palette[(palette >= 245).all(axis=1)] = 255
