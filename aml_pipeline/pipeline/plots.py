@@ -38,6 +38,7 @@ MARGIN_PX = 6  # around the figure's texts
 TITLE_GAP_PX = 4  # between a title line and what is below it
 PANEL_GAP_PX = 10  # between a panel's tick marks and the next panel's title
 TICK_PX = TICK_PAD_PX = 5  # matplotlib's default tick length and label padding (3.5 pt)
+TICK_WIDTH_PT = 0.8  # matplotlib's default tick width
 COLOUR_BAR_PX, COLOUR_BAR_GAP_PX = 12, 8
 LEGEND_GAP_PX = 16  # at least between the last panel's title and the legend beside it
 
@@ -178,15 +179,15 @@ def dataset_overview_png(
         m = np.nan_to_num(np.asarray(m, np.float64), nan=0.0)
         worst = np.maximum.reduceat(m, starts, axis=0).T if n else np.zeros((len(nodes), 0))
         mesh = ax.pcolormesh(edges, np.arange(len(nodes) + 1), worst, cmap=cmap, vmin=0, vmax=max(float(worst.max(initial=0.0)), 1e-9))
-        ax.set_yticks(np.arange(len(nodes)) + 0.5, nodes, fontsize=node_pt)
         ax.set_ylim(len(nodes), 0)
-        ax.set_xticks([])  # tick marks without labels, drawn below as one collection
+        ax.set_xticks([])
+        ax.set_yticks([])
         fig.colorbar(mesh, cax=cax).ax.tick_params(labelsize=FONT_PT - 1)
     ax = axes[-1]
     for split, lo, hi in _split_spans([s for s, _, _ in bins]):
         ax.stairs(means[lo:hi], edges[lo : hi + 1], fill=True, color=SPLIT_COLOURS[split], linewidth=0)
     ax.tick_params(labelsize=FONT_PT)
-    ax.set_xticks(positions, labels, rotation=90, fontsize=FONT_PT - 1)
+    ax.set_xticks([])
     ax.set_ylim(0, max(float(means.max(initial=0.0)) * 1.05, 1.0))
     for a in axes:
         a.set_xlim(0, max(n, 1))
@@ -229,11 +230,25 @@ def dataset_overview_png(
         place(a, left, top, right, h)
     for cax, top, h in zip(bars, tops, heights):
         place(cax, right + COLOUR_BAR_GAP_PX, top, right + COLOUR_BAR_GAP_PX + COLOUR_BAR_PX, h)
-    for a, h in zip(axes[:-1], heights):  # the heat maps' tick marks: one collection, no axis ticks to lay out
-        a.add_collection(LineCollection(
-            [[(x, 0), (x, -TICK_PX / h)] for x in positions], colors="black", linewidths=0.8,
-            transform=blended_transform_factory(a.transData, a.transAxes), clip_on=False,
-        ))
+    # The node and run labels with their tick marks, drawn by hand: a matplotlib tick is five
+    # artists with their properties looked up one by one, and there is one per node and run.
+    panel_w = right - left
+    for a, h in zip(axes, heights):
+        along_x = blended_transform_factory(a.transData, a.transAxes)
+        a.add_collection(LineCollection([[(x, 0), (x, -TICK_PX / h)] for x in positions], colors="black",
+                                        linewidths=TICK_WIDTH_PT, transform=along_x, clip_on=False))
+        if a is axes[-1]:
+            for x, label in zip(positions, labels):
+                a.text(x, -(TICK_PX + TICK_PAD_PX) / h, label, transform=along_x, fontsize=FONT_PT - 1, rotation=90,
+                       ha="center", va="top", rotation_mode="default", clip_on=False)
+        else:
+            along_y = blended_transform_factory(a.transAxes, a.transData)
+            rows = np.arange(len(nodes)) + 0.5
+            a.add_collection(LineCollection([[(0, y), (-TICK_PX / panel_w, y)] for y in rows], colors="black",
+                                            linewidths=TICK_WIDTH_PT, transform=along_y, clip_on=False))
+            for y, node in zip(rows, nodes):
+                a.text(-(TICK_PX + TICK_PAD_PX) / panel_w, y, node, transform=along_y, fontsize=node_pt, ha="right",
+                       va="center_baseline", clip_on=False)
     legend.set_bbox_to_anchor((right / width, 1 - legend_bottom / height), transform=fig.transFigure)
 
     def text(x: float, y: float, s: str, pt: float, **kw) -> None:
