@@ -324,6 +324,24 @@ def test_the_run_plot_png_has_unfiltered_rows_and_is_smaller_than_pillows_of_the
     assert (np.asarray(Image.open(io.BytesIO(rf.palette_png(odd)))) == odd).all()
 
 
+def test_the_benchmarks_deflate_options_deflate_the_plots_own_rows(plant16):
+    """bench/plots_bench.py's deflate_options compares zlib settings on the plot's own image
+    data: at the plot's setting it gives exactly the size of the PNG's image data."""
+    import struct
+    import zlib
+
+    from bench.plots_bench import deflate_options
+
+    traces, units, run_id = plant16
+    png = plots.run_figure_png(traces, units, f"run {run_id}")
+    options = {(o["level"], o["strategy"], o["row_filter"]): o for o in deflate_options([png], repeat=1)}
+    at = png.index(b"IDAT")
+    (idat_bytes,) = struct.unpack(">I", png[at - 4 : at])
+    assert options[6, "filtered", "none"]["kb"] == idat_bytes / 1e3
+    assert options[6, "filtered", "up"]["kb"] != options[6, "filtered", "none"]["kb"]
+    assert all(o["cpu_ms"]["median"] >= 0 for o in options.values())
+
+
 def _title_ink(rgb: np.ndarray) -> np.ndarray:
     """The dark pixels of the title line (above the legend)."""
     return (rgb[: rf.TOP_PX - 30] < 100).all(axis=2)
