@@ -183,6 +183,7 @@ def dataset_overview_png(
         ax.set_xticks([])
         ax.set_yticks([])
         fig.colorbar(mesh, cax=cax).ax.tick_params(labelsize=FONT_PT - 1)
+        cax.yaxis.offsetText.set_fontsize(FONT_PT - 1)  # a scale's factor ("1e-9"), above the bar
     ax = axes[-1]
     for split, lo, hi in _split_spans([s for s, _, _ in bins]):
         ax.stairs(means[lo:hi], edges[lo : hi + 1], fill=True, color=SPLIT_COLOURS[split], linewidth=0)

@@ -411,6 +411,27 @@ def test_dataset_overview_decodes_at_any_number_of_runs(n):
         assert (np.abs(windows_only.reshape(-1, 3).astype(int) - rgb_split).sum(axis=1) <= 6).any(), split
 
 
+@pytest.mark.parametrize("shape", [(4, 5, False), (16, 32, True)])
+def test_overview_panels_share_their_x_axis_and_nothing_touches_the_edges(shape):
+    """Laid out by hand: the panels' frames start and end in the same columns whatever the
+    labels' lengths (a column dark over every panel's height is a frame edge or a split's line
+    through all of them), and the labels, titles and scales stay inside the picture (its
+    outermost pixels are white)."""
+    from bench.plots_bench import overview_inputs
+
+    nodes, runs, long_names = shape
+    rows, node_ids, missing, outliers = overview_inputs(nodes, runs, long_names)
+    rgb = decode(plots.dataset_overview_png(rows, node_ids, missing, outliers, title="reactor_a")).astype(int)
+    assert rgb.shape[1] == plots.OVERVIEW_WIDTH_PX
+    assert (rgb[:2] == 255).all() and (rgb[-2:] == 255).all() and (rgb[:, :2] == 255).all() and (rgb[:, -2:] == 255).all()
+    panels_px = 2 * max(1.0, 0.14 * nodes) * plots.DPI + 1.3 * plots.DPI  # two heat maps, the windows
+    through_all = np.flatnonzero(((rgb.sum(axis=2) < 100).sum(axis=0) >= panels_px))
+    assert len(through_all) >= 2
+    left, right = through_all[0], through_all[-1]
+    assert (rgb[:, :left] < 100).all(axis=2).any()  # the node labels, left of the frames
+    assert right > plots.OVERVIEW_WIDTH_PX * 0.8
+
+
 def test_bins_never_mix_splits_and_cover_every_run():
     runs, _, _, _ = dataset(10_000)
     splits = [s for _, s, _ in runs]
