@@ -252,6 +252,17 @@ def _png_chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
+def png_rows(index: np.ndarray) -> np.ndarray:
+    """``index [rows, columns]`` as a PNG's image data before deflate: each row its filter type (0,
+    none), then its pixels at 4 bits each."""
+    rows, columns = index.shape
+    packed = np.zeros((rows, 1 + (columns + 1) // 2), np.uint8)
+    packed[:, 1 : 1 + columns // 2] = (index[:, 0 : columns - 1 : 2] << 4) | index[:, 1:columns:2]
+    if columns % 2:
+        packed[:, -1] = index[:, -1] << 4
+    return packed
+
+
 def palette_png(index: np.ndarray) -> bytes:
     """``index [rows, columns]`` (indices into PALETTE) as a PNG of 4 bits a pixel.
 
@@ -260,14 +271,12 @@ def palette_png(index: np.ndarray) -> bytes:
     repeats most of the row above, which deflate finds as matches. Pillow, which picks a filter
     per row, gives no choice of filter, and its filtered rows of a palette image compress worse.
     Deflate at level 6 with the filtered strategy: higher levels cost several times the time for
-    a few per cent."""
+    a few per cent; lower ones save time but grow the PNG, which the event log stores on every
+    run (``bench/plots_bench.py`` measures the levels and the row filters, ``deflate_options``,
+    against the event log's budget)."""
     rows, columns = index.shape
-    packed = np.zeros((rows, 1 + (columns + 1) // 2), np.uint8)  # each row: its filter type (0), then the pixels
-    packed[:, 1 : 1 + columns // 2] = (index[:, 0 : columns - 1 : 2] << 4) | index[:, 1:columns:2]
-    if columns % 2:
-        packed[:, -1] = index[:, -1] << 4
     deflate = zlib.compressobj(6, zlib.DEFLATED, 15, 8, zlib.Z_FILTERED)
-    data = deflate.compress(packed.tobytes()) + deflate.flush()
+    data = deflate.compress(png_rows(index).tobytes()) + deflate.flush()
     header = struct.pack(">IIBBBBB", columns, rows, 4, 3, 0, 0, 0)  # bit depth 4, palette, no interlace
     return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"PLTE", PALETTE.tobytes())
             + _png_chunk(b"IDAT", data) + _png_chunk(b"IEND", b""))

@@ -324,6 +324,24 @@ def test_the_run_plot_png_has_unfiltered_rows_and_is_smaller_than_pillows_of_the
     assert (np.asarray(Image.open(io.BytesIO(rf.palette_png(odd)))) == odd).all()
 
 
+def test_the_benchmarks_deflate_options_deflate_the_plots_own_rows(plant16):
+    """bench/plots_bench.py's deflate_options compares zlib settings on the plot's own image
+    data: at the plot's setting it gives exactly the size of the PNG's image data."""
+    import struct
+    import zlib
+
+    from bench.plots_bench import deflate_options
+
+    traces, units, run_id = plant16
+    png = plots.run_figure_png(traces, units, f"run {run_id}")
+    options = {(o["level"], o["strategy"], o["row_filter"]): o for o in deflate_options([png], repeat=1)}
+    at = png.index(b"IDAT")
+    (idat_bytes,) = struct.unpack(">I", png[at - 4 : at])
+    assert options[6, "filtered", "none"]["kb"] == idat_bytes / 1e3
+    assert options[6, "filtered", "up"]["kb"] != options[6, "filtered", "none"]["kb"]
+    assert all(o["cpu_ms"]["median"] >= 0 for o in options.values())
+
+
 def _title_ink(rgb: np.ndarray) -> np.ndarray:
     """The dark pixels of the title line (above the legend)."""
     return (rgb[: rf.TOP_PX - 30] < 100).all(axis=2)
@@ -391,6 +409,27 @@ def test_dataset_overview_decodes_at_any_number_of_runs(n):
         hexa = plots.SPLIT_COLOURS[split]
         rgb_split = np.array([int(hexa[i : i + 2], 16) for i in (1, 3, 5)])
         assert (np.abs(windows_only.reshape(-1, 3).astype(int) - rgb_split).sum(axis=1) <= 6).any(), split
+
+
+@pytest.mark.parametrize("shape", [(4, 5, False), (16, 32, True)])
+def test_overview_panels_share_their_x_axis_and_nothing_touches_the_edges(shape):
+    """Laid out by hand: the panels' frames start and end in the same columns whatever the
+    labels' lengths (a column dark over every panel's height is a frame edge or a split's line
+    through all of them), and the labels, titles and scales stay inside the picture (its
+    outermost pixels are white)."""
+    from bench.plots_bench import overview_inputs
+
+    nodes, runs, long_names = shape
+    rows, node_ids, missing, outliers = overview_inputs(nodes, runs, long_names)
+    rgb = decode(plots.dataset_overview_png(rows, node_ids, missing, outliers, title="reactor_a")).astype(int)
+    assert rgb.shape[1] == plots.OVERVIEW_WIDTH_PX
+    assert (rgb[:2] == 255).all() and (rgb[-2:] == 255).all() and (rgb[:, :2] == 255).all() and (rgb[:, -2:] == 255).all()
+    panels_px = 2 * max(1.0, 0.14 * nodes) * plots.DPI + 1.3 * plots.DPI  # two heat maps, the windows
+    through_all = np.flatnonzero(((rgb.sum(axis=2) < 100).sum(axis=0) >= panels_px))
+    assert len(through_all) >= 2
+    left, right = through_all[0], through_all[-1]
+    assert (rgb[:, :left] < 100).all(axis=2).any()  # the node labels, left of the frames
+    assert right > plots.OVERVIEW_WIDTH_PX * 0.8
 
 
 def test_bins_never_mix_splits_and_cover_every_run():
