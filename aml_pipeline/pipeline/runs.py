@@ -51,7 +51,8 @@ def build_runs(
 
     ``fetch`` (the raw stage of one run, from the TSDB) runs in a thread of its own, ahead of the
     cleaning: fetches run one at a time, in run order, so the TSDB handle is never used by two
-    threads at once. The later stages of up to :data:`RUN_THREADS` runs run at once in a pool (the
+    threads at once. A fetch with a ``read`` method (:class:`~aml_pipeline.pipeline.stages.raw.RunFetcher`)
+    only reads there; the run's own thread writes what it read. The later stages of up to :data:`RUN_THREADS` runs run at once in a pool (the
     database and numpy release the GIL); at most ``RUN_THREADS + 1`` runs are in flight.
     """
     work = list(work)
@@ -60,11 +61,17 @@ def build_runs(
     fetch_pool = ThreadPoolExecutor(1, thread_name_prefix="fetch")
     run_pool = ThreadPoolExecutor(RUN_THREADS, thread_name_prefix="run-stages")
 
-    def process(run_id: str, stages: Sequence[Stage], fetched: Future[RawSummary] | None) -> RunResult:
+    # A fetch that can read without writing (stages.raw.RunFetcher) reads in the fetch thread and
+    # leaves the raw stage's writing and hashing to the run's thread: the thread that holds the
+    # TSDB handle is the one every run waits on, so it only reads.
+    read = getattr(fetch, "read", None) or fetch
+
+    def process(run_id: str, stages: Sequence[Stage], fetched: Future[Any] | None) -> RunResult:
         result = RunResult(run_id)
         try:
             if fetched is not None:
-                result.raw = fetched.result()
+                raw = fetched.result()
+                result.raw = raw if isinstance(raw, RawSummary) else raw.write()
             if GRID in stages:
                 result.grid = clean_run(store, run_id)
             if WINDOWS in stages:
@@ -80,7 +87,7 @@ def build_runs(
         nonlocal admitted
         run_id, stages = work[admitted]
         admitted += 1
-        fetched = fetch_pool.submit(fetch, run_id) if RAW in stages else None
+        fetched = fetch_pool.submit(read, run_id) if RAW in stages else None
         pending.append(run_pool.submit(process, run_id, stages, fetched))
 
     try:
