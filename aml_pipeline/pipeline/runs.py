@@ -69,13 +69,17 @@ def build_runs(
     def process(run_id: str, stages: Sequence[Stage], fetched: Future[Any] | None) -> RunResult:
         result = RunResult(run_id)
         try:
+            held = None
             if fetched is not None:
                 raw = fetched.result()
                 result.raw = raw if isinstance(raw, RawSummary) else raw.write()
+                # The cleaning takes the points it would read back from what was just written.
+                held = None if isinstance(raw, RawSummary) else raw.columns
+            grid: list[Any] = []  # the grid the cleaning holds, which the windows stage would read back
             if GRID in stages:
-                result.grid = clean_run(store, run_id)
+                result.grid = clean_run(store, run_id, raw_columns=held, on_grid=grid.append)
             if WINDOWS in stages:
-                result.windows = window_run(store, run_id)
+                result.windows = window_run(store, run_id, grid=grid[0] if grid else None)
         except Exception as e:  # noqa: BLE001 - reported per run; the caller decides what it stops
             result.error = e
         return result

@@ -114,6 +114,15 @@ class PendingRaw:
     bounds: tuple[int, int]
     pages: dict[str, tuple[list[Any], int]]  # node -> (its pages, queries)
 
+    def columns(self) -> dict[str, np.ndarray]:
+        """``ts``, ``value`` and ``state`` of every node, back to back in the spec's node order: the
+        raw stage's arrays as :meth:`write` stores them (new arrays, the cleaning's to keep)."""
+        out = {}
+        for name, dtype in RAW_COLUMNS[:3]:
+            parts = [getattr(page, name) for pages, _ in self.pages.values() for page in pages if len(page)]
+            out[name] = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+        return out
+
     def write(self) -> RawSummary:
         return write_raw(self.store, self.run, self.catalog, self.tsdb_version, self.bounds,
                          ((node, [(pages, queries)], queries) for node, (pages, queries) in self.pages.items()))
