@@ -2,7 +2,10 @@
 
 Each stage (:mod:`aml_pipeline.pipeline.stages`) reads its input from the store (or the TSDB) piece
 by piece and appends its result to the store, returning a small summary; memory is bounded by the
-chunk sizes (:mod:`aml_pipeline.pipeline.chunks`), not by a run's length. The run-stage assets
+chunk sizes (:mod:`aml_pipeline.pipeline.chunks`), not by a run's length. A run small enough to
+be read and cleaned whole is passed from stage to stage in memory as well as stored (its raw
+points to the cleaning, its grid to the windows), so the stages after the fetch do not read back
+what the one before just wrote; the stored bytes are the same either way. The run-stage assets
 and the CLI's build (and the tests' library build) all go through :func:`build_runs`.
 """
 
