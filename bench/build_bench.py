@@ -57,6 +57,7 @@ def e2e_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, 
 # build_dataset's stages, by the names it calls them (a name it no longer calls is left out).
 _STAGE_FUNCTIONS = {
     "fetch_run": "fetch",
+    "read_run": "fetch",  # the fetch thread's reading (stages.raw.RunFetcher.read) ...
     "clean_run": "clean",
     "window_run": "windows",
     "plan_dataset": "split_fit",
@@ -106,6 +107,8 @@ def staged_build(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[st
         for module in (build_mod, runs_mod, raw_mod):
             if hasattr(module, name):
                 timed(module, name, stage)
+    if hasattr(raw_mod, "PendingRaw"):  # ... and the writing of what it read, in the run's thread
+        timed(raw_mod.PendingRaw, "write", "fetch")
     if hasattr(runs_mod, "align"):
         timed(runs_mod, "align", "align")
     # The run stages' wall time: build_runs overlaps the fetch and the runs' cleaning and windows in

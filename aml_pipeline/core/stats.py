@@ -32,16 +32,29 @@ class NodeSummary:
         self.max = -np.inf
 
     def add(self, values: np.ndarray) -> NodeSummary:
+        return self.merge(NodeSummary.batch(values))
+
+    @staticmethod
+    def batch(values: np.ndarray) -> tuple[int, int, float, float, float, float]:
+        """What :meth:`add` takes from ``values``: ``(size, count, mean, m2, min, max)`` of the
+        batch alone, to :meth:`merge` later (batches of several threads, merged in their order)."""
         v = np.asarray(values, dtype=np.float64).ravel()
-        self.size += int(v.size)
         finite = v[np.isfinite(v)]
         n_b = int(finite.size)
         if n_b == 0:
-            return self
+            return int(v.size), 0, 0.0, 0.0, np.inf, -np.inf
         mean_b = float(finite.mean())
         m2_b = float(np.sum((finite - mean_b) ** 2))
-        self.min = min(self.min, float(finite.min()))
-        self.max = max(self.max, float(finite.max()))
+        return int(v.size), n_b, mean_b, m2_b, float(finite.min()), float(finite.max())
+
+    def merge(self, batch: tuple[int, int, float, float, float, float]) -> NodeSummary:
+        """Add a :meth:`batch`: exactly what :meth:`add` of its values gives."""
+        size, n_b, mean_b, m2_b, lo, hi = batch
+        self.size += size
+        if n_b == 0:
+            return self
+        self.min = min(self.min, lo)
+        self.max = max(self.max, hi)
         if self.count == 0:
             self.count, self.mean, self.m2 = n_b, mean_b, m2_b
             return self
@@ -128,29 +141,14 @@ class LagCorrelation:
     def _add_spectra(self, a: _LagSeries, b: _LagSeries, top: int, size: int) -> None:
         """Add the pairs ``(a.d[i], b.d[i + lag])`` for lags ``0..top`` (both sides prepared
         for the same FFT ``size``)."""
-        if a.empty or b.empty:
-            return
-        fa, fb = a.conj_spectrum, b.spectrum
-        # sum_i p[i] q[i + lag] = irfft(conj(P) * Q)[lag]
-        s = np.fft.irfft(
-            np.stack([fa[2] * fb[2], fa[0] * fb[2], fa[2] * fb[0], fa[1] * fb[2], fa[2] * fb[1], fa[0] * fb[0]]),
-            size,
-        )[:, : top + 1]
-        count = np.rint(s[0])
-        used = count > 0
-        if not used.any():
-            return
-        lags = np.flatnonzero(used)
-        n_b = count[used]
-        sa, sb, saa, sbb, sab = (row[used] for row in s[1:])
-        m2a = saa - sa * sa / n_b
-        m2b = sbb - sb * sb / n_b
-        cab = sab - sa * sb / n_b
-        # What the FFT's rounding can leave of a variance that is truly 0 is far below this.
-        noise = 64.0 * np.finfo(np.float64).eps * math.log2(size) * math.sqrt(a.n)
-        m2a[m2a <= noise * a.energy] = 0.0
-        m2b[m2b <= noise * b.energy] = 0.0
-        self._merge(lags, n_b, a.ref + sa / n_b, b.ref + sb / n_b, m2a, m2b, cab)
+        batch = _spectra_batch(a, b, top, size)
+        if batch is not None:
+            self._merge(*batch)
+
+    def merge(self, batch: LagBatch | None) -> None:
+        """Add a batch of :func:`lag_pair_batches`: exactly what the :meth:`add` it stands for gives."""
+        if batch is not None:
+            self._merge(*batch)
 
     def _merge(
         self,
@@ -198,6 +196,39 @@ class LagCorrelation:
             "corr": best[2],
             "pairs": int(self.n[lag]),
         }
+
+
+# One batch of a LagCorrelation: the lags it has pairs at, and per such lag its pair count, means,
+# sums of squared deviations and co-moment.
+LagBatch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _spectra_batch(a: _LagSeries, b: _LagSeries, top: int, size: int) -> LagBatch | None:
+    """The moments of the pairs ``(a.d[i], b.d[i + lag])`` for lags ``0..top`` (both sides
+    prepared for the same FFT ``size``); None when there is no pair."""
+    if a.empty or b.empty:
+        return None
+    fa, fb = a.conj_spectrum, b.spectrum
+    # sum_i p[i] q[i + lag] = irfft(conj(P) * Q)[lag]
+    s = np.fft.irfft(
+        np.stack([fa[2] * fb[2], fa[0] * fb[2], fa[2] * fb[0], fa[1] * fb[2], fa[2] * fb[1], fa[0] * fb[0]]),
+        size,
+    )[:, : top + 1]
+    count = np.rint(s[0])
+    used = count > 0
+    if not used.any():
+        return None
+    lags = np.flatnonzero(used)
+    n_b = count[used]
+    sa, sb, saa, sbb, sab = (row[used] for row in s[1:])
+    m2a = saa - sa * sa / n_b
+    m2b = sbb - sb * sb / n_b
+    cab = sab - sa * sb / n_b
+    # What the FFT's rounding can leave of a variance that is truly 0 is far below this.
+    noise = 64.0 * np.finfo(np.float64).eps * math.log2(size) * math.sqrt(a.n)
+    m2a[m2a <= noise * a.energy] = 0.0
+    m2b[m2b <= noise * b.energy] = 0.0
+    return lags, n_b, a.ref + sa / n_b, b.ref + sb / n_b, m2a, m2b, cab
 
 
 def lag_cross_correlation(control: np.ndarray, target: np.ndarray, max_lag: int) -> dict:
@@ -256,21 +287,36 @@ def add_lag_pairs(
     Gives exactly what the pairwise calls give; a report with many control/target pairs pays
     for each column once instead of once per pair.
     """
+    for key, batch in lag_pair_batches({k: acc.max_lag for k, acc in accumulators.items()}, columns, first):
+        accumulators[key].merge(batch)
+
+
+def lag_pair_batches(
+    max_lags: Mapping[tuple[Hashable, Hashable], int],
+    columns: Mapping[Hashable, np.ndarray],
+    first: int = 0,
+) -> list[tuple[tuple[Hashable, Hashable], LagBatch | None]]:
+    """What :func:`add_lag_pairs` adds to each accumulator (``max_lags``: each pair's
+    ``max_lag``), without one: ``(pair, batch)`` in ``max_lags``' order, for
+    :meth:`LagCorrelation.merge`. Nothing here reads an accumulator, so the batches of several
+    blocks can be computed at once (threads) and merged in the blocks' order."""
     prepared: dict[tuple[Hashable, int, int], _LagSeries] = {}
-    for (c, t), acc in accumulators.items():
+    out: list[tuple[tuple[Hashable, Hashable], LagBatch | None]] = []
+    for (c, t), max_lag in max_lags.items():
         a, b = np.asarray(columns[c], dtype=np.float64), np.asarray(columns[t], dtype=np.float64)
         if a.ndim != 1 or b.ndim != 1 or a.size != b.size:
             raise ValueError(
                 f"control and target must be 1-D of equal length, got shapes {a.shape} and {b.shape}"
             )
-        top, size = _lag_plan(acc.max_lag, a.size)
+        top, size = _lag_plan(max_lag, a.size)
         if top < 0:
             continue
         # Controls are the left side of a pair (never masked), targets the right side.
         for key in ((c, size, 0), (t, size, first)):
             if key not in prepared:
                 prepared[key] = _LagSeries(np.asarray(columns[key[0]], dtype=np.float64), size, key[2])
-        acc._add_spectra(prepared[(c, size, 0)], prepared[(t, size, first)], top, size)
+        out.append(((c, t), _spectra_batch(prepared[(c, size, 0)], prepared[(t, size, first)], top, size)))
+    return out
 
 
 def _fft_size(n: int) -> int:

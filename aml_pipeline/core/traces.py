@@ -108,9 +108,10 @@ class RunTraces:
 
     # ---- one file -------------------------------------------------------------------------
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, *, atomic: bool = True) -> Path:
         """Write to ``path`` (an ``.npz``: the counts compressed, the float32 extremes, which
-        hardly compress, stored as they are) by rename."""
+        hardly compress, stored as they are) by rename; without ``atomic``, straight into
+        ``path`` (a temporary file of the caller's own, renamed by it)."""
         path = Path(path)
         buf = io.BytesIO()
         header = {"format": FORMAT, "t0Ms": self.t0_ms, "t1Ms": self.t1_ms, "nodeIds": list(self.node_ids)}
@@ -127,6 +128,10 @@ class RunTraces:
                 info.compress_type = zipfile.ZIP_DEFLATED if packed else zipfile.ZIP_STORED
                 zf.writestr(info, member.getbuffer(), compresslevel=1 if packed else None)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not atomic:
+            with open(path, "wb") as f:
+                f.write(buf.getbuffer())
+            return path
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:

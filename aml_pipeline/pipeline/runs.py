@@ -2,7 +2,10 @@
 
 Each stage (:mod:`aml_pipeline.pipeline.stages`) reads its input from the store (or the TSDB) piece
 by piece and appends its result to the store, returning a small summary; memory is bounded by the
-chunk sizes (:mod:`aml_pipeline.pipeline.chunks`), not by a run's length. The run-stage assets
+chunk sizes (:mod:`aml_pipeline.pipeline.chunks`), not by a run's length. A run small enough to
+be read and cleaned whole is passed from stage to stage in memory as well as stored (its raw
+points to the cleaning, its grid to the windows), so the stages after the fetch do not read back
+what the one before just wrote; the stored bytes are the same either way. The run-stage assets
 and the CLI's build (and the tests' library build) all go through :func:`build_runs`.
 """
 
@@ -51,7 +54,8 @@ def build_runs(
 
     ``fetch`` (the raw stage of one run, from the TSDB) runs in a thread of its own, ahead of the
     cleaning: fetches run one at a time, in run order, so the TSDB handle is never used by two
-    threads at once. The later stages of up to :data:`RUN_THREADS` runs run at once in a pool (the
+    threads at once. A fetch with a ``read`` method (:class:`~aml_pipeline.pipeline.stages.raw.RunFetcher`)
+    only reads there; the run's own thread writes what it read. The later stages of up to :data:`RUN_THREADS` runs run at once in a pool (the
     database and numpy release the GIL); at most ``RUN_THREADS + 1`` runs are in flight.
     """
     work = list(work)
@@ -60,15 +64,25 @@ def build_runs(
     fetch_pool = ThreadPoolExecutor(1, thread_name_prefix="fetch")
     run_pool = ThreadPoolExecutor(RUN_THREADS, thread_name_prefix="run-stages")
 
-    def process(run_id: str, stages: Sequence[Stage], fetched: Future[RawSummary] | None) -> RunResult:
+    # A fetch that can read without writing (stages.raw.RunFetcher) reads in the fetch thread and
+    # leaves the raw stage's writing and hashing to the run's thread: the thread that holds the
+    # TSDB handle is the one every run waits on, so it only reads.
+    read = getattr(fetch, "read", None) or fetch
+
+    def process(run_id: str, stages: Sequence[Stage], fetched: Future[Any] | None) -> RunResult:
         result = RunResult(run_id)
         try:
+            held = None
             if fetched is not None:
-                result.raw = fetched.result()
+                raw = fetched.result()
+                result.raw = raw if isinstance(raw, RawSummary) else raw.write()
+                # The cleaning takes the points it would read back from what was just written.
+                held = None if isinstance(raw, RawSummary) else raw.columns
+            grid: list[Any] = []  # the grid the cleaning holds, which the windows stage would read back
             if GRID in stages:
-                result.grid = clean_run(store, run_id)
+                result.grid = clean_run(store, run_id, raw_columns=held, on_grid=grid.append)
             if WINDOWS in stages:
-                result.windows = window_run(store, run_id)
+                result.windows = window_run(store, run_id, grid=grid[0] if grid else None)
         except Exception as e:  # noqa: BLE001 - reported per run; the caller decides what it stops
             result.error = e
         return result
@@ -80,7 +94,7 @@ def build_runs(
         nonlocal admitted
         run_id, stages = work[admitted]
         admitted += 1
-        fetched = fetch_pool.submit(fetch, run_id) if RAW in stages else None
+        fetched = fetch_pool.submit(read, run_id) if RAW in stages else None
         pending.append(run_pool.submit(process, run_id, stages, fetched))
 
     try:

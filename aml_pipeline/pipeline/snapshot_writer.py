@@ -18,7 +18,8 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from aml_pipeline.core.hashing import BackgroundSnapshotHasher
 from aml_pipeline.core.manifest import build_manifest, build_sidecar, series_manifest, to_json_bytes
 from aml_pipeline.core.normalize import apply_norm
 from aml_pipeline.core.series import RunIndexer, covered_rows
-from aml_pipeline.core.stats import LagCorrelation, NodeSummary, add_lag_pairs
+from aml_pipeline.core.stats import LagCorrelation, NodeSummary, lag_pair_batches
 from aml_pipeline.core.windows import window_block
 from aml_pipeline.errors import BuildError
 from aml_pipeline.faults import crash_point
@@ -66,6 +67,8 @@ class SnapshotFiles:
     wait_durable: Callable[[], None] = lambda: None
 
 
+# Runs whose report contributions are computed at once, beside the arrays being written.
+REPORT_THREADS = max(1, min(2, os.cpu_count() or 1))
 # Windows per gathered block: the write holds a few MB per array kind whatever a run's length.
 _BLOCK_BYTES = 16 << 20
 # Written-but-unsynced bytes after which the syncer starts flushing the file being written, so
@@ -340,14 +343,26 @@ def write_snapshot_files(
         run_order = [r for _, r in plan.ordered_runs()]
         report = _ReportBuilder(spec, cols)
 
+        # The report reads the runs on its own, in threads beside the arrays being gathered and
+        # written (its FFTs and the writes release the GIL): the runs' contributions are computed
+        # REPORT_THREADS at a time and merged in snapshot order, so it is the same report, run by run.
+        report_pool = stack.enter_context(ThreadPoolExecutor(REPORT_THREADS, thread_name_prefix="snapshot-report"))
+
         def build_report() -> dict[str, Any]:
+            def batches(run_id: str) -> _RunBatches:
+                return report.run_batches(RunWindows(store, run_id, plan.runs[run_id]), plan)
+
+            pending: deque[Future[_RunBatches]] = deque()
             for run_id in run_order:
-                report.add_run(RunWindows(store, run_id, plan.runs[run_id]), plan)
+                # At most REPORT_THREADS runs ahead of the merge: memory stays a few runs' batches.
+                if len(pending) > REPORT_THREADS:
+                    report.merge_run(pending.popleft().result())
+                pending.append(report_pool.submit(batches, run_id))
+            while pending:
+                report.merge_run(pending.popleft().result())
             return report.result(plan)
 
-        # The report reads the runs on its own, in a thread beside the arrays being gathered and
-        # written (its FFTs and the writes release the GIL); it is the same report, run by run.
-        reporting = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="snapshot-report")).submit(build_report)
+        reporting = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="snapshot-report-merge")).submit(build_report)
 
         def runs() -> Iterator[RunWindows]:
             for run_id in run_order:
@@ -491,6 +506,15 @@ class StagedFiles:
         return digest
 
 
+@dataclass
+class _RunBatches:
+    """One run's part of report.json before it is merged: its cleaning counts, and per grid
+    block the node summaries' and lag correlations' batches."""
+
+    counts: Mapping[str, Mapping[str, int]]
+    blocks: list[tuple[list[Any], list[Any]]]
+
+
 class _ReportBuilder:
     """report.json: cleaning counts, per-node summary (model units), lag cross-correlation."""
 
@@ -506,22 +530,38 @@ class _ReportBuilder:
         self.columns = {n: j for j, n in enumerate(spec.node_ids)}
 
     def add_run(self, run: RunWindows, plan: DatasetPlan) -> None:
+        self.merge_run(self.run_batches(run, plan))
+
+    def run_batches(self, run: RunWindows, plan: DatasetPlan) -> _RunBatches:
+        """One run's contributions, computed without touching the accumulators (so runs can be
+        computed in threads at once); :meth:`merge_run` adds them, runs in snapshot order."""
         meta = plan.runs[run.run_id]
-        for node, counts in meta["counts"].items():
-            for cause, n in counts.items():
-                self.counts[node][cause] += int(n)
         # Lag estimates, like every fitted statistic, come from train runs only.
         train = run.run_id in plan.split["trainRunIds"]
+        max_lags = {key: lag.max_lag for key, lag in self.lags.items()}
+        blocks = []
         for r0, r1 in run.blocks():
             rows = run.grid_rows(r0, r1)
-            for j, summary in enumerate(self.nodes):
-                summary.add(rows[:, j])
+            nodes = [NodeSummary.batch(rows[:, j]) for j in range(len(self.nodes))]
+            lags = []
             if train:
                 # The differences ending in this block, and the max_lag before them as partners.
                 c0 = max(0, r0 - 1 - self.max_lag)
                 segment = rows if c0 == r0 else run.grid_rows(c0, r1)
                 first = max(0, r0 - c0 - 1)
-                add_lag_pairs(self.lags, {n: segment[:, j] for n, j in self.columns.items()}, first)
+                lags = lag_pair_batches(max_lags, {n: segment[:, j] for n, j in self.columns.items()}, first)
+            blocks.append((nodes, lags))
+        return _RunBatches(meta["counts"], blocks)
+
+    def merge_run(self, batches: _RunBatches) -> None:
+        for node, counts in batches.counts.items():
+            for cause, n in counts.items():
+                self.counts[node][cause] += int(n)
+        for nodes, lags in batches.blocks:
+            for summary, batch in zip(self.nodes, nodes, strict=True):
+                summary.merge(batch)
+            for key, batch in lags:
+                self.lags[key].merge(batch)
 
     def result(self, plan: DatasetPlan) -> dict[str, Any]:
         totals = {k: sum(c[k] for c in self.counts.values()) for k in ("input", *CLEAN_CAUSES, "kept")}

@@ -77,3 +77,41 @@ def test_the_fetcher_reads_runs_in_scope_and_names_why_it_cannot_read_another(ma
             fetch(unfinished[0].run_id)
         with pytest.raises(UnknownRunError, match="no-such-run"):
             fetch("no-such-run")
+
+
+def test_runs_read_whole_are_stored_as_fetched_one_by_one_without_reading_back(make_spec, plant_url, tmp_path,
+                                                                             monkeypatch):
+    """The plan's fetcher reads in the fetch thread and leaves the writing to the run's thread, which
+    cleans from the arrays it wrote and windows from the grid the cleaning holds: every stored byte
+    is the one a plain fetch, read back by each stage, gives."""
+    spec = make_spec()
+    plain, split = DatasetStore(tmp_path / "plain", spec), DatasetStore(tmp_path / "split", spec)
+    with open_tsdb(plant_url) as db:
+        catalog = check_nodes_known(spec, db.list_nodes())
+        finished = db.list_runs(run_scope(spec), finished_only=True)
+        ids = [r.run_id for r in finished]
+        versions = db.run_versions(ids)
+        work = [(r, (RAW, GRID, WINDOWS)) for r in ids]
+        fetcher = run_fetcher(db, split, finished, catalog, page_limit=5000, tsdb_versions=versions, order=ids)
+        reads: list[tuple[str, str]] = []
+        real = DatasetStore.read_flat
+
+        def counted(self, run_id, stage, name, start, stop):
+            if self is split:
+                reads.append((stage.name, name))
+            return real(self, run_id, stage, name, start, stop)
+
+        monkeypatch.setattr(DatasetStore, "read_flat", counted)
+        held = list(build_runs(split, work, fetcher))
+        by_id = {r.run_id: r for r in finished}
+        one_by_one = list(build_runs(plain, work, lambda r: fetch_run(db, plain, by_id[r], catalog, page_limit=5000,
+                                                                      tsdb_version=versions[r])))
+    assert all(r.error is None for r in held + one_by_one)
+    assert not [r for r in reads if r[0] in (RAW.name, GRID.name)]  # nothing of raw or grid read back
+    for run_id in ids:
+        for stage in (RAW, GRID, WINDOWS):
+            a, b = plain.run_dir(run_id), split.run_dir(run_id)
+            names = sorted(p.name for p in a.iterdir() if p.name.startswith(f"{stage.name}."))
+            assert names and names == sorted(p.name for p in b.iterdir() if p.name.startswith(f"{stage.name}."))
+            for name in names:
+                assert (a / name).read_bytes() == (b / name).read_bytes(), (run_id, name)

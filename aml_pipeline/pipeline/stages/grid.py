@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,11 +208,16 @@ class GridSummary:
 _warned: set[tuple[str, str]] = set()
 
 
-def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = None) -> GridSummary:
+def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = None,
+              raw_columns: Callable[[], Mapping[str, np.ndarray]] | None = None,
+              on_grid: Callable[[np.ndarray], None] | None = None) -> GridSummary:
     """Clean each node's raw points and align them to the run's beat grid, chunk by chunk.
 
     The grid is stored node-major (``grid.values.npy`` is ``[nodes, rows]``), so each node's
-    column is written front to back as its chunks are cleaned.
+    column is written front to back as its chunks are cleaned. ``raw_columns``: gives the raw
+    stage's ``ts``, ``value`` and ``state`` arrays as stored (the fetch that just wrote them
+    holds them), taken instead of reading them back when the run is cleaned whole; ``on_grid``
+    is given the grid (``[nodes, rows]``, as stored) of a run cleaned whole, for the windows stage.
     """
     spec = store.spec
     meta = store.require(run_id, RAW)
@@ -269,11 +274,14 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
             # An empty grid has nothing usable (1.0), like core.grid.missing_ratio.
             missing[node.node_id] = nan_rows / rows if rows else 1.0
         if whole:
-            _clean_whole_run(store, run_id, meta, first, rows, values, traces, counts, missing, periods, aggregates)
+            grid = _clean_whole_run(store, run_id, meta, first, rows, values, traces, counts, missing, periods,
+                                    aggregates, raw_columns)
+            if on_grid is not None:
+                on_grid(grid)
         run_traces = traces.result()
         traces_tmp = writer.file("traces.npz")
         try:
-            run_traces.save(traces_tmp)
+            run_traces.save(traces_tmp, atomic=False)  # the stage writer's own temporary, renamed on commit
         except OSError as e:
             full = disk_full(e, traces_tmp.parent)  # DISK_FULL naming the store, like its arrays
             if full is not None:
@@ -294,7 +302,8 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
 
 def _clean_whole_run(store: DatasetStore, run_id: str, meta: Mapping[str, Any], first: int, rows: int, values: Any,
                      traces: TraceAccumulator, counts: dict[str, dict[str, int]], missing: dict[str, float],
-                     periods: dict[str, float | None], aggregates: dict[str, str]) -> None:
+                     periods: dict[str, float | None], aggregates: dict[str, str],
+                     raw_columns: Callable[[], Mapping[str, np.ndarray]] | None = None) -> np.ndarray:
     """:func:`clean_run`'s work for a run small enough to hold at once: every node's points read,
     cleaned (:func:`~aml_pipeline.core.clean.clean_batch`) and aligned
     (:func:`~aml_pipeline.core.grid.align_batch`) together, with what the per-node path gives."""
@@ -303,9 +312,13 @@ def _clean_whole_run(store: DatasetStore, run_id: str, meta: Mapping[str, Any], 
     starts = offsets[:-1]
     n = int(offsets[-1])
     params = [node_grid_params(spec, node, meta["catalogRange"][node.node_id]) for node in spec.nodes]
-    ts = store.read_flat(run_id, RAW, "ts", 0, n)
-    value = store.read_flat(run_id, RAW, "value", 0, n)
-    state = store.read_flat(run_id, RAW, "state", 0, n)
+    held = raw_columns() if raw_columns is not None else None
+    if held is not None and all(held[k].shape == (n,) for k in ("ts", "value", "state")):
+        ts, value, state = held["ts"], held["value"], held["state"]
+    else:
+        ts = store.read_flat(run_id, RAW, "ts", 0, n)
+        value = store.read_flat(run_id, RAW, "value", 0, n)
+        state = store.read_flat(run_id, RAW, "state", 0, n)
     traces.add_series("raw", starts, ts, value)
     cleaned = clean_batch(ts, value, state, starts, params)
     node_counts = cleaned.counts(starts)
@@ -324,6 +337,7 @@ def _clean_whole_run(store: DatasetStore, run_id: str, meta: Mapping[str, Any], 
         periods[node.node_id] = sampling.median_ms
         aggregates[node.node_id] = p.aggregate
         missing[node.node_id] = nan_rows[j] / rows if rows else 1.0
+    return grid
 
 
 def read_grid_rows(store: DatasetStore, run_id: str, n_nodes: int, rows: int, r0: int, r1: int) -> np.ndarray:

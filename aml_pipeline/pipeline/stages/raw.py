@@ -96,28 +96,105 @@ def fetch_run(
     fetched, with the run record and the catalog ranges the later stages use. ``ahead``: the
     runs fetched next, which the TSDB may read with this one (the port's ``prefetch``).
     """
+    read = read_run(tsdb, store, run, catalog, page_limit=page_limit, tsdb_version=tsdb_version, ahead=ahead)
+    return read if isinstance(read, RawSummary) else read.write()
+
+
+@dataclass
+class PendingRaw:
+    """A run read from the TSDB whose raw stage is not written yet: :meth:`write` stores it,
+    exactly as :func:`fetch_run` would have, in any thread (it no longer needs the TSDB). Its
+    pages are views of the prefetch's read, which they keep alive until written: a build holds
+    the runs it has in flight, at most one read beyond the one the TSDB holds."""
+
+    store: DatasetStore
+    run: Run
+    catalog: Mapping[str, Node]
+    tsdb_version: str | None
+    bounds: tuple[int, int]
+    pages: dict[str, tuple[list[Any], int]]  # node -> (its pages, queries)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """``ts``, ``value`` and ``state`` of every node, back to back in the spec's node order: the
+        raw stage's arrays as :meth:`write` stores them (new arrays, the cleaning's to keep)."""
+        out = {}
+        for name, dtype in RAW_COLUMNS[:3]:
+            parts = [getattr(page, name) for pages, _ in self.pages.values() for page in pages if len(page)]
+            out[name] = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+        return out
+
+    def write(self) -> RawSummary:
+        return write_raw(self.store, self.run, self.catalog, self.tsdb_version, self.bounds,
+                         ((node, [(pages, queries)], queries) for node, (pages, queries) in self.pages.items()))
+
+
+def read_run(
+    tsdb: TsdbPort,
+    store: DatasetStore,
+    run: Run,
+    catalog: Mapping[str, Node],
+    *,
+    page_limit: int,
+    tsdb_version: str | None = None,
+    ahead: Sequence[Run] = (),
+) -> RawSummary | PendingRaw:
+    """:func:`fetch_run`'s reading: a run the TSDB serves from one read (its prefetch) is read
+    whole and returned to be written later (:class:`PendingRaw`), so the thread that holds the
+    TSDB handle only reads; a larger run is read and written page by page, as :func:`fetch_run`
+    does, and its summary returned."""
     spec = store.spec
     lo, hi = run_bounds(spec, run)
     # A TSDB may serve a small run's nodes from one read (a query per node costs more), and the
     # next runs' from the same read; a run larger than one cleaning chunk is read page by page.
-    tsdb.prefetch(run.run_id, spec.node_ids, lo, hi, max_points=clean_chunk_points(),
-                  ahead=[(r.run_id, *run_bounds(spec, r)) for r in ahead])
+    held = tsdb.prefetch(run.run_id, spec.node_ids, lo, hi, max_points=clean_chunk_points(),
+                         ahead=[(r.run_id, *run_bounds(spec, r)) for r in ahead])
+
+    def node_pages(node_id: str) -> Iterable[tuple[Any, int]]:
+        return iter_node_pages(tsdb, node_id, run.run_id, lo, hi, page_limit=page_limit)
+
+    if not held:
+        return write_raw(store, run, catalog, tsdb_version, (lo, hi), ((n, node_pages(n), 0) for n in spec.node_ids))
+    # Served from memory: the pages are views of what the prefetch holds (nothing is copied),
+    # at most one prefetch's points.
+    pages: dict[str, tuple[list[Any], int]] = {}
+    for node_id in spec.node_ids:
+        got, queries = [], 0
+        for page, queries in node_pages(node_id):
+            got.append(page)
+        pages[node_id] = (got, queries)
+    return PendingRaw(store, run, catalog, tsdb_version, (lo, hi), pages)
+
+
+def write_raw(
+    store: DatasetStore,
+    run: Run,
+    catalog: Mapping[str, Node],
+    tsdb_version: str | None,
+    bounds: tuple[int, int],
+    nodes: Iterable[tuple[str, Iterable[tuple[Any, int]], int]],
+) -> RawSummary:
+    """The raw stage of ``run`` from its pages: ``nodes`` gives, per spec node in order, the
+    node id, its ``(page, queries so far)`` pairs and the queries when none is given (a node
+    whose pages were read before)."""
+    spec = store.spec
+    lo, hi = bounds
     content = hashlib.sha256()
     points: dict[str, int] = {}
     pages: dict[str, int] = {}
     offsets = [0]
     with store.stage_writer(run.run_id, RAW) as writer:
         columns = {name: writer.array(name, dtype) for name, dtype in RAW_COLUMNS}
-        for node_id in spec.node_ids:
-            n = queries = 0
-            for page, queries in iter_node_pages(tsdb, node_id, run.run_id, lo, hi, page_limit=page_limit):
-                if not len(page):
-                    continue
-                for name, _ in RAW_COLUMNS:
-                    data = getattr(page, name)
-                    columns[name].append(data)
-                    content.update(np.ascontiguousarray(data).data)
-                n += len(page)
+        for node_id, node_pages, queries in nodes:
+            n = 0
+            for item, queries in node_pages:
+                for page in item if isinstance(item, list) else (item,):
+                    if not len(page):
+                        continue
+                    for name, _ in RAW_COLUMNS:
+                        data = getattr(page, name)
+                        columns[name].append(data)
+                        content.update(np.ascontiguousarray(data).data)
+                    n += len(page)
             points[node_id], pages[node_id] = n, queries
             offsets.append(offsets[-1] + n)
             if queries > 1:
@@ -146,6 +223,34 @@ def fetch_run(
     return RawSummary(run.run_id, points, pages, data_version)
 
 
+class RunFetcher:
+    """:func:`~aml_pipeline.pipeline.runs.build_runs`'s ``fetch``: called with a run id, it is
+    :func:`fetch_run` of that run; :meth:`read` is its reading alone (:func:`read_run`), which
+    ``build_runs`` calls in its fetch thread, leaving the writing to the run's own thread."""
+
+    def __init__(self, tsdb: TsdbPort, store: DatasetStore, runs: Iterable[Run], catalog: Mapping[str, Node], *,
+                 page_limit: int, tsdb_versions: Mapping[str, str], order: Sequence[str] = ()) -> None:
+        self.tsdb, self.store, self.catalog = tsdb, store, catalog
+        self.page_limit, self.tsdb_versions, self.order = page_limit, tsdb_versions, list(order)
+        self.by_id = {r.run_id: r for r in runs}
+        self.position = {r: i for i, r in enumerate(self.order)}
+
+    def read(self, run_id: str) -> RawSummary | PendingRaw:
+        run = self.by_id.get(run_id) or self.tsdb.get_run(run_id)
+        ahead = []
+        if run_id in self.position:
+            for next_id in self.order[self.position[run_id] + 1 : self.position[run_id] + 1 + READ_AHEAD_RUNS]:
+                if next_id not in self.by_id:
+                    break
+                ahead.append(self.by_id[next_id])
+        return read_run(self.tsdb, self.store, run, self.catalog, page_limit=self.page_limit,
+                        tsdb_version=self.tsdb_versions.get(run_id), ahead=ahead)
+
+    def __call__(self, run_id: str) -> RawSummary:
+        read = self.read(run_id)
+        return read if isinstance(read, RawSummary) else read.write()
+
+
 def run_fetcher(
     tsdb: TsdbPort,
     store: DatasetStore,
@@ -155,27 +260,13 @@ def run_fetcher(
     page_limit: int,
     tsdb_versions: Mapping[str, str],
     order: Sequence[str] = (),
-) -> Callable[[str], RawSummary]:
+) -> RunFetcher:
     """:func:`~aml_pipeline.pipeline.runs.build_runs`'s ``fetch``: :func:`fetch_run` by run id, for
     the spec's finished runs in scope (``runs``) with their TSDB versions. Any other id is looked up
     in the TSDB, so that an unknown or unfinished run fails naming why instead of with a bare
     KeyError. ``order``: the run ids in the order they will be fetched; each fetch passes the next
     :data:`READ_AHEAD_RUNS` of them in scope as ``ahead``."""
-    by_id = {r.run_id: r for r in runs}
-    position = {r: i for i, r in enumerate(order)}
-
-    def fetch(run_id: str) -> RawSummary:
-        run = by_id.get(run_id) or tsdb.get_run(run_id)
-        ahead = []
-        if run_id in position:
-            for next_id in order[position[run_id] + 1 : position[run_id] + 1 + READ_AHEAD_RUNS]:
-                if next_id not in by_id:
-                    break
-                ahead.append(by_id[next_id])
-        return fetch_run(tsdb, store, run, catalog, page_limit=page_limit, tsdb_version=tsdb_versions.get(run_id),
-                         ahead=ahead)
-
-    return fetch
+    return RunFetcher(tsdb, store, runs, catalog, page_limit=page_limit, tsdb_versions=tsdb_versions, order=order)
 
 
 def is_raw_current(store: DatasetStore, run: Run, meta: Mapping[str, Any] | None, *, tsdb_version: str | None,

@@ -90,11 +90,12 @@ def unit_columns(spec: DatasetSpec) -> list[tuple[int, float, float]]:
     return [(j, t.scale, t.offset) for j, n in enumerate(spec.node_ids) if (t := transforms.get(n))]
 
 
-def window_run(store: DatasetStore, run_id: str) -> WindowsSummary:
+def window_run(store: DatasetStore, run_id: str, *, grid: np.ndarray | None = None) -> WindowsSummary:
     """Convert the grid to model units and find the run's valid window starts, block by block.
 
     Writes ``windows.model.npy`` (``[rows, nodes]``, model units, row-major: what the snapshot
-    writer reads in row blocks) and ``windows.starts.npy``.
+    writer reads in row blocks) and ``windows.starts.npy``. ``grid``: the run's stored grid
+    (``[nodes, rows]``) when the cleaning that wrote it holds it, taken instead of reading it back.
     """
     spec = store.spec
     meta = store.require(run_id, GRID)
@@ -110,7 +111,10 @@ def window_run(store: DatasetStore, run_id: str) -> WindowsSummary:
         starts = writer.array("starts", "<i8")
         for r0 in range(0, rows, block_rows):
             r1 = min(rows, r0 + block_rows)
-            block = read_grid_rows(store, run_id, n_nodes, rows, r0, r1)
+            if grid is not None and grid.shape == (n_nodes, rows):
+                block = np.ascontiguousarray(grid[:, r0:r1].T)
+            else:
+                block = read_grid_rows(store, run_id, n_nodes, rows, r0, r1)
             for j, scale, offset in units:
                 block[:, j] = block[:, j] * scale + offset
             model.append(block)
