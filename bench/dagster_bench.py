@@ -13,6 +13,8 @@ Where the time goes: with pyinstrument installed, one more Dagster build (not co
 ratio) is profiled, and its samples are attributed (:func:`attribute_profile`) to our library
 stages, our plots (each run's and the dataset's overview), our Dagster wiring (asset bodies,
 metadata) and Dagster itself (everything else the run does, including its SQLite writes).
+Another build (:func:`event_costs`) times what the instance's event log takes to store each
+event, per kind of event.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -204,6 +207,7 @@ def run(spec_dict: dict[str, Any], tsdb_url: str, out: Path, *, repeat: int, pro
         )
     if profile:
         result["profile"] = _profile(spec_dict, tsdb_url, out)
+        result["events"] = event_costs(spec_dict, tsdb_url, out)
     remove_tree(out)
     return result
 
@@ -746,6 +750,48 @@ def _profile(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, A
     n_events = sum(events.values())
     return {"available": True, "seconds": session.duration, "events": events, **parts,
             "dagster_ms_per_event": 1000 * parts["seconds_by_part"].get("dagster", 0.0) / n_events if n_events else None}
+
+
+def event_label(entry: Any) -> str:
+    """An event-log entry's Dagster event type (or "log"), with the asset's last key part for an
+    asset event: ``ASSET_MATERIALIZATION:cleaned_grid``."""
+    event = entry.dagster_event
+    if event is None:
+        return "log"
+    key = event.asset_key
+    return event.event_type_value + (f":{key.path[-1]}" if key is not None else "")
+
+
+def event_costs(spec_dict: dict[str, Any], tsdb_url: str, out: Path) -> dict[str, Any]:
+    """One more Dagster build (not counted in the ratio) into a fresh persistent instance, with
+    the time the instance's event log takes to store each event (``store_event``, in the thread
+    that writes it: the build waits for it) summed per :func:`event_label`: what each kind of
+    event costs the build, and how many of them it writes."""
+    with persistent_instance(out / "instance-events") as instance:
+        storage = instance.event_log_storage
+        store_event = storage.store_event
+        seconds: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+
+        def timed(event: Any) -> None:
+            t = time.perf_counter()
+            try:
+                store_event(event)
+            finally:
+                label = event_label(event)
+                seconds[label] += time.perf_counter() - t
+                counts[label] += 1
+
+        settle(out / "build")
+        (out / "build").mkdir(parents=True)
+        started = time.perf_counter()
+        with mock.patch.object(storage, "store_event", timed):
+            materialize(spec_dict, tsdb_url, out / "build", instance)
+        total = time.perf_counter() - started
+    by_label = {k: {"events": counts[k], "ms": 1000 * seconds[k], "ms_per_event": 1000 * seconds[k] / counts[k]}
+                for k in sorted(seconds, key=lambda k: -seconds[k])}
+    return {"build_seconds": total, "events": sum(counts.values()), "store_seconds": sum(seconds.values()),
+            "storage": type(storage).__name__, "by_event": by_label}
 
 
 def event_counts(instance: Any) -> dict[str, int]:

@@ -680,6 +680,11 @@ def render(d: dict[str, Any]) -> str:
         if prof and prof.get("available"):
             parts = ", ".join(f"{k} {v:.2f} s" for k, v in prof["seconds_by_part"].items())
             L.append(f"  profiled Dagster build ({prof['seconds']:.2f} s): {parts}")
+        ev = dg_.get("events")
+        if ev:
+            top = ", ".join(f"{k} {v['events']} x {v['ms_per_event']:.1f} ms" for k, v in list(ev["by_event"].items())[:6])
+            L.append(f"  events stored by one more build ({ev['build_seconds']:.2f} s): {ev['events']} in "
+                     f"{ev['store_seconds']:.2f} s ({ev['storage']}); {top}")
     for key, label in (("incremental", "rebuilds"), ("parallel", "workers"), ("orchestration", "orchestration")):
         if key in d:
             L.append("")
