@@ -213,6 +213,9 @@ def apply_norm(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndar
         raise ValueError(
             "apply_norm: std must be finite and non-zero (zero std is replaced by 1.0 at fit time)"
         )
-    return ((v - mean) / std).astype(np.float32)
+    # In place after the subtraction: the same float64 operations without a second temporary.
+    out = v - mean
+    np.divide(out, std, out=out)
+    return out.astype(np.float32)
 
 
