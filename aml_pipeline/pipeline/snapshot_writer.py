@@ -236,15 +236,15 @@ def write_series_files(
 
 def _stretches(rows: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray | None:
     """The rows ``begin[i] .. end[i] - 1`` of every stretch, in order (None: no stretch): a view
-    when there is one stretch, as in a run without gaps, else a copy."""
+    when there is one stretch, as in a run without gaps, else gathered by index."""
     if begin.size == 0:
         return None
     if begin.size == 1:
         return rows[int(begin[0]) : int(end[0])]
-    edges = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-    edges[begin] = 1
-    edges[end] -= 1
-    return rows[np.cumsum(edges[:-1]) > 0]
+    lengths = end - begin
+    # Row i of the result is row i + (begin[k] - rows before stretch k) of its stretch k.
+    shift = np.repeat(begin - (np.cumsum(lengths) - lengths), lengths)
+    return rows.take(np.arange(shift.size) + shift, axis=0)
 
 
 def _starts_slices(run: RunWindows) -> Iterator[np.ndarray]:
@@ -424,7 +424,9 @@ def write_snapshot_files(
         else:
             # One pass over the runs writes every file of the series layout; the report takes the
             # grid blocks that pass reads instead of reading them again.
-            feed = _ReportFeed(report, plan, report_pool)
+            merger = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="snapshot-report-merge"))
+            feed = _ReportFeed(report, plan, report_pool, merger)
+            stack.callback(feed.close)  # on an error: the merging thread stops, the pools can shut down
             rows_written = write_series_files(files, store, plan, norm, series, feed)
             for key, written in rows_written.items():
                 if written != manifest["shapes"][key][0]:
@@ -697,22 +699,27 @@ class _ReportBuilder:
 
 class _ReportFeed:
     """report.json from the grid blocks a pass over the runs reads anyway (the series writer's):
-    each block's contributions computed in ``pool`` (at most a few blocks ahead), merged in the
+    each block's contributions computed in ``pool``, merged by a thread of ``merger`` in the
     order the blocks are fed, so it is :meth:`_ReportBuilder.run_batches`' report, run by run.
 
-    Feed a run with :meth:`start_run`, then each of its blocks in order with :meth:`block`.
+    Feed a run with :meth:`start_run`, then each of its blocks in order with :meth:`block`;
+    :meth:`finish` returns the report. At most a few blocks wait to be merged (the feeder waits
+    beyond that), so memory stays a few blocks. :meth:`close` stops the merging early (on error).
     """
 
-    def __init__(self, report: _ReportBuilder, plan: DatasetPlan, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, report: _ReportBuilder, plan: DatasetPlan, pool: ThreadPoolExecutor,
+                 merger: ThreadPoolExecutor) -> None:
         self.report, self.plan, self.pool = report, plan, pool
         self.train_runs = set(plan.split["trainRunIds"])
-        self.pending: deque[Future[tuple[list[Any], list[Any]]] | Mapping[str, Any]] = deque()
         self.context = report.max_lag + 1  # rows before a block its lag pairs reach back to
         self.train = False
         self.tail: np.ndarray | None = None  # the run's last rows fed, at most ``context`` of them
+        self._queue: queue.Queue = queue.Queue(2 * REPORT_THREADS)
+        self._closed = False
+        self._merged = merger.submit(self._merge_all)
 
     def start_run(self, run_id: str) -> None:
-        self.pending.append(self.plan.runs[run_id]["counts"])
+        self._queue.put(self.plan.runs[run_id]["counts"])
         self.train = run_id in self.train_runs
         self.tail = None
 
@@ -727,18 +734,29 @@ class _ReportFeed:
             first = max(0, r0 - c0 - 1)
             both = rows if rows.shape[0] >= self.context or self.tail is None else np.concatenate([self.tail, rows])
             self.tail = both[max(0, both.shape[0] - self.context):]
-        self.pending.append(self.pool.submit(self.report.block_batches, rows, segment, first, self.train))
-        while sum(isinstance(p, Future) for p in self.pending) > 2 * REPORT_THREADS:
-            self._merge_next()
+        self._queue.put(self.pool.submit(self.report.block_batches, rows, segment, first, self.train))
 
-    def _merge_next(self) -> None:
-        item = self.pending.popleft()
-        if isinstance(item, Future):
-            self.report.merge_block(*item.result())
-        else:
-            self.report.merge_counts(item)
+    def _merge_all(self) -> dict[str, Any]:
+        error: BaseException | None = None
+        while (item := self._queue.get()) is not None:
+            if error is not None:
+                continue  # keep taking items so the feeder never waits for nothing
+            try:
+                if isinstance(item, Future):
+                    self.report.merge_block(*item.result())
+                else:
+                    self.report.merge_counts(item)
+            except BaseException as e:  # noqa: BLE001 - re-raised by finish()
+                error = e
+        if error is not None:
+            raise error
+        return self.report.result(self.plan)
 
     def finish(self) -> dict[str, Any]:
-        while self.pending:
-            self._merge_next()
-        return self.report.result(self.plan)
+        self.close()
+        return self._merged.result()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
