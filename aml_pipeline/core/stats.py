@@ -230,9 +230,11 @@ def _spectra_batch(a: _LagSeries, b: _LagSeries, top: int, size: int,
                 for i, j in _PRODUCTS]
         todo = [(k, ij) for k, ij in zip(keys, _PRODUCTS) if k not in shared]
         if todo:
-            rows = np.fft.irfft(np.stack([fa[i] * fb[j] for _, (i, j) in todo]), size)[:, : top + 1]
-            shared.update(zip((k for k, _ in todo), rows))
-        s = np.stack([shared[k] for k in keys])
+            products = np.empty((len(todo), fa.shape[1]), dtype=np.result_type(fa, fb))
+            for row, (_, (i, j)) in zip(products, todo):
+                np.multiply(fa[i], fb[j], out=row)
+            shared.update(zip((k for k, _ in todo), np.fft.irfft(products, size)[:, : top + 1]))
+        s = [shared[k] for k in keys]
     count = np.rint(s[0])
     used = count > 0
     if not used.any():
