@@ -8,8 +8,10 @@ gathering.
 
 Both layouts normalise the same grid rows with the same operations (:func:`apply_norm` on whole
 rows): the windows layout cuts every window from them (:func:`window_blocks`), the series layout
-writes each row windows read once (:func:`series_row_blocks`) and the window index
-(:class:`SeriesPlan`), so its windows, cut on read, are the windows layout's bytes.
+writes each row windows read once and the window index (:func:`write_series_files`, sized by
+:class:`SeriesPlan`), so its windows, cut on read, are the windows layout's bytes. The windows
+layout reads the runs once per array file, the report once more beside them; the series layout
+reads each grid block once, for all its files and the report.
 """
 
 from __future__ import annotations
@@ -342,8 +344,8 @@ def write_snapshot_files(
     snapshot already holds with identical bytes: they are hard-linked from there instead of
     gathered and written again, and hashed by reading them.
 
-    One pass per array file over the runs, in snapshot order; memory is bounded by one grid
-    block plus a few written blocks. Hashing (the snapshot hash and the per-file digests) and
+    The runs are read in snapshot order, once per array file (windows layout) or once for all
+    of them (series layout); memory is bounded by a few grid blocks plus a few written blocks. Hashing (the snapshot hash and the per-file digests) and
     fsync run in background threads, so gathering, hashing and the disk work at the same time.
     With ``wait_durable=False`` it returns once every byte is written (closed) and hashed, while
     the last fsyncs may still run: call ``wait_durable()`` on the result before publishing.
