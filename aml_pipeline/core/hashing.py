@@ -13,7 +13,7 @@ import hmac
 import json
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,8 +71,10 @@ class BackgroundSnapshotHasher(SnapshotHasher):
 
     def add_file(self, name: str, path: Path) -> None:
         self.begin(name)
-        for chunk in _read_chunks(path):
-            self.update(bytes(chunk))  # the chunk's buffer is reused by the reader
+        with open(path, "rb", buffering=0) as f:
+            # A new buffer per chunk, handed over as read (the threads hash it later): no copy.
+            while chunk := f.read(_CHUNK):
+                self.update(chunk)
         self.end()
 
     def _run_total(self) -> None:
@@ -156,16 +158,6 @@ def _hash_files(root: Path, *, per_file: bool) -> SnapshotHasher:
     for name in hashed_files(manifest):
         hasher.add_file(name, root / name)
     return hasher
-
-
-def _read_chunks(path: Path) -> Iterator[memoryview]:
-    """The file's bytes in chunks, read into one reused buffer (each chunk is valid until the
-    next one is requested)."""
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            yield view[:n]
 
 
 @dataclass(frozen=True)

@@ -70,27 +70,33 @@ class MomentAccumulator:
         used = w > 0
         if not used.any():
             return
-        w = w[used]
+        every = bool(used.all())
+        if not every:
+            w = w[used]
         total = float(w.sum())
         if self.n_cols == 0:
             self._merge(total, np.zeros(0), np.zeros(0))
             return
         # [cols, rows] so each column's sums reduce along contiguous memory: numpy's pairwise
         # summation, accurate and identical on every machine (a BLAS dot would be neither).
-        vt = np.ascontiguousarray(values[used].T)
+        vt = np.ascontiguousarray(values.T if every else values.T[:, used])
         if not np.isfinite(vt).all():
             col = int(np.flatnonzero(~np.isfinite(vt).all(axis=1))[0])
             raise ValueError(
                 f"MomentAccumulator.add: column {col} has a non-finite value in a row of weight > 0"
             )
-        mean = (vt * w).sum(axis=1) / total
+        own = not np.may_share_memory(vt, values)  # a copy: free to overwrite
+        # Two [cols, rows] temporaries, reused: the same products and sums as with new arrays.
+        wd = np.multiply(vt, w)
+        mean = wd.sum(axis=1) / total
         # The true mean lies within [min, max]; clamping makes a constant column's mean exact, so
         # its M2 is exactly 0 and it is flagged zero_std instead of getting a std of rounding noise.
         np.clip(mean, vt.min(axis=1), vt.max(axis=1), out=mean)
-        d = vt - mean[:, None]
-        wd = d * w
+        d = np.subtract(vt, mean[:, None], out=vt if own else None)
+        np.multiply(d, w, out=wd)
         # Second term: the classic correction for the rounding error left in the mean.
-        m2 = (wd * d).sum(axis=1) - wd.sum(axis=1) ** 2 / total
+        correction = wd.sum(axis=1) ** 2 / total
+        m2 = np.multiply(wd, d, out=d).sum(axis=1) - correction
         np.maximum(m2, 0.0, out=m2)
         self._merge(total, mean, m2)
 
@@ -213,6 +219,9 @@ def apply_norm(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndar
         raise ValueError(
             "apply_norm: std must be finite and non-zero (zero std is replaced by 1.0 at fit time)"
         )
-    return ((v - mean) / std).astype(np.float32)
+    # In place after the subtraction: the same float64 operations without a second temporary.
+    out = v - mean
+    np.divide(out, std, out=out)
+    return out.astype(np.float32)
 
 

@@ -85,3 +85,21 @@ def covered_rows(starts: np.ndarray, first_row: int, n_rows: int, lo: int, hi: i
     start ``t`` reading rows ``t+lo .. t+hi-1`` (bool ``[n_rows]``; ``starts`` must include every
     window that reads one of those rows)."""
     return block_row_weights(starts, first_row, n_rows, lo, hi) > 0
+
+
+def covered_spans(starts: np.ndarray, first_row: int, n_rows: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`covered_rows` as maximal stretches: the rows some window reads are
+    ``begin[i] .. end[i] - 1`` (relative to ``first_row``; ascending, disjoint, not touching).
+
+    ``starts`` must ascend. The windows' spans ``[t+lo, t+hi)`` overlap or touch when their
+    starts are at most ``hi - lo`` apart, so a stretch ends where two starts are further apart.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    if starts.size == 0 or n_rows <= 0:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty
+    breaks = np.flatnonzero(np.diff(starts) > hi - lo)
+    begin = np.clip(starts[np.concatenate([[0], breaks + 1])] + (lo - first_row), 0, n_rows)
+    end = np.clip(starts[np.concatenate([breaks, [starts.size - 1]])] + (hi - first_row), 0, n_rows)
+    kept = end > begin
+    return begin[kept], end[kept]

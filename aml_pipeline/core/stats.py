@@ -203,17 +203,38 @@ class LagCorrelation:
 LagBatch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-def _spectra_batch(a: _LagSeries, b: _LagSeries, top: int, size: int) -> LagBatch | None:
+# The six cross-correlations of a pair, as (row of a's spectrum, row of b's): rows 0, 1, 2 are
+# the shifted differences, their squares and the validity mask. In order: pair count, sum of a,
+# sum of b, sum of a^2, sum of b^2, sum of a*b.
+_PRODUCTS = ((2, 2), (0, 2), (2, 0), (1, 2), (2, 1), (0, 0))
+
+
+def _spectra_batch(a: _LagSeries, b: _LagSeries, top: int, size: int,
+                   shared: dict[tuple, np.ndarray] | None = None) -> LagBatch | None:
     """The moments of the pairs ``(a.d[i], b.d[i + lag])`` for lags ``0..top`` (both sides
-    prepared for the same FFT ``size``); None when there is no pair."""
+    prepared for the same FFT ``size``); None when there is no pair.
+
+    ``shared`` (one per set of columns) keeps the cross-correlations that other pairs have too:
+    one side's mask with the other side's values is the same for every series with that mask,
+    so it is transformed once. Each row is the same inverse FFT of the same product, so the
+    result is the same to the bit.
+    """
     if a.empty or b.empty:
         return None
     fa, fb = a.conj_spectrum, b.spectrum
     # sum_i p[i] q[i + lag] = irfft(conj(P) * Q)[lag]
-    s = np.fft.irfft(
-        np.stack([fa[2] * fb[2], fa[0] * fb[2], fa[2] * fb[0], fa[1] * fb[2], fa[2] * fb[1], fa[0] * fb[0]]),
-        size,
-    )[:, : top + 1]
+    if shared is None:
+        s = np.fft.irfft(np.stack([fa[i] * fb[j] for i, j in _PRODUCTS]), size)[:, : top + 1]
+    else:
+        keys = [(a.mask if i == 2 else id(a), b.mask if j == 2 else id(b), i, j, top)
+                for i, j in _PRODUCTS]
+        todo = [(k, ij) for k, ij in zip(keys, _PRODUCTS) if k not in shared]
+        if todo:
+            products = np.empty((len(todo), fa.shape[1]), dtype=np.result_type(fa, fb))
+            for row, (_, (i, j)) in zip(products, todo):
+                np.multiply(fa[i], fb[j], out=row)
+            shared.update(zip((k for k, _ in todo), np.fft.irfft(products, size)[:, : top + 1]))
+        s = [shared[k] for k in keys]
     count = np.rint(s[0])
     used = count > 0
     if not used.any():
@@ -248,7 +269,7 @@ class _LagSeries:
     (its variance exactly 0).
     """
 
-    __slots__ = ("n", "empty", "ref", "energy", "spectrum", "_conj")
+    __slots__ = ("n", "empty", "ref", "energy", "spectrum", "mask", "_conj")
 
     def __init__(self, column: np.ndarray, size: int, first: int = 0) -> None:
         d = np.diff(column)
@@ -261,6 +282,8 @@ class _LagSeries:
         sq = shifted * shifted
         self.energy = float(sq.sum())
         self.spectrum = np.fft.rfft(np.stack([shifted, sq, ok.astype(np.float64)]), size)
+        # Which differences are valid: series with equal masks have the same mask spectrum.
+        self.mask = (size, ok.tobytes())
         self._conj: np.ndarray | None = None
 
     @property
@@ -301,6 +324,7 @@ def lag_pair_batches(
     :meth:`LagCorrelation.merge`. Nothing here reads an accumulator, so the batches of several
     blocks can be computed at once (threads) and merged in the blocks' order."""
     prepared: dict[tuple[Hashable, int, int], _LagSeries] = {}
+    shared: dict[tuple, np.ndarray] = {}
     out: list[tuple[tuple[Hashable, Hashable], LagBatch | None]] = []
     for (c, t), max_lag in max_lags.items():
         a, b = np.asarray(columns[c], dtype=np.float64), np.asarray(columns[t], dtype=np.float64)
@@ -315,7 +339,7 @@ def lag_pair_batches(
         for key in ((c, size, 0), (t, size, first)):
             if key not in prepared:
                 prepared[key] = _LagSeries(np.asarray(columns[key[0]], dtype=np.float64), size, key[2])
-        out.append(((c, t), _spectra_batch(prepared[(c, size, 0)], prepared[(t, size, first)], top, size)))
+        out.append(((c, t), _spectra_batch(prepared[(c, size, 0)], prepared[(t, size, first)], top, size, shared)))
     return out
 
 

@@ -262,8 +262,11 @@ class _Moments:
         if n_b == 0 or rows.shape[1] == 0:
             return
         w = weights.astype(np.float64)
-        sums = w @ rows.astype(np.float64)
-        squares = w @ np.square(rows, dtype=np.float64)
+        values = rows.astype(np.float64)
+        # einsum, not a BLAS product: BLAS threads that wait for a busy core cost more than the
+        # product itself on a shared machine.
+        sums = np.einsum("i,ij->j", w, values)
+        squares = np.einsum("i,ij->j", w, np.multiply(values, values, out=values))  # squared in place
         self._merge(n_b, sums, squares)
 
     def _merge(self, n_b: float, sums: np.ndarray, squares: np.ndarray) -> None:

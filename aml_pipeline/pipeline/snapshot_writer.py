@@ -8,8 +8,10 @@ gathering.
 
 Both layouts normalise the same grid rows with the same operations (:func:`apply_norm` on whole
 rows): the windows layout cuts every window from them (:func:`window_blocks`), the series layout
-writes each row windows read once (:func:`series_row_blocks`) and the window index
-(:class:`SeriesPlan`), so its windows, cut on read, are the windows layout's bytes.
+writes each row windows read once and the window index (:func:`write_series_files`, sized by
+:class:`SeriesPlan`), so its windows, cut on read, are the windows layout's bytes. The windows
+layout reads the runs once per array file, the report once more beside them; the series layout
+reads each grid block once, for all its files and the report.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from aml_pipeline.core.clean import CLEAN_CAUSES
 from aml_pipeline.core.hashing import BackgroundSnapshotHasher
 from aml_pipeline.core.manifest import build_manifest, build_sidecar, series_manifest, to_json_bytes
 from aml_pipeline.core.normalize import apply_norm
-from aml_pipeline.core.series import RunIndexer, covered_rows
+from aml_pipeline.core.series import RunIndexer, covered_spans
 from aml_pipeline.core.stats import LagCorrelation, NodeSummary, lag_pair_batches
 from aml_pipeline.core.windows import window_block
 from aml_pipeline.errors import BuildError
@@ -116,35 +118,6 @@ def window_blocks(
                 yield out[:, :, 0] if kind == "timestamps" else out
 
 
-def series_row_blocks(
-    group: str, run: RunWindows, spec: DatasetSpec, cols: Columns, norm: Normalization
-) -> Iterator[np.ndarray]:
-    """The run's stored rows of one group of the series layout, in order, a fixed grid block at
-    a time: ``x``, every row some window reads as history (all nodes, ``norm.x``); ``u`` and
-    ``y``, every row some window reads as future (controls with ``norm.u``, targets with
-    ``norm.y``). The rows are normalised as :func:`window_blocks` normalises them."""
-    H, F = spec.history_steps, spec.horizon_steps
-    lo, hi = (-H, 0) if group == "x" else (0, F)
-    reader = run.starts()
-    for r0, r1 in run.blocks():
-        # The windows that read a row of r0..r1-1: history t in r0+1..r1+H-1, future t in r0-F+1..r1-1.
-        starts = reader.between(r0 - F + 1, r1 + H)
-        keep = covered_rows(starts, r0, r1 - r0, lo, hi)
-        if not keep.any():
-            continue
-        rows = run.grid_rows(r0, r1)
-        if not keep.all():
-            rows = rows[keep]
-        if group == "x":
-            yield apply_norm(rows, norm.x.mean, norm.x.std)
-        elif group == "u":
-            yield apply_norm(rows[:, cols.controls], norm.u.mean, norm.u.std)
-        elif group == "y":
-            yield apply_norm(rows[:, cols.targets], norm.y.mean, norm.y.std)
-        else:
-            raise ValueError(f"unknown row group {group!r}")
-
-
 @dataclass
 class SeriesPlan:
     """The series layout's sizes, from the runs' window starts alone (no grid row is read):
@@ -176,37 +149,104 @@ class SeriesPlan:
     def segments(self) -> int:
         return sum(r[3] for r in self.runs)
 
-    def write_segments(self, store: DatasetStore, plan: DatasetPlan, f: Any) -> None:
-        """``segments.i64`` into ``f`` (one field per row, :data:`SEGMENT_FIELDS`): each field's
-        values written at their place as the runs' starts are read again, a slice at a time."""
-        spec, K = self.spec, self.segments
-        f.truncate(len(SEGMENT_FIELDS) * K * 8)
+
+def write_series_files(
+    files: StagedFiles,
+    store: DatasetStore,
+    plan: DatasetPlan,
+    norm: Normalization,
+    series: SeriesPlan,
+    report: _ReportFeed | None = None,
+) -> dict[str, int]:
+    """The series layout's row files and window index, in one pass over the runs.
+
+    Each fixed grid block of a run is read once: its rows some window reads as history go to
+    ``x_rows`` (all nodes, ``norm.x``), its rows some window reads as future to ``u_rows``
+    (controls, ``norm.u``) and ``y_rows`` (targets, ``norm.y``), normalised as
+    :func:`window_blocks` normalises them; its window starts give the segments of
+    ``segments.i64`` (one field per row, each value written at its place, the sizes being
+    :class:`SeriesPlan`'s); and ``report``, if given, takes the block for report.json. Returns
+    the rows written per row file (linked files are not written).
+    """
+    spec = store.spec
+    cols = Columns.of(spec)
+    H, F = spec.history_steps, spec.horizon_steps
+    names = {key: SERIES_ARRAYS[key] for key in ("xRows", "uRows", "yRows", "segments")}
+    K = series.segments
+
+    def fill(outs: Mapping[str, _Output]) -> None:
+        x, u, y, seg = (outs.get(names[key][0]) for key in names)
+        if seg is not None:
+            seg.truncate(len(SEGMENT_FIELDS) * K * 8)
         k = window = x_base = f_base = 0
-        for position, (run_id, x_rows, future_rows, segments) in enumerate(self.runs):
+        for position, (run_id, x_rows, future_rows, segments) in enumerate(series.runs):
             run = RunWindows(store, run_id, plan.runs[run_id])
-            indexer = RunIndexer(spec.history_steps, spec.horizon_steps, spec.stride)
-            for starts in _starts_slices(run):
-                block = indexer.feed(starts)
-                new = np.flatnonzero(block.new_segment)
-                first = block.starts[new]
-                fields = (
-                    np.full(new.size, position, dtype=np.int64),
-                    window + new,
-                    first,
-                    run.first_ms + spec.beat_ms * first,
-                    x_base + block.x_row[new],
-                    f_base + block.future_row[new],
-                )
-                for i, values in enumerate(fields):
-                    data = memoryview(np.ascontiguousarray(values, dtype="<i8").view(np.uint8))
-                    _pwrite_all(f, data, (i * K + k) * 8)
-                k += new.size
-                window += block.starts.size
-            if (indexer.x_rows, indexer.future_rows, indexer.segments) != (x_rows, future_rows, segments):
+            indexer = RunIndexer(H, F, spec.stride)
+            if report is not None:
+                report.start_run(run_id)
+            reader = run.starts()
+            for r0, r1 in run.blocks():
+                # The windows that read a row of r0..r1-1: history t in r0+1..r1+H-1, future t in
+                # r0-F+1..r1-1; those starting in r0..r1-1 are the block's entries of the index.
+                starts = reader.between(r0 - F + 1, r1 + H)
+                rows = None
+                if report is not None or x is not None or u is not None or y is not None:
+                    rows = run.grid_rows(r0, r1)
+                if report is not None:
+                    report.block(r0, rows)
+                if x is not None:
+                    kept = _stretches(rows, *covered_spans(starts, r0, r1 - r0, -H, 0))
+                    if kept is not None:
+                        x.append(apply_norm(kept, norm.x.mean, norm.x.std))
+                if u is not None or y is not None:
+                    future = _stretches(rows, *covered_spans(starts, r0, r1 - r0, 0, F))
+                    if future is not None:
+                        if u is not None:
+                            u.append(apply_norm(future[:, cols.controls], norm.u.mean, norm.u.std))
+                        if y is not None:
+                            y.append(apply_norm(future[:, cols.targets], norm.y.mean, norm.y.std))
+                if seg is not None:
+                    own = starts[np.searchsorted(starts, r0) : np.searchsorted(starts, r1)]
+                    if not own.size:
+                        continue
+                    block = indexer.feed(own)
+                    new = np.flatnonzero(block.new_segment)
+                    first = block.starts[new]
+                    fields = (
+                        np.full(new.size, position, dtype=np.int64),
+                        window + new,
+                        first,
+                        run.first_ms + spec.beat_ms * first,
+                        x_base + block.x_row[new],
+                        f_base + block.future_row[new],
+                    )
+                    for i, values in enumerate(fields):
+                        seg.pwrite(np.ascontiguousarray(values, dtype="<i8"), (i * K + k) * 8)
+                    k += new.size
+                    window += block.starts.size
+            if seg is not None and (indexer.x_rows, indexer.future_rows, indexer.segments) != (
+                x_rows, future_rows, segments
+            ):
                 raise BuildError(f"spec {spec.id!r}: run {run_id}'s stored windows changed while the snapshot was written")
             x_base, f_base = x_base + x_rows, f_base + future_rows
-        if k != K:
+        if seg is not None and k != K:
             raise BuildError(f"spec {spec.id!r}: stored windows changed while writing the window index ({k} of {K} segments)")
+
+    written = files.write_together([names[key] for key in names], fill)
+    return {key: written[name] for key, (name, _) in names.items() if key != "segments" and name in written}
+
+
+def _stretches(rows: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray | None:
+    """The rows ``begin[i] .. end[i] - 1`` of every stretch, in order (None: no stretch): a view
+    when there is one stretch, as in a run without gaps, else gathered by index."""
+    if begin.size == 0:
+        return None
+    if begin.size == 1:
+        return rows[int(begin[0]) : int(end[0])]
+    lengths = end - begin
+    # Row i of the result is row i + (begin[k] - rows before stretch k) of its stretch k.
+    shift = np.repeat(begin - (np.cumsum(lengths) - lengths), lengths)
+    return rows.take(np.arange(shift.size) + shift, axis=0)
 
 
 def _starts_slices(run: RunWindows) -> Iterator[np.ndarray]:
@@ -304,8 +344,8 @@ def write_snapshot_files(
     snapshot already holds with identical bytes: they are hard-linked from there instead of
     gathered and written again, and hashed by reading them.
 
-    One pass per array file over the runs, in snapshot order; memory is bounded by one grid
-    block plus a few written blocks. Hashing (the snapshot hash and the per-file digests) and
+    The runs are read in snapshot order, once per array file (windows layout) or once for all
+    of them (series layout); memory is bounded by a few grid blocks plus a few written blocks. Hashing (the snapshot hash and the per-file digests) and
     fsync run in background threads, so gathering, hashing and the disk work at the same time.
     With ``wait_durable=False`` it returns once every byte is written (closed) and hashed, while
     the last fsyncs may still run: call ``wait_durable()`` on the result before publishing.
@@ -343,32 +383,35 @@ def write_snapshot_files(
         run_order = [r for _, r in plan.ordered_runs()]
         report = _ReportBuilder(spec, cols)
 
-        # The report reads the runs on its own, in threads beside the arrays being gathered and
-        # written (its FFTs and the writes release the GIL): the runs' contributions are computed
-        # REPORT_THREADS at a time and merged in snapshot order, so it is the same report, run by run.
+        # The report's contributions are computed in threads beside the arrays being gathered and
+        # written (its FFTs and the writes release the GIL), REPORT_THREADS at a time, and merged
+        # in snapshot order, so it is the same report, run by run and block by block.
         report_pool = stack.enter_context(ThreadPoolExecutor(REPORT_THREADS, thread_name_prefix="snapshot-report"))
 
-        def build_report() -> dict[str, Any]:
-            def batches(run_id: str) -> _RunBatches:
-                return report.run_batches(RunWindows(store, run_id, plan.runs[run_id]), plan)
-
-            pending: deque[Future[_RunBatches]] = deque()
-            for run_id in run_order:
-                # At most REPORT_THREADS runs ahead of the merge: memory stays a few runs' batches.
-                if len(pending) > REPORT_THREADS:
-                    report.merge_run(pending.popleft().result())
-                pending.append(report_pool.submit(batches, run_id))
-            while pending:
-                report.merge_run(pending.popleft().result())
-            return report.result(plan)
-
-        reporting = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="snapshot-report-merge")).submit(build_report)
-
-        def runs() -> Iterator[RunWindows]:
-            for run_id in run_order:
-                yield RunWindows(store, run_id, plan.runs[run_id])
-
         if series is None:
+            # The windows layout reads each array kind in its own pass: the report reads the runs
+            # on its own, beside them.
+            def build_report() -> dict[str, Any]:
+                def batches(run_id: str) -> _RunBatches:
+                    return report.run_batches(RunWindows(store, run_id, plan.runs[run_id]), plan)
+
+                pending: deque[Future[_RunBatches]] = deque()
+                for run_id in run_order:
+                    # At most REPORT_THREADS runs ahead of the merge: memory stays a few runs' batches.
+                    if len(pending) > REPORT_THREADS:
+                        report.merge_run(pending.popleft().result())
+                    pending.append(report_pool.submit(batches, run_id))
+                while pending:
+                    report.merge_run(pending.popleft().result())
+                return report.result(plan)
+
+            merging = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="snapshot-report-merge"))
+            reporting = merging.submit(build_report)
+
+            def runs() -> Iterator[RunWindows]:
+                for run_id in run_order:
+                    yield RunWindows(store, run_id, plan.runs[run_id])
+
             kinds = ["x", "u", "y"] + (["timestamps", "mask"] if extras is not None else [])
             for kind in kinds:
                 name = array_name(kind)
@@ -379,20 +422,25 @@ def write_snapshot_files(
                         f"spec {spec.id!r}: stored windows changed while writing {name} "
                         f"({written} rows, manifest says {manifest['shapes']['x'][0]})"
                     )
+            report_json = None
         else:
-            for group, key in (("x", "xRows"), ("u", "uRows"), ("y", "yRows")):
-                name, dtype = SERIES_ARRAYS[key]
-                written = files.stream(name, dtype, (
-                    block for run in runs() for block in series_row_blocks(group, run, spec, cols, norm)))
-                if written is not None and written != manifest["shapes"][key][0]:
+            # One pass over the runs writes every file of the series layout; the report takes the
+            # grid blocks that pass reads instead of reading them again.
+            merger = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="snapshot-report-merge"))
+            feed = _ReportFeed(report, plan, report_pool, merger)
+            stack.callback(feed.close)  # on an error: the merging thread stops, the pools can shut down
+            rows_written = write_series_files(files, store, plan, norm, series, feed)
+            for key, written in rows_written.items():
+                if written != manifest["shapes"][key][0]:
                     raise BuildError(
-                        f"spec {spec.id!r}: stored windows changed while writing {name} "
+                        f"spec {spec.id!r}: stored windows changed while writing {SERIES_ARRAYS[key][0]} "
                         f"({written} rows, the window index says {manifest['shapes'][key][0]})"
                     )
-            files.positioned(SERIES_ARRAYS["segments"][0], lambda f: series.write_segments(store, plan, f))
+            report_json = feed.finish()
         if extras is not None:
             files.write(SIDECAR_FILE, to_json_bytes(build_sidecar(extras, plan.split, watermark)))
-        report_json = reporting.result()
+        if report_json is None:
+            report_json = reporting.result()
         files.write("report.json", to_json_bytes(report_json), hashed=False)
         digest = files.finish(wait_durable=wait_durable)
     return SnapshotFiles(staging, manifest, digest, dict(files.hasher.files), report_json, files.syncer.wait)
@@ -485,25 +533,85 @@ class StagedFiles:
         crash_point("publish.array_written")
         return rows
 
-    def positioned(self, name: str, write: Callable[[Any], None]) -> None:
-        """A file written at known offsets by ``write(f)`` (not in order), then hashed by reading it."""
-        if self._link(name):
-            return
-        f = open(self.dir / name, "wb+", buffering=0)
+    def write_together(self, files: list[tuple[str, str]], fill: Callable[[Mapping[str, _Output]], None]) -> dict[str, int]:
+        """Several files ``(name, dtype)`` written at once by ``fill(outputs)``, which appends
+        blocks to them (or writes at known offsets) in any interleaving; the outputs are keyed by
+        name, linked files have none. Returns the rows appended per written file.
+
+        The hash takes the files in the order given: the first written one is hashed as it is
+        appended (after any linked ones before it), the later ones by reading them once written.
+        """
+        outputs: dict[str, _Output] = {}
+        later: list[str] = []
         try:
-            write(f)
+            for name, dtype in files:
+                if name in self.linked:
+                    os.link(self.linked[name], self.dir / name)
+                    if outputs or later:
+                        later.append(name)
+                    else:
+                        self.hasher.add_file(name, self.dir / name)
+                        crash_point("publish.array_written")
+                    continue
+                hashed = not outputs and not later
+                outputs[name] = _Output(self, open(self.dir / name, "wb+", buffering=0), dtype, hashed)
+                if hashed:
+                    self.hasher.begin(name)
+                else:
+                    later.append(name)
+            fill(outputs)
         except BaseException:
-            f.close()
+            for out in outputs.values():
+                out.f.close()
             raise
-        self.syncer.close(f)
-        self.hasher.add_file(name, self.dir / name)
-        crash_point("publish.array_written")
+        for name, out in outputs.items():
+            self.syncer.close(out.f)
+            if out.hashed:
+                self.hasher.end()
+                crash_point("publish.array_written")
+        for name in later:
+            self.hasher.add_file(name, self.dir / name)
+            crash_point("publish.array_written")
+        return {name: out.rows for name, out in outputs.items()}
 
     def finish(self, *, wait_durable: bool = True) -> str:
         digest = self.hasher.hexdigest()
         if wait_durable:
             self.syncer.wait()
         return digest
+
+
+class _Output:
+    """One file of :meth:`StagedFiles.write_together`: blocks appended in order (hashed as
+    written when ``hashed``), or values written at an offset (the file then hashed once closed)."""
+
+    def __init__(self, files: StagedFiles, f: Any, dtype: str, hashed: bool) -> None:
+        self.files, self.f, self.dtype, self.hashed = files, f, dtype, hashed
+        self.rows = 0
+        self._unsynced = 0
+
+    def append(self, block: np.ndarray) -> None:
+        """Append ``block``'s rows (an array not modified afterwards: it may still be hashed)."""
+        self.rows += block.shape[0]
+        data = memoryview(np.ascontiguousarray(block, dtype=self.dtype).reshape(-1).view(np.uint8))
+        if not data.nbytes:
+            return
+        _write_all(self.f, data)
+        if self.hashed:
+            self.files.hasher.update(data)
+        self._unsynced += data.nbytes
+        if self._unsynced >= _FLUSH_BYTES:
+            self.files.syncer.flush(self.f)
+            self._unsynced = 0
+
+    def truncate(self, size: int) -> None:
+        self.f.truncate(size)
+
+    def pwrite(self, values: np.ndarray, offset: int) -> None:
+        """``values`` (C-contiguous) at byte ``offset``; only in a file hashed once closed."""
+        if self.hashed:
+            raise RuntimeError("a file hashed as it is appended is written in order")
+        _pwrite_all(self.f, memoryview(values.reshape(-1).view(np.uint8)), offset)
 
 
 @dataclass
@@ -528,6 +636,7 @@ class _ReportBuilder:
         }
         self.counts = {n: dict.fromkeys(("input", *CLEAN_CAUSES, "kept"), 0) for n in spec.node_ids}
         self.columns = {n: j for j, n in enumerate(spec.node_ids)}
+        self.max_lags = {key: lag.max_lag for key, lag in self.lags.items()}
 
     def add_run(self, run: RunWindows, plan: DatasetPlan) -> None:
         self.merge_run(self.run_batches(run, plan))
@@ -538,30 +647,43 @@ class _ReportBuilder:
         meta = plan.runs[run.run_id]
         # Lag estimates, like every fitted statistic, come from train runs only.
         train = run.run_id in plan.split["trainRunIds"]
-        max_lags = {key: lag.max_lag for key, lag in self.lags.items()}
         blocks = []
         for r0, r1 in run.blocks():
             rows = run.grid_rows(r0, r1)
-            nodes = [NodeSummary.batch(rows[:, j]) for j in range(len(self.nodes))]
-            lags = []
+            segment, first = rows, 0
             if train:
                 # The differences ending in this block, and the max_lag before them as partners.
                 c0 = max(0, r0 - 1 - self.max_lag)
                 segment = rows if c0 == r0 else run.grid_rows(c0, r1)
                 first = max(0, r0 - c0 - 1)
-                lags = lag_pair_batches(max_lags, {n: segment[:, j] for n, j in self.columns.items()}, first)
-            blocks.append((nodes, lags))
+            blocks.append(self.block_batches(rows, segment, first, train))
         return _RunBatches(meta["counts"], blocks)
 
-    def merge_run(self, batches: _RunBatches) -> None:
-        for node, counts in batches.counts.items():
-            for cause, n in counts.items():
+    def block_batches(self, rows: np.ndarray, segment: np.ndarray, first: int, train: bool) -> tuple[list[Any], list[Any]]:
+        """One grid block's contributions: the node summaries of ``rows`` and, for a train run,
+        the lag correlations of ``segment`` (the block's rows with the rows before them that
+        pair with its differences; its differences before ``first`` are partners only)."""
+        nodes = [NodeSummary.batch(rows[:, j]) for j in range(len(self.nodes))]
+        lags = []
+        if train:
+            lags = lag_pair_batches(self.max_lags, {n: segment[:, j] for n, j in self.columns.items()}, first)
+        return nodes, lags
+
+    def merge_counts(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+        for node, by_cause in counts.items():
+            for cause, n in by_cause.items():
                 self.counts[node][cause] += int(n)
+
+    def merge_block(self, nodes: list[Any], lags: list[Any]) -> None:
+        for summary, batch in zip(self.nodes, nodes, strict=True):
+            summary.merge(batch)
+        for key, batch in lags:
+            self.lags[key].merge(batch)
+
+    def merge_run(self, batches: _RunBatches) -> None:
+        self.merge_counts(batches.counts)
         for nodes, lags in batches.blocks:
-            for summary, batch in zip(self.nodes, nodes, strict=True):
-                summary.merge(batch)
-            for key, batch in lags:
-                self.lags[key].merge(batch)
+            self.merge_block(nodes, lags)
 
     def result(self, plan: DatasetPlan) -> dict[str, Any]:
         totals = {k: sum(c[k] for c in self.counts.values()) for k in ("input", *CLEAN_CAUSES, "kept")}
@@ -575,3 +697,68 @@ class _ReportBuilder:
             "excluded": plan.split["excluded"],
             "missing": {r: m["missing"] for r, m in plan.runs.items()},
         }
+
+
+class _ReportFeed:
+    """report.json from the grid blocks a pass over the runs reads anyway (the series writer's):
+    each block's contributions computed in ``pool``, merged by a thread of ``merger`` in the
+    order the blocks are fed, so it is :meth:`_ReportBuilder.run_batches`' report, run by run.
+
+    Feed a run with :meth:`start_run`, then each of its blocks in order with :meth:`block`;
+    :meth:`finish` returns the report. At most a few blocks wait to be merged (the feeder waits
+    beyond that), so memory stays a few blocks. :meth:`close` stops the merging early (on error).
+    """
+
+    def __init__(self, report: _ReportBuilder, plan: DatasetPlan, pool: ThreadPoolExecutor,
+                 merger: ThreadPoolExecutor) -> None:
+        self.report, self.plan, self.pool = report, plan, pool
+        self.train_runs = set(plan.split["trainRunIds"])
+        self.context = report.max_lag + 1  # rows before a block its lag pairs reach back to
+        self.train = False
+        self.tail: np.ndarray | None = None  # the run's last rows fed, at most ``context`` of them
+        self._queue: queue.Queue = queue.Queue(2 * REPORT_THREADS)
+        self._closed = False
+        self._merged = merger.submit(self._merge_all)
+
+    def start_run(self, run_id: str) -> None:
+        self._queue.put(self.plan.runs[run_id]["counts"])
+        self.train = run_id in self.train_runs
+        self.tail = None
+
+    def block(self, r0: int, rows: np.ndarray) -> None:
+        """The run's grid rows ``r0 ..`` (a fixed block; not modified afterwards)."""
+        segment, first = rows, 0
+        if self.train:
+            # As run_batches: the rows c0..r0-1 before the block are the end of the run's rows fed.
+            c0 = max(0, r0 - 1 - self.report.max_lag)
+            if c0 < r0:
+                segment = np.concatenate([self.tail[self.tail.shape[0] - (r0 - c0):], rows])
+            first = max(0, r0 - c0 - 1)
+            both = rows if rows.shape[0] >= self.context or self.tail is None else np.concatenate([self.tail, rows])
+            self.tail = both[max(0, both.shape[0] - self.context):]
+        self._queue.put(self.pool.submit(self.report.block_batches, rows, segment, first, self.train))
+
+    def _merge_all(self) -> dict[str, Any]:
+        error: BaseException | None = None
+        while (item := self._queue.get()) is not None:
+            if error is not None:
+                continue  # keep taking items so the feeder never waits for nothing
+            try:
+                if isinstance(item, Future):
+                    self.report.merge_block(*item.result())
+                else:
+                    self.report.merge_counts(item)
+            except BaseException as e:  # noqa: BLE001 - re-raised by finish()
+                error = e
+        if error is not None:
+            raise error
+        return self.report.result(self.plan)
+
+    def finish(self) -> dict[str, Any]:
+        self.close()
+        return self._merged.result()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)

@@ -257,3 +257,21 @@ def test_block_row_weights_add_up_to_the_whole_run() -> None:
     for size in (1, 4, 7, 20):
         parts = [block_row_weights(starts, r0, min(size, 20 - r0), -3, 2) for r0 in range(0, 20, size)]
         assert np.concatenate(parts).tolist() == whole.tolist()
+
+
+@pytest.mark.parametrize("shape", [(50, 1), (50, 3), (1, 4)])
+def test_add_leaves_the_values_as_they_were(shape) -> None:
+    # The accumulator works in place on its own copy of the values; a single column (whose
+    # transpose is already contiguous) must not be overwritten either.
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=shape)
+    before = values.copy()
+    for weights in (None, rng.integers(0, 3, size=shape[0]).astype(float)):
+        if weights is not None and not (weights > 0).any():
+            weights[0] = 1.0
+        acc = MomentAccumulator(shape[1])
+        acc.add(values, weights)
+        assert np.array_equal(values, before)
+        w = np.ones(shape[0]) if weights is None else weights
+        mean = (values * w[:, None]).sum(axis=0) / w.sum()
+        np.testing.assert_allclose(acc.mean, mean, rtol=1e-12, atol=1e-12)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aml_pipeline.core.series import RunIndexer, covered_rows
+from aml_pipeline.core.series import RunIndexer, covered_rows, covered_spans
 
 
 def explicit(starts: np.ndarray, H: int, F: int, stride: int):
@@ -47,6 +47,11 @@ def test_offsets_and_segments_equal_the_explicit_union_whatever_the_slices(H, F,
         fut = covered_rows(starts, r0, n, 0, F)
         assert np.flatnonzero(hist).tolist() == [r - r0 for r in x_rows if r0 <= r < r0 + n]
         assert np.flatnonzero(fut).tolist() == [r - r0 for r in f_rows if r0 <= r < r0 + n]
+        # As stretches: the same rows, each stretch maximal.
+        for rows, (lo, hi) in ((hist, (-H, 0)), (fut, (0, F))):
+            begin, end = covered_spans(starts, r0, n, lo, hi)
+            assert np.concatenate([np.arange(b, e) for b, e in zip(begin, end)] + [[]]).tolist() == np.flatnonzero(rows).tolist()
+            assert np.all(begin[1:] > end[:-1])
 
 
 def test_a_run_without_windows_stores_nothing_and_starts_must_ascend():

@@ -10,6 +10,7 @@ from aml_pipeline.core.stats import (
     LagCorrelation,
     NodeSummary,
     lag_cross_correlation,
+    lag_pair_batches,
     summarize,
 )
 
@@ -133,3 +134,23 @@ def test_lag_correlation_streams_runs_without_pairing_across_run_boundaries() ->
     assert empty == {"lagSteps": None, "lagMs": None, "corr": None, "pairs": 0}
     with pytest.raises(ValueError, match="max_lag"):
         LagCorrelation(-2)
+
+
+@pytest.mark.parametrize("first", [0, 5])
+def test_lag_pair_batches_equal_the_pairwise_correlations_to_the_bit(first) -> None:
+    # Columns with the same gaps share their mask's cross-correlations; the batches must still be
+    # exactly what each pair's own LagCorrelation.add computes.
+    rng = np.random.default_rng(3)
+    n = 500
+    columns = {name: np.cumsum(rng.normal(size=n)) for name in ("c1", "c2", "c3", "t1", "t2", "t3")}
+    for name in ("c2", "t2"):  # the same gap in a control and a target
+        columns[name][100:120] = np.nan
+    columns["t3"][rng.choice(n, 40, replace=False)] = np.nan  # a mask of its own
+    pairs = {(c, t): 12 for c in ("c1", "c2", "c3") for t in ("t1", "t2", "t3")}
+    pairs[("c1", "t1")] = 4  # another max_lag: another slice of the same transforms
+    for (c, t), batch in lag_pair_batches(pairs, columns, first):
+        alone = LagCorrelation(pairs[(c, t)]).add(columns[c], columns[t], first)
+        merged = LagCorrelation(pairs[(c, t)])
+        merged.merge(batch)
+        for field in ("n", "mean_a", "mean_b", "m2_a", "m2_b", "c_ab"):
+            assert getattr(merged, field).tobytes() == getattr(alone, field).tobytes(), (c, t, field)

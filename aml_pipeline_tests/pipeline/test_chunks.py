@@ -98,3 +98,48 @@ def test_any_memory_budget_gives_the_same_snapshot(make_spec, plant_url, tmp_pat
             root = tmp_path / budget
             hashes.append(build_dataset(spec, db, store_root=root / "store", datasets_root=root / "ds").sha256)
     assert hashes[0] == hashes[1]
+
+
+def _series_written(fetched):
+    spec, store, run_ids = fetched
+    for r in run_ids:
+        clean_run(store, r)
+        window_run(store, r)
+    series = DatasetStore(store.root, spec.model_copy(update={"layout": "series"}), store.versions)
+    plan = plan_dataset(series, run_ids)
+    return series, plan, fit_normalization(series, plan)
+
+
+SERIES_FILES = ("arrays/x_rows.f32", "arrays/u_rows.f32", "arrays/y_rows.f32", "arrays/segments.i64")
+
+
+@pytest.mark.parametrize("linked", [("arrays/u_rows.f32",), ("arrays/x_rows.f32", "arrays/segments.i64"), SERIES_FILES])
+def test_series_files_linked_in_any_mix_hash_as_written(fetched, tmp_path, linked):
+    # The series files are written in one pass, the first hashed as written and the others read
+    # back: whichever of them are links, the hash takes them in the manifest's order.
+    store, plan, norm = _series_written(fetched)
+    first = write_snapshot_files(store, plan, norm, tmp_path / "first", availability_watermark=1, captured_at="t")
+    again = write_snapshot_files(store, plan, norm, tmp_path / "again", availability_watermark=1, captured_at="t",
+                                 linked={n: tmp_path / "first" / n for n in linked})
+    assert again.sha256 == first.sha256 and again.files == first.files and again.report == first.report
+    for name in SERIES_FILES:
+        assert ((tmp_path / "again" / name).stat().st_ino == (tmp_path / "first" / name).stat().st_ino) == (name in linked)
+
+
+def test_an_error_in_the_series_pass_is_raised(fetched, tmp_path, monkeypatch):
+    from aml_pipeline.pipeline import snapshot_writer
+
+    store, plan, norm = _series_written(fetched)
+    calls = []
+    apply_norm = snapshot_writer.apply_norm
+
+    def failing(values, mean, std):
+        # A failure in the middle of the pass, with report blocks still being computed and merged.
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("normalisation failed")
+        return apply_norm(values, mean, std)
+
+    monkeypatch.setattr(snapshot_writer, "apply_norm", failing)
+    with pytest.raises(RuntimeError, match="normalisation failed"):
+        write_snapshot_files(store, plan, norm, tmp_path / "failed", availability_watermark=1, captured_at="t")
