@@ -8,7 +8,9 @@ a rebuild whose split and run data did not change reuses the stored statistics.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ import numpy as np
 from aml_pipeline.core.normalize import (
     MomentAccumulator,
     NormStats,
-    accumulate_window_stats,
+    window_batches,
 )
 from aml_pipeline.errors import BuildError
 from aml_pipeline.pipeline.metadata import FilePath, Table
@@ -108,27 +110,66 @@ def load_norm(store: DatasetStore, plan: DatasetPlan) -> Normalization:
     return Normalization.from_json(obj, store.spec)
 
 
+# Threads computing block batches of the fit at once, and the most blocks read ahead of the merge
+# (each holds one grid block and its batches, so memory stays a few blocks whatever the dataset).
+FIT_THREADS = 2
+FIT_BLOCKS_AHEAD = 4
+
+
 def fit_normalization(store: DatasetStore, plan: DatasetPlan) -> Normalization:
     """mean/std per column over train windows only (float64), streamed block by block.
 
     Each fixed grid block of a run is one batch of the moment accumulators, with the starts of
-    every window that reads a row of it; runs are merged in split order.
+    every window that reads a row of it; runs are merged in split order. The blocks' batches
+    (reading the block, its row weights, the two-pass moments: numpy releases the GIL) are
+    computed in a few threads at once, and merged here strictly in block order, so the bits are
+    those of merging them one after another.
     """
     spec = store.spec
     cols = Columns.of(spec)
     H, F = spec.history_steps, spec.horizon_steps
     n = len(spec.node_ids)
     total = tuple(MomentAccumulator(w) for w in (n, len(cols.controls), len(cols.targets)))
-    for run_id in plan.split["trainRunIds"]:
-        run = RunWindows(store, run_id, plan.runs[run_id])
-        acc = tuple(MomentAccumulator(a.n_cols) for a in total)
-        reader = run.starts()
-        for r0, r1 in run.blocks():
-            # Windows t read rows t-H..t+F-1: those touching rows r0..r1-1 start in r0-F+1..r1+H-1.
-            starts = reader.between(r0 - F + 1, r1 + H)
-            accumulate_window_stats(*acc, run.grid_rows(r0, r1), starts, H, F, cols.controls, cols.targets, first_row=r0)
-        for a, p in zip(total, acc, strict=True):
-            a.merge(p)
+
+    def batches(run: RunWindows, r0: int, r1: int, starts: np.ndarray) -> tuple:
+        return window_batches(run.grid_rows(r0, r1), starts, H, F, cols.controls, cols.targets, first_row=r0)
+
+    def blocks() -> Iterator[tuple[int, RunWindows, int, int, np.ndarray]]:
+        for i, run_id in enumerate(plan.split["trainRunIds"]):
+            run = RunWindows(store, run_id, plan.runs[run_id])
+            reader = run.starts()
+            for r0, r1 in run.blocks():
+                # Windows t read rows t-H..t+F-1: those touching rows r0..r1-1 start in r0-F+1..r1+H-1.
+                yield i, run, r0, r1, reader.between(r0 - F + 1, r1 + H)
+
+    acc = tuple(MomentAccumulator(a.n_cols) for a in total)
+    current = -1  # the run whose blocks ``acc`` holds (none yet: empty, merging it adds nothing)
+
+    def merge(i: int, done: tuple) -> None:
+        nonlocal acc, current
+        if i != current:
+            for a, p in zip(total, acc, strict=True):
+                a.merge(p)
+            acc, current = tuple(MomentAccumulator(a.n_cols) for a in total), i
+        for a, b in zip(acc, done, strict=True):
+            a.add_batch(b)
+
+    with ThreadPoolExecutor(FIT_THREADS, thread_name_prefix="norm-fit") as pool:
+        pending: deque[tuple[int, Future]] = deque()
+        try:
+            for i, run, r0, r1, starts in blocks():
+                pending.append((i, pool.submit(batches, run, r0, r1, starts)))
+                if len(pending) > FIT_BLOCKS_AHEAD:
+                    j, fut = pending.popleft()
+                    merge(j, fut.result())
+            while pending:
+                j, fut = pending.popleft()
+                merge(j, fut.result())
+        finally:
+            for _, fut in pending:
+                fut.cancel()
+    for a, p in zip(total, acc, strict=True):
+        a.merge(p)
     if total[0].count == 0:
         raise BuildError(f"spec {spec.id!r}: no train windows to fit normalisation on", code="NO_TRAIN_RUNS")
     return Normalization(*(a.result() for a in total))
