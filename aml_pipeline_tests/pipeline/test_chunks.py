@@ -188,7 +188,7 @@ def test_threaded_fit_merges_blocks_in_order_bit_for_bit(fetched, monkeypatch):
     # The merge order shapes the bits on this data: a fit that merged blocks as they finish
     # (in any other order) would not match.
     assert _bits(_fit_block_by_block(store, plan, order=lambda b: b[::-1])) != sequential
-    # Blocks finish out of order (earlier blocks wait longer), and are still merged in order.
+    # Runs finish out of order (each block waits at random), and are still merged in order.
     batches = norm.window_batches
     rng = random.Random(3)
 
@@ -197,6 +197,6 @@ def test_threaded_fit_merges_blocks_in_order_bit_for_bit(fetched, monkeypatch):
         return batches(*args, **kw)
 
     monkeypatch.setattr(norm, "window_batches", slow)
-    monkeypatch.setattr(norm, "FIT_BLOCKS_AHEAD", 6)
+    monkeypatch.setattr(norm, "FIT_RUNS_AHEAD", 6)
     fitted = norm.fit_normalization(store, plan)
     assert _bits((fitted.x, fitted.u, fitted.y)) == sequential

@@ -9,7 +9,7 @@ a rebuild whose split and run data did not change reuses the stored statistics.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,20 +110,22 @@ def load_norm(store: DatasetStore, plan: DatasetPlan) -> Normalization:
     return Normalization.from_json(obj, store.spec)
 
 
-# Threads computing block batches of the fit at once, and the most blocks read ahead of the merge
-# (each holds one grid block and its batches, so memory stays a few blocks whatever the dataset).
+# Threads computing runs' block batches at once, and the most runs handed to them ahead of the merge
+# (a thread holds one grid block at a time, a run's batches are a few vectors per block, so memory
+# stays a few blocks whatever the dataset).
 FIT_THREADS = 2
-FIT_BLOCKS_AHEAD = 4
+FIT_RUNS_AHEAD = 4
 
 
 def fit_normalization(store: DatasetStore, plan: DatasetPlan) -> Normalization:
     """mean/std per column over train windows only (float64), streamed block by block.
 
     Each fixed grid block of a run is one batch of the moment accumulators, with the starts of
-    every window that reads a row of it; runs are merged in split order. The blocks' batches
-    (reading the block, its row weights, the two-pass moments: numpy releases the GIL) are
-    computed in a few threads at once, and merged here strictly in block order, so the bits are
-    those of merging them one after another.
+    every window that reads a row of it; runs are merged in split order. The runs' block batches
+    (reading each block and its window starts, its row weights, the two-pass moments: numpy and
+    file reads release the GIL) are computed in a few threads at once, a run in one thread, and
+    merged here strictly in block and run order, so the bits are those of merging them one after
+    another.
     """
     spec = store.spec
     cols = Columns.of(spec)
@@ -131,45 +133,36 @@ def fit_normalization(store: DatasetStore, plan: DatasetPlan) -> Normalization:
     n = len(spec.node_ids)
     total = tuple(MomentAccumulator(w) for w in (n, len(cols.controls), len(cols.targets)))
 
-    def batches(run: RunWindows, r0: int, r1: int, starts: np.ndarray) -> tuple:
-        return window_batches(run.grid_rows(r0, r1), starts, H, F, cols.controls, cols.targets, first_row=r0)
+    def run_batches(run_id: str) -> list[tuple]:
+        run = RunWindows(store, run_id, plan.runs[run_id])
+        reader = run.starts()
+        out = []
+        for r0, r1 in run.blocks():
+            # Windows t read rows t-H..t+F-1: those touching rows r0..r1-1 start in r0-F+1..r1+H-1.
+            starts = reader.between(r0 - F + 1, r1 + H)
+            out.append(window_batches(run.grid_rows(r0, r1), starts, H, F, cols.controls, cols.targets, first_row=r0))
+        return out
 
-    def blocks() -> Iterator[tuple[int, RunWindows, int, int, np.ndarray]]:
-        for i, run_id in enumerate(plan.split["trainRunIds"]):
-            run = RunWindows(store, run_id, plan.runs[run_id])
-            reader = run.starts()
-            for r0, r1 in run.blocks():
-                # Windows t read rows t-H..t+F-1: those touching rows r0..r1-1 start in r0-F+1..r1+H-1.
-                yield i, run, r0, r1, reader.between(r0 - F + 1, r1 + H)
-
-    acc = tuple(MomentAccumulator(a.n_cols) for a in total)
-    current = -1  # the run whose blocks ``acc`` holds (none yet: empty, merging it adds nothing)
-
-    def merge(i: int, done: tuple) -> None:
-        nonlocal acc, current
-        if i != current:
-            for a, p in zip(total, acc, strict=True):
-                a.merge(p)
-            acc, current = tuple(MomentAccumulator(a.n_cols) for a in total), i
-        for a, b in zip(acc, done, strict=True):
-            a.add_batch(b)
+    def merge(done: list[tuple]) -> None:
+        acc = tuple(MomentAccumulator(a.n_cols) for a in total)
+        for batches in done:
+            for a, b in zip(acc, batches, strict=True):
+                a.add_batch(b)
+        for a, p in zip(total, acc, strict=True):
+            a.merge(p)
 
     with ThreadPoolExecutor(FIT_THREADS, thread_name_prefix="norm-fit") as pool:
-        pending: deque[tuple[int, Future]] = deque()
+        pending: deque[Future] = deque()
         try:
-            for i, run, r0, r1, starts in blocks():
-                pending.append((i, pool.submit(batches, run, r0, r1, starts)))
-                if len(pending) > FIT_BLOCKS_AHEAD:
-                    j, fut = pending.popleft()
-                    merge(j, fut.result())
+            for run_id in plan.split["trainRunIds"]:
+                pending.append(pool.submit(run_batches, run_id))
+                if len(pending) > FIT_RUNS_AHEAD:
+                    merge(pending.popleft().result())
             while pending:
-                j, fut = pending.popleft()
-                merge(j, fut.result())
+                merge(pending.popleft().result())
         finally:
-            for _, fut in pending:
+            for fut in pending:
                 fut.cancel()
-    for a, p in zip(total, acc, strict=True):
-        a.merge(p)
     if total[0].count == 0:
         raise BuildError(f"spec {spec.id!r}: no train windows to fit normalisation on", code="NO_TRAIN_RUNS")
     return Normalization(*(a.result() for a in total))
