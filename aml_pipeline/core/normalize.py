@@ -35,6 +35,67 @@ class NormStats:
         return {"mean": [float(v) for v in self.mean], "std": [float(v) for v in self.std]}
 
 
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """One batch's weighted count, mean and M2 per column, before merging (:func:`batch_moments`)."""
+
+    count: float
+    mean: np.ndarray  # float64 [cols]
+    m2: np.ndarray  # float64 [cols]
+
+
+def batch_moments(values: np.ndarray, weights: np.ndarray | None, n_cols: int) -> Batch | None:
+    """The two-pass weighted moments of one batch of ``[rows, n_cols]`` values (None: no row of
+    weight > 0). Pure: independent batches may be computed at once, then merged in order with
+    :meth:`MomentAccumulator.add_batch`; only the merges' order shapes the bits."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or values.shape[1] != n_cols:
+        raise ValueError(
+            f"MomentAccumulator.add: values must be [rows, {n_cols}], got shape {values.shape}"
+        )
+    if weights is None:
+        w = np.ones(values.shape[0])
+    else:
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (values.shape[0],):
+            raise ValueError(
+                f"MomentAccumulator.add: weights must have shape ({values.shape[0]},), got {w.shape}"
+            )
+        if not (np.isfinite(w).all() and (w >= 0).all()):
+            raise ValueError("MomentAccumulator.add: weights must be finite and >= 0")
+    used = w > 0
+    if not used.any():
+        return None
+    every = bool(used.all())
+    if not every:
+        w = w[used]
+    total = float(w.sum())
+    if n_cols == 0:
+        return Batch(total, np.zeros(0), np.zeros(0))
+    # [cols, rows] so each column's sums reduce along contiguous memory: numpy's pairwise
+    # summation, accurate and identical on every machine (a BLAS dot would be neither).
+    vt = np.ascontiguousarray(values.T if every else values.T[:, used])
+    if not np.isfinite(vt).all():
+        col = int(np.flatnonzero(~np.isfinite(vt).all(axis=1))[0])
+        raise ValueError(
+            f"MomentAccumulator.add: column {col} has a non-finite value in a row of weight > 0"
+        )
+    own = not np.may_share_memory(vt, values)  # a copy: free to overwrite
+    # Two [cols, rows] temporaries, reused: the same products and sums as with new arrays.
+    wd = np.multiply(vt, w)
+    mean = wd.sum(axis=1) / total
+    # The true mean lies within [min, max]; clamping makes a constant column's mean exact, so
+    # its M2 is exactly 0 and it is flagged zero_std instead of getting a std of rounding noise.
+    np.clip(mean, vt.min(axis=1), vt.max(axis=1), out=mean)
+    d = np.subtract(vt, mean[:, None], out=vt if own else None)
+    np.multiply(d, w, out=wd)
+    # Second term: the classic correction for the rounding error left in the mean.
+    correction = wd.sum(axis=1) ** 2 / total
+    m2 = np.multiply(wd, d, out=d).sum(axis=1) - correction
+    np.maximum(m2, 0.0, out=m2)
+    return Batch(total, mean, m2)
+
+
 class MomentAccumulator:
     """Streaming weighted count, mean and M2 (sum of squared deviations) per column."""
 
@@ -52,53 +113,17 @@ class MomentAccumulator:
 
         Rows of weight 0 are ignored entirely, so they may hold NaN (grid rows no window uses).
         """
-        values = np.asarray(values, dtype=np.float64)
-        if values.ndim != 2 or values.shape[1] != self.n_cols:
-            raise ValueError(
-                f"MomentAccumulator.add: values must be [rows, {self.n_cols}], got shape {values.shape}"
-            )
-        if weights is None:
-            w = np.ones(values.shape[0])
-        else:
-            w = np.asarray(weights, dtype=np.float64)
-            if w.shape != (values.shape[0],):
-                raise ValueError(
-                    f"MomentAccumulator.add: weights must have shape ({values.shape[0]},), got {w.shape}"
-                )
-            if not (np.isfinite(w).all() and (w >= 0).all()):
-                raise ValueError("MomentAccumulator.add: weights must be finite and >= 0")
-        used = w > 0
-        if not used.any():
+        self.add_batch(batch_moments(values, weights, self.n_cols))
+
+    def add_batch(self, batch: Batch | None) -> None:
+        """Merge one batch's moments (from :func:`batch_moments`, None: no rows): the same
+        arithmetic as :meth:`add` on that batch's values, so batches computed elsewhere (e.g. in
+        other threads) and merged here in the same order give the same bits."""
+        if batch is None:
             return
-        every = bool(used.all())
-        if not every:
-            w = w[used]
-        total = float(w.sum())
-        if self.n_cols == 0:
-            self._merge(total, np.zeros(0), np.zeros(0))
-            return
-        # [cols, rows] so each column's sums reduce along contiguous memory: numpy's pairwise
-        # summation, accurate and identical on every machine (a BLAS dot would be neither).
-        vt = np.ascontiguousarray(values.T if every else values.T[:, used])
-        if not np.isfinite(vt).all():
-            col = int(np.flatnonzero(~np.isfinite(vt).all(axis=1))[0])
-            raise ValueError(
-                f"MomentAccumulator.add: column {col} has a non-finite value in a row of weight > 0"
-            )
-        own = not np.may_share_memory(vt, values)  # a copy: free to overwrite
-        # Two [cols, rows] temporaries, reused: the same products and sums as with new arrays.
-        wd = np.multiply(vt, w)
-        mean = wd.sum(axis=1) / total
-        # The true mean lies within [min, max]; clamping makes a constant column's mean exact, so
-        # its M2 is exactly 0 and it is flagged zero_std instead of getting a std of rounding noise.
-        np.clip(mean, vt.min(axis=1), vt.max(axis=1), out=mean)
-        d = np.subtract(vt, mean[:, None], out=vt if own else None)
-        np.multiply(d, w, out=wd)
-        # Second term: the classic correction for the rounding error left in the mean.
-        correction = wd.sum(axis=1) ** 2 / total
-        m2 = np.multiply(wd, d, out=d).sum(axis=1) - correction
-        np.maximum(m2, 0.0, out=m2)
-        self._merge(total, mean, m2)
+        if batch.mean.shape != (self.n_cols,):
+            raise ValueError(f"MomentAccumulator.add_batch: {batch.mean.shape[0]} columns into {self.n_cols}")
+        self._merge(batch.count, batch.mean, batch.m2)
 
     def merge(self, other: MomentAccumulator) -> None:
         """Fold another accumulator (e.g. another run's) into this one."""
@@ -174,6 +199,19 @@ def accumulate_window_stats(
     (two-pass, merged by Chan et al.), so a caller that wants bytes independent of how a run is
     read must call it on fixed blocks.
     """
+    grid, H, F, ctrl, tgt = _window_args(grid, history, horizon, control_cols, target_cols)
+    n_nodes = grid.shape[1]
+    for name, acc, n in (("acc_x", acc_x, n_nodes), ("acc_u", acc_u, len(ctrl)), ("acc_y", acc_y, len(tgt))):
+        if acc.n_cols != n:
+            raise ValueError(f"{name} has {acc.n_cols} columns, expected {n}")
+    for acc, batch in zip((acc_x, acc_u, acc_y), _window_batches(grid, starts, H, F, ctrl, tgt, first_row),
+                          strict=True):
+        acc.add_batch(batch)
+
+
+def _window_args(
+    grid: np.ndarray, history: int, horizon: int, control_cols: Sequence[int], target_cols: Sequence[int]
+) -> tuple[np.ndarray, int, int, list[int], list[int]]:
     grid = np.asarray(grid, dtype=np.float64)
     if grid.ndim != 2:
         raise ValueError(f"grid must be 2-D [rows, nodes], got shape {grid.shape}")
@@ -188,9 +226,28 @@ def accumulate_window_stats(
                 raise ValueError(
                     f"{name}: column index {c} is out of range for a grid with {n_nodes} columns"
                 )
-    for name, acc, n in (("acc_x", acc_x, n_nodes), ("acc_u", acc_u, len(ctrl)), ("acc_y", acc_y, len(tgt))):
-        if acc.n_cols != n:
-            raise ValueError(f"{name} has {acc.n_cols} columns, expected {n}")
+    return grid, H, F, ctrl, tgt
+
+
+def window_batches(
+    grid: np.ndarray,
+    starts: np.ndarray,
+    history: int,
+    horizon: int,
+    control_cols: Sequence[int],
+    target_cols: Sequence[int],
+    *,
+    first_row: int | None = None,
+) -> tuple[Batch | None, Batch | None, Batch | None]:
+    """The x, u and y batches that :func:`accumulate_window_stats` merges, without merging them:
+    pure, so the blocks of a fit can be computed at once and merged in their order."""
+    grid, H, F, ctrl, tgt = _window_args(grid, history, horizon, control_cols, target_cols)
+    return _window_batches(grid, starts, H, F, ctrl, tgt, first_row)
+
+
+def _window_batches(
+    grid: np.ndarray, starts: np.ndarray, H: int, F: int, ctrl: list[int], tgt: list[int], first_row: int | None
+) -> tuple[Batch | None, Batch | None, Batch | None]:
     T = grid.shape[0]
     if first_row is None:
         past = window_row_weights(starts, T, -H, 0)
@@ -199,9 +256,11 @@ def accumulate_window_stats(
         first = as_int("first_row", first_row)
         past = block_row_weights(starts, first, T, -H, 0)
         future = block_row_weights(starts, first, T, 0, F)
-    acc_x.add(grid, past)
-    acc_u.add(grid[:, ctrl], future)
-    acc_y.add(grid[:, tgt], future)
+    return (
+        batch_moments(grid, past, grid.shape[1]),
+        batch_moments(grid[:, ctrl], future, len(ctrl)),
+        batch_moments(grid[:, tgt], future, len(tgt)),
+    )
 
 
 def apply_norm(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:

@@ -91,7 +91,7 @@ def check_disjoint_splits(manifest: dict[str, Any]) -> CheckOutcome:
     return CheckOutcome("no_run_in_two_splits", ok, desc)
 
 
-def check_norm_from_train(snapshot: Path, manifest: dict[str, Any]) -> CheckOutcome:
+def check_norm_from_train(snapshot: Path, manifest: dict[str, Any], index: Any = None) -> CheckOutcome:
     """The train windows of the snapshot's arrays have mean 0 and std 1 in every column.
 
     Statistics fitted on the train windows only, and applied as ``(v - mean) / std``, leave the
@@ -100,15 +100,17 @@ def check_norm_from_train(snapshot: Path, manifest: dict[str, Any]) -> CheckOutc
     arrays normalised with other statistics than the manifest's, or windows missing from train
     move them by far more. Read from the snapshot's bytes alone, so it can be re-run on any
     published snapshot (the ``<spec>__verify`` job), independently of the code that fitted them.
+    ``index``: the series layout's window index as :func:`read_series_index` returned it (None:
+    read here).
     """
     n_train = int(manifest["split"]["train"])
     problems: list[str] = []
     worst = 0.0
     series = manifest_layout(manifest) == SERIES_LAYOUT
-    try:
-        index = _series_index(snapshot, manifest) if series else None
-    except (SnapshotError, OSError, ValueError, KeyError, TypeError) as e:
-        return CheckOutcome("norm_stats_from_train_only", False, f"the window index cannot be read: {e}")
+    if index is None:
+        index = read_series_index(snapshot, manifest)
+    if isinstance(index, Exception):
+        return CheckOutcome("norm_stats_from_train_only", False, f"the window index cannot be read: {index}")
     for key in V1_ARRAYS:
         shape = manifest["shapes"][key]
         cols = int(shape[2])
@@ -161,6 +163,17 @@ def _windows_train_moments(path: Path, n_train: int, steps: int, cols: int) -> _
                 return None
             moments.add(block.reshape(-1, cols))
     return moments
+
+
+def read_series_index(snapshot: Path, manifest: dict[str, Any]) -> SeriesIndex | Exception | None:
+    """The series layout's checked window index, the error that made it unreadable, or None
+    (windows layout): read once for the checks that use it."""
+    if manifest_layout(manifest) != SERIES_LAYOUT:
+        return None
+    try:
+        return _series_index(snapshot, manifest)
+    except (SnapshotError, OSError, ValueError, KeyError, TypeError) as e:
+        return e
 
 
 def _series_index(snapshot: Path, manifest: dict[str, Any]) -> SeriesIndex:
@@ -302,20 +315,20 @@ def _column_sums_and_squares(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sums, squares
 
 
-def check_finite_arrays(snapshot: Path, manifest: dict[str, Any]) -> CheckOutcome:
+def check_finite_arrays(snapshot: Path, manifest: dict[str, Any], index: Any = None) -> CheckOutcome:
     """No NaN or inf in any array, read back from disk in chunks (bounded memory).
 
     In the series layout the arrays are the stored rows, each read by some window, and the
     window index must place every window's rows inside them (its timestamps and mask are
-    derived, finite by construction)."""
+    derived, finite by construction). ``index``: as for :func:`check_norm_from_train`."""
     arrays = dict(manifest.get("artifacts") or {k: ARRAYS[k][0] for k in V1_ARRAYS})
     arrays.pop("sidecar", None)
     if manifest_layout(manifest) == SERIES_LAYOUT:
         arrays.pop("segments", None)
-        try:
-            _series_index(snapshot, manifest)
-        except (SnapshotError, OSError, ValueError, KeyError, TypeError) as e:
-            return CheckOutcome("no_nan_or_inf", False, f"the window index does not place every window's rows: {e}")
+        if index is None:
+            index = read_series_index(snapshot, manifest)
+        if isinstance(index, Exception):
+            return CheckOutcome("no_nan_or_inf", False, f"the window index does not place every window's rows: {index}")
     bad: dict[str, int] = {}
     total = 0
     buf = bytearray(_FINITE_CHUNK)
@@ -359,10 +372,11 @@ def snapshot_checks(snapshot: Path, sha256: str, files: dict[str, str] | None = 
     # runs beside the other checks, which read the bytes (and the train windows) themselves.
     with ThreadPoolExecutor(1, thread_name_prefix="check-hash") as pool:
         hashed = pool.submit(check_hash, snapshot, sha256, files)
+        index = read_series_index(snapshot, manifest)  # read and checked once, for both checks
         others = [
             check_disjoint_splits(manifest),
-            check_norm_from_train(snapshot, manifest),
-            check_finite_arrays(snapshot, manifest),
+            check_norm_from_train(snapshot, manifest, index),
+            check_finite_arrays(snapshot, manifest, index),
         ]
         return [hashed.result(), *others]
 

@@ -10,6 +10,7 @@ from aml_pipeline.core.normalize import (
     NormStats,
     accumulate_window_stats,
     apply_norm,
+    batch_moments,
     window_row_weights,
 )
 from aml_pipeline_tests.core.whole_series import window_starts
@@ -275,3 +276,21 @@ def test_add_leaves_the_values_as_they_were(shape) -> None:
         w = np.ones(shape[0]) if weights is None else weights
         mean = (values * w[:, None]).sum(axis=0) / w.sum()
         np.testing.assert_allclose(acc.mean, mean, rtol=1e-12, atol=1e-12)
+
+
+def test_batches_computed_apart_and_merged_in_order_equal_add():
+    rng = np.random.default_rng(5)
+    blocks = [(300.0 + rng.normal(0, 10.0 ** -k, (50 + 7 * k, 3)), rng.integers(0, 4, 50 + 7 * k)) for k in range(6)]
+    added = MomentAccumulator(3)
+    for values, weights in blocks:
+        added.add(values, weights)
+    batches = [batch_moments(v, w, 3) for v, w in blocks]
+    merged = MomentAccumulator(3)
+    for b in batches:
+        merged.add_batch(b)
+    assert (merged.count, merged.mean.tobytes(), merged.m2.tobytes()) == (added.count, added.mean.tobytes(), added.m2.tobytes())
+    backwards = MomentAccumulator(3)
+    for b in batches[::-1]:
+        backwards.add_batch(b)
+    assert (backwards.mean.tobytes(), backwards.m2.tobytes()) != (added.mean.tobytes(), added.m2.tobytes())
+    assert batch_moments(np.zeros((2, 3)), np.zeros(2), 3) is None

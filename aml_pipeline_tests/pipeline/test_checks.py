@@ -7,6 +7,8 @@ import tracemalloc
 
 import numpy as np
 
+from aml_pipeline.core.hashing import verify_snapshot
+from aml_pipeline.pipeline import checks
 from aml_pipeline.pipeline.checks import check_finite_arrays, check_norm_from_train
 from aml_pipeline_tests.snapshot.support import rehash, write_series_snapshot
 
@@ -57,3 +59,21 @@ def test_the_norm_check_weights_each_row_by_the_train_windows_that_read_it(tmp_p
         outcome = check_norm_from_train(root, m)
         assert outcome.passed is passes, outcome.description
         assert passes or "x: T1, C1; u: C1; y: T1" in outcome.description, outcome.description
+
+
+def test_the_checks_read_the_window_index_once(tmp_path, monkeypatch):
+    """Both checks that need the window index share one read of it; an unreadable index fails both."""
+    root = write_series_snapshot(tmp_path / "s", runs=(400, 50, 50), H=6, F=3, nodes=("T1", "C1"), controls=("C1",),
+                                 targets=("T1",))
+    reads = []
+    real = checks._series_index
+    monkeypatch.setattr(checks, "_series_index", lambda *a: reads.append(1) or real(*a))
+    outcomes = {o.name: o for o in checks.snapshot_checks(root, verify_snapshot(root).actual)}
+    assert len(reads) == 1 and outcomes["no_nan_or_inf"].passed
+    segments = root / "arrays" / "segments.i64"
+    segments.write_bytes(segments.read_bytes()[:-8])
+    outcomes = {o.name: o for o in checks.snapshot_checks(root, verify_snapshot(root).actual)}
+    assert len(reads) == 2
+    assert "window index" in outcomes["no_nan_or_inf"].description and not outcomes["no_nan_or_inf"].passed
+    assert "window index" in outcomes["norm_stats_from_train_only"].description
+    assert not outcomes["norm_stats_from_train_only"].passed

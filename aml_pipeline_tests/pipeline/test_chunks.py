@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import random
+import time
 
 import numpy as np
 import pytest
 
+from aml_pipeline.core.normalize import MomentAccumulator, accumulate_window_stats, window_batches
 from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.plan import check_nodes_known
 from aml_pipeline.pipeline.snapshot_writer import write_snapshot_files
 from aml_pipeline.pipeline.registry import GRID, WINDOWS
-from aml_pipeline.pipeline.stages import windows
+from aml_pipeline.pipeline.stages import norm, windows
 from aml_pipeline.pipeline.stages.grid import clean_run
 from aml_pipeline.pipeline.stages.norm import fit_normalization
 from aml_pipeline.pipeline.stages.raw import fetch_run
@@ -143,3 +146,57 @@ def test_an_error_in_the_series_pass_is_raised(fetched, tmp_path, monkeypatch):
     monkeypatch.setattr(snapshot_writer, "apply_norm", failing)
     with pytest.raises(RuntimeError, match="normalisation failed"):
         write_snapshot_files(store, plan, norm, tmp_path / "failed", availability_watermark=1, captured_at="t")
+
+
+def _fit_block_by_block(store, plan, order=None):
+    """The normalisation fit merged one block after another in the caller's thread; ``order``
+    (a list's permutation) changes the order of a run's blocks' merges."""
+    spec = store.spec
+    cols = windows.Columns.of(spec)
+    H, F = spec.history_steps, spec.horizon_steps
+    total = tuple(MomentAccumulator(n) for n in (len(spec.node_ids), len(cols.controls), len(cols.targets)))
+    for run_id in plan.split["trainRunIds"]:
+        run = windows.RunWindows(store, run_id, plan.runs[run_id])
+        acc = tuple(MomentAccumulator(a.n_cols) for a in total)
+        reader = run.starts()
+        blocks = [(run.grid_rows(r0, r1), reader.between(r0 - F + 1, r1 + H), r0) for r0, r1 in run.blocks()]
+        if order is None:
+            for grid, starts, r0 in blocks:
+                accumulate_window_stats(*acc, grid, starts, H, F, cols.controls, cols.targets, first_row=r0)
+        else:
+            batches = [window_batches(g, s, H, F, cols.controls, cols.targets, first_row=r0) for g, s, r0 in blocks]
+            for done in order(batches):
+                for a, b in zip(acc, done, strict=True):
+                    a.add_batch(b)
+        for a, p in zip(total, acc, strict=True):
+            a.merge(p)
+    return tuple(a.result() for a in total)
+
+
+def _bits(stats) -> list[bytes]:
+    return [b for s in stats for b in (s.mean.tobytes(), s.std.tobytes())]
+
+
+def test_threaded_fit_merges_blocks_in_order_bit_for_bit(fetched, monkeypatch):
+    spec, store, run_ids = fetched
+    for r in run_ids:
+        clean_run(store, r)
+        window_run(store, r)
+    plan = plan_dataset(store, run_ids)
+    monkeypatch.setattr(windows, "grid_block_rows", lambda n: 37)  # many blocks per run
+    sequential = _bits(_fit_block_by_block(store, plan))
+    # The merge order shapes the bits on this data: a fit that merged blocks as they finish
+    # (in any other order) would not match.
+    assert _bits(_fit_block_by_block(store, plan, order=lambda b: b[::-1])) != sequential
+    # Runs finish out of order (each block waits at random), and are still merged in order.
+    batches = norm.window_batches
+    rng = random.Random(3)
+
+    def slow(*args, **kw):
+        time.sleep(rng.random() * 0.004)
+        return batches(*args, **kw)
+
+    monkeypatch.setattr(norm, "window_batches", slow)
+    monkeypatch.setattr(norm, "FIT_RUNS_AHEAD", 6)
+    fitted = norm.fit_normalization(store, plan)
+    assert _bits((fitted.x, fitted.u, fitted.y)) == sequential

@@ -8,7 +8,9 @@ a rebuild whose split and run data did not change reuses the stored statistics.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ import numpy as np
 from aml_pipeline.core.normalize import (
     MomentAccumulator,
     NormStats,
-    accumulate_window_stats,
+    window_batches,
 )
 from aml_pipeline.errors import BuildError
 from aml_pipeline.pipeline.metadata import FilePath, Table
@@ -108,27 +110,59 @@ def load_norm(store: DatasetStore, plan: DatasetPlan) -> Normalization:
     return Normalization.from_json(obj, store.spec)
 
 
+# Threads computing runs' block batches at once, and the most runs handed to them ahead of the merge
+# (a thread holds one grid block at a time, a run's batches are a few vectors per block, so memory
+# stays a few blocks whatever the dataset).
+FIT_THREADS = 2
+FIT_RUNS_AHEAD = 4
+
+
 def fit_normalization(store: DatasetStore, plan: DatasetPlan) -> Normalization:
     """mean/std per column over train windows only (float64), streamed block by block.
 
     Each fixed grid block of a run is one batch of the moment accumulators, with the starts of
-    every window that reads a row of it; runs are merged in split order.
+    every window that reads a row of it; runs are merged in split order. The runs' block batches
+    (reading each block and its window starts, its row weights, the two-pass moments: numpy and
+    file reads release the GIL) are computed in a few threads at once, a run in one thread, and
+    merged here strictly in block and run order, so the bits are those of merging them one after
+    another.
     """
     spec = store.spec
     cols = Columns.of(spec)
     H, F = spec.history_steps, spec.horizon_steps
     n = len(spec.node_ids)
     total = tuple(MomentAccumulator(w) for w in (n, len(cols.controls), len(cols.targets)))
-    for run_id in plan.split["trainRunIds"]:
+
+    def run_batches(run_id: str) -> list[tuple]:
         run = RunWindows(store, run_id, plan.runs[run_id])
-        acc = tuple(MomentAccumulator(a.n_cols) for a in total)
         reader = run.starts()
+        out = []
         for r0, r1 in run.blocks():
             # Windows t read rows t-H..t+F-1: those touching rows r0..r1-1 start in r0-F+1..r1+H-1.
             starts = reader.between(r0 - F + 1, r1 + H)
-            accumulate_window_stats(*acc, run.grid_rows(r0, r1), starts, H, F, cols.controls, cols.targets, first_row=r0)
+            out.append(window_batches(run.grid_rows(r0, r1), starts, H, F, cols.controls, cols.targets, first_row=r0))
+        return out
+
+    def merge(done: list[tuple]) -> None:
+        acc = tuple(MomentAccumulator(a.n_cols) for a in total)
+        for batches in done:
+            for a, b in zip(acc, batches, strict=True):
+                a.add_batch(b)
         for a, p in zip(total, acc, strict=True):
             a.merge(p)
+
+    with ThreadPoolExecutor(FIT_THREADS, thread_name_prefix="norm-fit") as pool:
+        pending: deque[Future] = deque()
+        try:
+            for run_id in plan.split["trainRunIds"]:
+                pending.append(pool.submit(run_batches, run_id))
+                if len(pending) > FIT_RUNS_AHEAD:
+                    merge(pending.popleft().result())
+            while pending:
+                merge(pending.popleft().result())
+        finally:
+            for fut in pending:
+                fut.cancel()
     if total[0].count == 0:
         raise BuildError(f"spec {spec.id!r}: no train windows to fit normalisation on", code="NO_TRAIN_RUNS")
     return Normalization(*(a.result() for a in total))
