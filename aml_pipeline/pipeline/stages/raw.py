@@ -239,7 +239,10 @@ class RunFetcher:
         run = self.by_id.get(run_id) or self.tsdb.get_run(run_id)
         ahead = []
         if run_id in self.position:
-            for next_id in self.order[self.position[run_id] + 1 : self.position[run_id] + 1 + READ_AHEAD_RUNS]:
+            # The build's first reads read fewer runs ahead (none, then 1, 3, 7): every run thread
+            # waits for the first, and a read takes as long as the runs it reads.
+            at = self.position[run_id]
+            for next_id in self.order[at + 1 : at + 1 + min(READ_AHEAD_RUNS, at)]:
                 if next_id not in self.by_id:
                     break
                 ahead.append(self.by_id[next_id])
