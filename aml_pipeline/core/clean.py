@@ -18,12 +18,14 @@ CLEAN_CAUSES: tuple[str, ...] = ("non_finite", "bad_state", "out_of_range", "dup
 
 
 def point_removals(
-    value: np.ndarray, state: np.ndarray, good: np.ndarray, lo: float | np.ndarray | None, hi: float | np.ndarray | None
+    value: np.ndarray, state: np.ndarray, good: np.ndarray, lo: float | np.ndarray | None, hi: float | np.ndarray | None,
+    *, outside: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rules that judge each point alone, in order, each removed point charged to the first
     rule that removes it: masks of the non-finite values, the states not in ``good``, and the
     values outside the inclusive ``[lo, hi]`` (``None``: open on that side; a bound may be one per
-    point)."""
+    point). ``outside``: the values outside their range, found by the caller (``lo`` and ``hi``
+    are then not used; it is overwritten)."""
     non_finite = ~np.isfinite(value)
     if good.size <= 4:  # the usual case ([0]): a few comparisons beat np.isin's setup
         is_good = state == good[0]
@@ -33,12 +35,17 @@ def point_removals(
         is_good = np.isin(state, good)
     bad_state = ~non_finite & ~is_good
     # NaN compares false, but non-finite points are already charged; only the others are.
-    out = np.zeros(value.size, dtype=bool)
-    if lo is not None:
-        out |= value < lo
-    if hi is not None:
-        out |= value > hi
-    return non_finite, bad_state, ~non_finite & is_good & out
+    if outside is not None:
+        out = outside
+    else:
+        out = np.zeros(value.size, dtype=bool)
+        if lo is not None:
+            out |= value < lo
+        if hi is not None:
+            out |= value > hi
+    out &= is_good
+    out &= ~non_finite
+    return non_finite, bad_state, out
 
 
 @dataclass(frozen=True, eq=False)
@@ -245,21 +252,25 @@ def clean_batch(
     if back.size:
         i = int(back[0]) + 1
         raise ValueError(f"clean_batch: timestamps must be ordered by (ts, seq) within a series; ts decreases at index {i}")
-    sizes = np.diff(bounds)
     goods = {p.good_states for p in params}
-    lo_hi = []
-    for side, unbounded in ((0, -np.inf), (1, np.inf)):
-        per_series = [unbounded if p.valid_range[side] is None else p.valid_range[side] for p in params]
-        lo_hi.append(None if all(b == unbounded for b in per_series) else np.repeat(np.array(per_series, dtype=np.float64), sizes))
-    lo, hi = lo_hi
+    spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
     if len(goods) == 1:
-        removed = point_removals(value, state, np.asarray(next(iter(goods))), lo, hi)
+        # Each series' range compared on its own slice (a bound array of every point would cost
+        # more than the comparisons), as float64 like the values.
+        outside = np.zeros(ts.size, dtype=bool)
+        for (a, b), p in zip(spans, params):
+            lo, hi = p.valid_range
+            part = outside[a:b]
+            if lo is not None:
+                np.less(value[a:b], np.float64(lo), out=part)
+            if hi is not None:
+                part |= value[a:b] > np.float64(hi)
+        removed = point_removals(value, state, np.asarray(next(iter(goods))), None, None, outside=outside)
     else:  # per series (a spec's goodStates are spec-wide, so only a caller's own mix gets here)
         removed = tuple(np.zeros(ts.size, dtype=bool) for _ in range(3))
-        for i, p in enumerate(params):
-            a, b = int(bounds[i]), int(bounds[i + 1])
-            part_lo, part_hi = (None if x is None else x[a:b] for x in (lo, hi))
-            for mask, part in zip(removed, point_removals(value[a:b], state[a:b], np.asarray(p.good_states), part_lo, part_hi)):
+        for (a, b), p in zip(spans, params):
+            lo, hi = (None if x is None else np.float64(x) for x in p.valid_range)
+            for mask, part in zip(removed, point_removals(value[a:b], state[a:b], np.asarray(p.good_states), lo, hi)):
                 mask[a:b] = part
     candidates = np.flatnonzero(~(removed[0] | removed[1] | removed[2]))
     # Of equal timestamps within a series, the last (the highest seq) survives; a series' last

@@ -19,6 +19,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
+from aml_pipeline.pipeline.chunks import keep_freed_memory
 from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
 
 from aml_pipeline.pipeline.stages.base import Stage
@@ -42,6 +43,11 @@ class RunResult:
 # Runs cleaned and windowed at once. Their numpy work releases the GIL, so two runs (and the
 # fetch thread) share two cores; each run's stages write its own files, so the bytes are the same.
 RUN_THREADS = max(1, min(2, os.cpu_count() or 1))
+# Runs the fetch thread may read beyond those in flight. A read that serves several runs (the
+# TSDB's read-ahead, :data:`~aml_pipeline.pipeline.stages.raw.READ_AHEAD_RUNS`) takes as long as
+# a few runs' cleaning: started only when its first run is admitted, the run threads would wait
+# for it. The runs read ahead are views of at most the TSDB's current read and the one before.
+FETCH_AHEAD = 4
 
 
 def build_runs(
@@ -56,11 +62,13 @@ def build_runs(
     cleaning: fetches run one at a time, in run order, so the TSDB handle is never used by two
     threads at once. A fetch with a ``read`` method (:class:`~aml_pipeline.pipeline.stages.raw.RunFetcher`)
     only reads there; the run's own thread writes what it read. The later stages of up to :data:`RUN_THREADS` runs run at once in a pool (the
-    database and numpy release the GIL); at most ``RUN_THREADS + 1`` runs are in flight.
+    database and numpy release the GIL); at most ``RUN_THREADS + 1`` runs are in flight, and the
+    fetch thread reads up to :data:`FETCH_AHEAD` runs beyond them.
     """
     work = list(work)
     if fetch is None and any(RAW in stages for _, stages in work):
         raise ValueError("build_runs: a run needs its raw stage, but no fetch was given")
+    keep_freed_memory()  # the runs' arrays reuse the heap's freed pages instead of faulting new ones
     fetch_pool = ThreadPoolExecutor(1, thread_name_prefix="fetch")
     run_pool = ThreadPoolExecutor(RUN_THREADS, thread_name_prefix="run-stages")
 
@@ -88,14 +96,20 @@ def build_runs(
         return result
 
     pending: deque[Future[RunResult]] = deque()
-    admitted = 0
+    fetches: dict[int, Future[Any]] = {}  # run index -> its fetch, submitted ahead of the run
+    admitted = fetched_to = 0
 
     def admit() -> None:
-        nonlocal admitted
+        nonlocal admitted, fetched_to
+        # The fetch thread reads in run order, up to FETCH_AHEAD runs beyond those in flight.
+        while fetched_to < min(len(work), admitted + 1 + FETCH_AHEAD):
+            run_id, stages = work[fetched_to]
+            if RAW in stages:
+                fetches[fetched_to] = fetch_pool.submit(read, run_id)
+            fetched_to += 1
         run_id, stages = work[admitted]
+        pending.append(run_pool.submit(process, run_id, stages, fetches.pop(admitted, None)))
         admitted += 1
-        fetched = fetch_pool.submit(read, run_id) if RAW in stages else None
-        pending.append(run_pool.submit(process, run_id, stages, fetched))
 
     try:
         while admitted < len(work) and len(pending) <= RUN_THREADS:

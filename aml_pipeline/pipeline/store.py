@@ -211,6 +211,10 @@ class StageWriter:
         self._files.clear()
 
 
+# Buffers per writev call (POSIX guarantees at least 16; Linux takes 1024).
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 16
+
+
 class NpyAppender:
     """A ``.npy`` file written by appending along the first axis.
 
@@ -245,6 +249,24 @@ class NpyAppender:
                 n = _os_call(self._f.write, view, path=self.path)
                 view = view[n:]
             self.elements += a.size
+
+    def extend(self, parts: list[np.ndarray]) -> None:
+        """:meth:`append` of each of ``parts`` in order, in as few writes as the OS allows: the
+        file system's cost is per write as much as per byte, and a run read whole comes in one
+        small page per node."""
+        views = []
+        for data in parts:
+            a = np.ascontiguousarray(data, dtype=self.dtype)
+            if a.size:
+                views.append(memoryview(a.reshape(-1)).cast("B"))
+                self.elements += a.size
+        fd = self._f.fileno()
+        while views:
+            n = _os_call(os.writev, fd, views[:_IOV_MAX], path=self.path)
+            while views and n >= len(views[0]):  # whole buffers written; a partial one goes on
+                n -= len(views.pop(0))
+            if n:
+                views[0] = views[0][n:]
 
     def close(self) -> tuple[int, ...]:
         if self.elements % self._per_row:

@@ -200,3 +200,49 @@ def test_threaded_fit_merges_blocks_in_order_bit_for_bit(fetched, monkeypatch):
     monkeypatch.setattr(norm, "FIT_RUNS_AHEAD", 6)
     fitted = norm.fit_normalization(store, plan)
     assert _bits((fitted.x, fitted.u, fitted.y)) == sequential
+
+_HEAP_PROBE = """
+import ctypes, json, sys
+from aml_pipeline.pipeline.chunks import keep_freed_memory, release_freed_memory
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+kept = keep_freed_memory(1024) if sys.argv[1] == "keep" else None
+blocks = [libc.malloc(100_000) for _ in range(40)]  # below the mmap threshold: from the heap
+for b in reversed(blocks):
+    libc.free(b)
+free_after_free = libc.mallinfo2().fordblks
+release_freed_memory()
+print(json.dumps([kept, free_after_free, libc.mallinfo2().fordblks]))
+"""
+
+
+def test_freed_arrays_stay_in_the_heap_for_the_next_run_until_trimmed():
+    """keep_freed_memory: what the run stages free stays in the heap for the next arrays (up to
+    the budget's cleaning share), where glibc's default returns it to the OS at once, to be
+    faulted back; release_freed_memory still returns it."""
+    import json
+    import subprocess
+    import sys
+
+    ctypes = pytest.importorskip("ctypes")
+    try:
+        ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        pytest.skip("not glibc >= 2.33")
+
+    def probe(mode: str) -> list:
+        out = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    kept, free_kept, free_trimmed = probe("keep")
+    _, free_default, _ = probe("default")
+    assert kept is True
+    assert free_kept >= 3_000_000 > free_default  # 4 MB freed: kept (below the 32 MB of a 1 GB budget), or given back by default
+    assert free_trimmed < 1_000_000

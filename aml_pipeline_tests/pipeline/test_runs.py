@@ -115,3 +115,43 @@ def test_runs_read_whole_are_stored_as_fetched_one_by_one_without_reading_back(m
             assert names and names == sorted(p.name for p in b.iterdir() if p.name.startswith(f"{stage.name}."))
             for name in names:
                 assert (a / name).read_bytes() == (b / name).read_bytes(), (run_id, name)
+
+
+def test_the_fetch_thread_reads_ahead_of_the_runs_in_flight_and_no_further(make_spec, plant_url, tmp_path, monkeypatch):
+    """While the first run is still being cleaned, the fetch thread goes on reading the next runs
+    (a read that serves several runs is not waited for when their turn comes), up to
+    FETCH_AHEAD runs beyond those in flight, which bounds what it holds."""
+    import aml_pipeline.pipeline.runs as runs_module
+
+    spec = make_spec()
+    store = DatasetStore(tmp_path / "store", spec)
+    with open_tsdb(plant_url) as db:
+        catalog = check_nodes_known(spec, db.list_nodes())
+        runs = {r.run_id: r for r in db.list_runs(run_scope(spec), finished_only=True)}
+        ids = sorted(runs)
+        monkeypatch.setattr(runs_module, "FETCH_AHEAD", 2)
+        most = runs_module.RUN_THREADS + 1 + 2  # runs fetched before any is done
+        assert len(ids) > most
+        fetched: list[str] = []
+        enough = threading.Event()
+
+        def fetch(run_id):
+            fetched.append(run_id)
+            if len(fetched) >= most:
+                enough.set()
+            return fetch_run(db, store, runs[run_id], catalog, page_limit=5000)
+
+        real_clean = runs_module.clean_run
+        seen: list[int] = []
+
+        def clean(store, run_id, **kw):
+            if run_id == ids[0]:
+                assert enough.wait(30)
+                time.sleep(0.1)  # time for a fetch beyond the bound, if one were submitted
+                seen.append(len(fetched))
+            return real_clean(store, run_id, **kw)
+
+        monkeypatch.setattr(runs_module, "clean_run", clean)
+        results = list(build_runs(store, [(r, (RAW, GRID, WINDOWS)) for r in ids], fetch))
+    assert all(r.error is None for r in results) and [r.run_id for r in results] == ids
+    assert seen == [most] and fetched == ids

@@ -184,21 +184,38 @@ def write_raw(
     offsets = [0]
     with store.stage_writer(run.run_id, RAW) as writer:
         columns = {name: writer.array(name, dtype) for name, dtype in RAW_COLUMNS}
+        # Pages given in lists (a run read whole, held in memory) are written together, a few
+        # writes per column for the run; pages read one by one are written as they come.
+        held: dict[str, list[Any]] = {name: [] for name, _ in RAW_COLUMNS}
+
+        def write_held() -> None:
+            for name, parts in held.items():
+                if parts:
+                    columns[name].extend(parts)
+                    parts.clear()
+
         for node_id, node_pages, queries in nodes:
             n = 0
             for item, queries in node_pages:
-                for page in item if isinstance(item, list) else (item,):
+                listed = isinstance(item, list)
+                if not listed:
+                    write_held()
+                for page in item if listed else (item,):
                     if not len(page):
                         continue
                     for name, _ in RAW_COLUMNS:
-                        data = getattr(page, name)
-                        columns[name].append(data)
-                        content.update(np.ascontiguousarray(data).data)
+                        data = np.ascontiguousarray(getattr(page, name))
+                        if listed:
+                            held[name].append(data)
+                        else:
+                            columns[name].append(data)
+                        content.update(data.data)
                     n += len(page)
             points[node_id], pages[node_id] = n, queries
             offsets.append(offsets[-1] + n)
             if queries > 1:
                 release_freed_memory()
+        write_held()
         run_record = dataclasses.asdict(run)
         ranges = catalog_ranges(spec, catalog)
         content.update(json.dumps([run_record, ranges, offsets], sort_keys=True).encode())
@@ -239,7 +256,10 @@ class RunFetcher:
         run = self.by_id.get(run_id) or self.tsdb.get_run(run_id)
         ahead = []
         if run_id in self.position:
-            for next_id in self.order[self.position[run_id] + 1 : self.position[run_id] + 1 + READ_AHEAD_RUNS]:
+            # The build's first reads read fewer runs ahead (none, then 1, 3, 7): every run thread
+            # waits for the first, and a read takes as long as the runs it reads.
+            at = self.position[run_id]
+            for next_id in self.order[at + 1 : at + 1 + min(READ_AHEAD_RUNS, at)]:
                 if next_id not in self.by_id:
                     break
                 ahead.append(self.by_id[next_id])
