@@ -56,37 +56,11 @@ def release_freed_memory() -> bool:
     return bool(trim(0)) if trim is not None else False
 
 
-def keep_freed_memory(budget_mb: int | None = None) -> bool:
-    """Let the heap keep up to one cleaning chunk's share of the budget (``budget /
-    CLEAN_BUDGET_SHARE``) of freed memory at its top, per arena, instead of glibc's default of
-    128 KB (glibc ``M_TRIM_THRESHOLD``); False where unavailable.
-
-    A run's stages allocate and free arrays of a few hundred KB to a few MB over and over (masks,
-    index arrays, the Hampel network's and the alignment's blocks). With the default threshold
-    every free that leaves more than that at the top of the heap returns it to the OS, and the next
-    array of the next run page-faults it back: a large share of the cleaning's CPU time. The
-    memory kept is bounded by the budget, and :func:`release_freed_memory` still returns all of it
-    where the stages trim. Setting it also stops glibc from raising its mmap threshold as it goes,
-    so arrays above 128 KB keep their own mappings; keeping those in the heap as well saves no
-    more (``bench/README.md``, the series stages).
-    """
-    mb = config.memory_budget_mb() if budget_mb is None else int(budget_mb)
-    mallopt = _libc_function("mallopt")
-    return bool(mallopt(_M_TRIM_THRESHOLD, (mb << 20) // CLEAN_BUDGET_SHARE)) if mallopt is not None else False
-
-
-_M_TRIM_THRESHOLD = -1  # glibc's malloc.h
-
-
+@lru_cache(maxsize=1)
 def _malloc_trim():
-    return _libc_function("malloc_trim")
-
-
-@lru_cache(maxsize=4)
-def _libc_function(name: str):
     try:
         import ctypes
 
-        return getattr(ctypes.CDLL("libc.so.6"), name)
+        return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None

@@ -19,7 +19,6 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
-from aml_pipeline.pipeline.chunks import keep_freed_memory
 from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
 
 from aml_pipeline.pipeline.stages.base import Stage
@@ -68,7 +67,6 @@ def build_runs(
     work = list(work)
     if fetch is None and any(RAW in stages for _, stages in work):
         raise ValueError("build_runs: a run needs its raw stage, but no fetch was given")
-    keep_freed_memory()  # the runs' arrays reuse the heap's freed pages instead of faulting new ones
     fetch_pool = ThreadPoolExecutor(1, thread_name_prefix="fetch")
     run_pool = ThreadPoolExecutor(RUN_THREADS, thread_name_prefix="run-stages")
 
