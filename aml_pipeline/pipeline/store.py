@@ -164,7 +164,7 @@ class StageWriter:
     def __init__(self, store: DatasetStore, run_id: str, stage: str) -> None:
         self.store, self.run_id, self.stage = store, run_id, stage
         self.dir = store.run_dir(run_id)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        _os_call(self.dir.mkdir, parents=True, exist_ok=True, path=self.dir)
         # From here until commit the stage reads as absent.
         store.meta_path(run_id, stage).unlink(missing_ok=True)
         self._arrays: dict[str, NpyAppender] = {}
@@ -331,12 +331,18 @@ def read_npy_rows(path: Path, start: int, stop: int) -> np.ndarray:
     return read_npy_flat(path, start * per_row, stop * per_row).reshape(-1, *shape[1:])
 
 
+def _write_and_close(fd: int, data: bytes) -> None:
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and one rename."""
     fd, tmp = _os_call(tempfile.mkstemp, prefix=f".{path.name}.", suffix=".tmp", dir=path.parent, path=path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            _os_call(f.write, data, path=path)
+        # The whole write, close included: a small file reaches the disk only when its buffer is
+        # flushed as it closes, and that is where a full disk shows.
+        _os_call(_write_and_close, fd, data, path=path)
         _os_call(os.replace, tmp, path, path=path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

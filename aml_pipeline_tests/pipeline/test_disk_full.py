@@ -173,3 +173,18 @@ def test_a_disk_that_fills_at_fsync_fails_in_one_line_and_keeps_the_previous_sna
         again = build_dataset(edited, db, store_root=tmp_path / "store", datasets_root=root)
         assert current_snapshot(root, spec.id) == again.snapshot_dir and verify_snapshot(again.snapshot_dir).ok
         assert verify_snapshot(first.snapshot_dir, first.sha256).ok
+
+
+def test_a_small_file_that_meets_a_full_disk_is_disk_full_and_leaves_nothing(tmp_path):
+    """A stage's summary is smaller than a file buffer: the disk fills when the buffer is flushed
+    as the file closes, not at the write call, and that is DISK_FULL too, with no temporary left."""
+    from aml_pipeline.pipeline.store import atomic_write_bytes
+
+    with small_filesystem(tmp_path / "small", 256) as root:
+        (root / "runs").mkdir()
+        fill(root, leave_kb=0)
+        target = root / "runs" / "raw.json"
+        with pytest.raises(DiskFullError) as err:
+            atomic_write_bytes(target, b"{}" * 2048)
+        assert err.value.one_line().startswith("DISK_FULL: ") and str(target) in err.value.one_line()
+        assert _visible(root / "runs") == []
