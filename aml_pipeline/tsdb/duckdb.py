@@ -364,6 +364,7 @@ class DuckDBTsdb(ReadBase):
             # Every attempt passes the gate: a writer that got the file between our gate and our
             # open is queued ahead of us.
             pass_reader_gate(self.path, deadline, self.lock_timeout_s)
+            self._refuse_another_kind_of_file()
             cursor, self.memory_limit_mb = _READERS.attach(self.path)
             return cursor
 
@@ -372,8 +373,25 @@ class DuckDBTsdb(ReadBase):
     def _open_writer(self, deadline: float) -> duckdb.DuckDBPyConnection:
         if _READERS.reading_here(self.path):
             raise self._mixed_modes()
+        if not self.created_file:
+            self._refuse_another_kind_of_file()
         # Readers still holding the file finish their chunk; our intent keeps new ones out.
         return self._open(deadline, lambda: duckdb.connect(str(self.path), read_only=False))
+
+    def _refuse_another_kind_of_file(self) -> None:
+        """TSDB_NOT_A_DATABASE unless the file starts as a DuckDB database does (a checksum, then
+        the magic ``DUCK``). Checked before DuckDB opens it: DuckDB opens some other formats
+        itself (a SQLite file, by downloading and loading its sqlite extension), and a writer
+        would then add the TSDB's tables to that file."""
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(12)
+        except FileNotFoundError:
+            return  # gone since: DuckDB's open says so
+        except OSError:
+            return  # unreadable: DuckDB's open names the reason
+        if head[8:12] != b"DUCK":
+            raise self._not_a_database("not a DuckDB database file")
 
     def _open(self, deadline: float, connect: Any) -> duckdb.DuckDBPyConnection:
         """``connect()`` again and again while another process holds DuckDB's file lock, until

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import closing
 from pathlib import Path
 
 import duckdb
@@ -273,11 +274,24 @@ def test_foreign_duckdb_file_with_clashing_tables_is_left_alone(tmp_path):
     assert tables == ["runs"]
 
 
+def _sqlite_file() -> bytes:
+    import sqlite3
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        with closing(sqlite3.connect(Path(d) / "f.sqlite")) as con, con:
+            con.execute("CREATE TABLE t (a)")
+        return (Path(d) / "f.sqlite").read_bytes()
+
+
 NOT_DATABASES = {
     "plant.yaml": b"backend: postgres\n",  # a source description named with the duckdb:// scheme
     "garbage.duckdb": b"this is not a database" * 1000,
     "empty.duckdb": b"",
     "notes.txt": b"hello\n",
+    # DuckDB would open it through its sqlite extension (downloading it first), and a writer would
+    # add the TSDB's tables to it.
+    "catalog.sqlite": _sqlite_file(),
 }
 
 
