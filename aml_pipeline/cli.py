@@ -285,7 +285,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise AmlError(f"--keep {args.keep}: the non-current snapshots to keep per spec must be >= 0", code="USAGE")
     home = _home(args)
     root = Path(args.root).resolve() if args.root else config.datasets_dir(home)
-    specs, errors = discover_specs(config.specs_dir())
+    specs, errors = discover_specs(config.specs_dir(home))
     for path, message in errors:
         print(f"spec {path} skipped: {message}", file=sys.stderr)
     report = collect_garbage(root, config.store_dir(home), {s.id: s for _, s in specs}, keep=args.keep, dry_run=args.dry_run)

@@ -57,9 +57,18 @@ def tsdb_url(home: Path | None = None) -> str:
     return os.environ.get("AML_TSDB_URL") or default_tsdb_url(home)
 
 
-def specs_dir() -> Path:
+def specs_dir(home: Path | None = None) -> Path:
+    """``AML_SPECS``, else :func:`default_specs_dir`."""
     configured = os.environ.get("AML_SPECS")
-    return Path(configured).resolve() if configured else REPO_ROOT / "specs"
+    return Path(configured).resolve() if configured else default_specs_dir(home)
+
+
+def default_specs_dir(home: Path | None = None) -> Path:
+    """The specs folder when ``AML_SPECS`` is unset: the repository's ``specs/`` when this code
+    runs from its checkout; for an installed package (no repository around it) ``specs/`` in
+    ``home`` (default ``AML_HOME``), where the demo puts the spec it builds."""
+    checkout = repository_checkout()
+    return checkout / "specs" if checkout is not None else (home or aml_home()) / "specs"
 
 
 def env_location() -> str:

@@ -126,12 +126,10 @@ def demo_spec(home: Path) -> Path:
     """The spec the demo builds: the repository's ``specs/reactor_a.yaml`` when run from its
     checkout; for an installed package, a copy of the packaged example in ``<home>/specs`` (made
     once: an edited copy is what the next demo builds), so a user has a spec file to open, edit
-    and point a Dagster project at."""
-    checkout = config.repository_checkout()
-    if checkout is not None:
-        return checkout / "specs" / DEMO_SPEC.name
-    target = home / "specs" / DEMO_SPEC.name
-    if not target.exists():
+    and point a Dagster project at. Either is in :func:`config.default_specs_dir`, the folder
+    ``gc`` reads when ``AML_SPECS`` is unset."""
+    target = config.default_specs_dir(home) / DEMO_SPEC.name
+    if config.repository_checkout() is None and not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}")
         shutil.copyfile(DEMO_SPEC, partial)

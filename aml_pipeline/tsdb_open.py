@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from aml_pipeline.errors import TsdbError
 from aml_pipeline.sources import is_source_url, open_source
 from aml_pipeline.tsdb import open_adapter
 from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, TsdbPort
@@ -29,7 +30,17 @@ def open_tsdb(url: str, *, read_only: bool = True, lock_timeout_s: float = DEFAU
     """
     if is_source_url(url):
         return open_source(url)
-    return open_adapter(url, read_only=read_only, lock_timeout_s=lock_timeout_s)
+    try:
+        return open_adapter(url, read_only=read_only, lock_timeout_s=lock_timeout_s)
+    except TsdbError as e:
+        from aml_pipeline.tsdb.duckdb import NOT_A_DATABASE, parse_duckdb_url
+
+        # ``duckdb:///plant.yaml`` names a DuckDB file whatever its suffix; a user who wrote it
+        # for a source description learns the form that reads one.
+        if e.code == NOT_A_DATABASE and is_source_url(str(path := parse_duckdb_url(url))):
+            raise TsdbError(f"{e.message}; to read {path.name} as a source description, use "
+                            f"source://{path} (docs/sources.md)", code=e.code) from None
+        raise
 
 
 @contextmanager

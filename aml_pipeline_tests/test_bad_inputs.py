@@ -254,7 +254,11 @@ CASES: dict[str, Case] = {
     # a DuckDB URL names a DuckDB file whatever its suffix: not read as a source description
     "tsdb_url_duckdb_names_a_yaml_file": Case(
         cmd("build", spec, env={"AML_TSDB_URL": lambda w, s: f"duckdb://{write(s / 'plant.yaml', 'backend: postgres')}"}),
-        ("TSDB_ERROR", "plant.yaml", "not a valid DuckDB database file")),
+        ("TSDB_NOT_A_DATABASE", "plant.yaml is not a DuckDB database file", "source://")),
+    "ingest_into_a_yaml_file": Case(
+        cmd("ingest", "--points", lambda w, s: w.csv["points"],
+            env={"AML_TSDB_URL": lambda w, s: f"duckdb://{write(s / 'plant.yaml', 'backend: postgres')}"}),
+        ("TSDB_NOT_A_DATABASE", "plant.yaml is not a DuckDB database file", "source://")),
     "env_location_is_a_file": Case(cmd("env", "status", env={"AML_ENV_LOCATION": lambda w, s: write(s / "afile", "x")}), ("afile",)),
     "dagster_home_is_a_file": Case(cmd("build", spec, env={"DAGSTER_HOME": lambda w, s: write(s / "afile", "x")}),
                                    ("DAGSTER_HOME", "afile")),

@@ -550,3 +550,34 @@ def test_gc_says_whether_it_pruned_the_dagster_instance(tmp_path, monkeypatch, c
     assert main(["gc", "--dry-run", "--json"]) == 0
     instance = json.loads(capsys.readouterr().out.splitlines()[-1])["instance"]
     assert instance == {"dryRun": True, "retentionDays": 7, "deletedRuns": [], "keptOldRuns": 0, "freedBytes": 0}
+
+
+@pytest.mark.parametrize("installed", [False, True], ids=["checkout", "installed"])
+def test_gc_reads_the_specs_where_the_demo_puts_its_spec(tmp_path, monkeypatch, capsys, installed):
+    """Without AML_SPECS, gc's specs are the folder the demo's spec is in: the repository's
+    ``specs/`` in its checkout, ``<home>/specs`` for an installed package (no ``scripts/ui.sh``
+    beside the package)."""
+    from aml_pipeline.demo import demo_spec
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AML_SPECS", raising=False)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    home = tmp_path / "home"
+    monkeypatch.setenv("AML_HOME", str(home))
+    if installed:
+        monkeypatch.setattr(config, "REPO_ROOT", tmp_path / "site-packages")
+    assert (config.repository_checkout() is None) == installed
+    spec = demo_spec(home)
+    want = home / "specs" if installed else config.REPO_ROOT / "specs"
+    # gc knows the demo's spec: it cleans that spec's intermediates instead of leaving them alone.
+    spec_id = yaml.safe_load(spec.read_text())["id"]
+    (home / "store" / spec_id).mkdir(parents=True)
+    assert main(["gc", "--dry-run", "--json"]) == 0
+    skipped = json.loads(capsys.readouterr().out.splitlines()[-1])["skipped"]
+    assert not [s for s in skipped if s.startswith(f"{spec_id}:")], skipped
+    assert spec.parent == want == config.specs_dir()
+    # --home moves an installed package's specs folder with the rest of the home.
+    assert config.specs_dir(tmp_path / "other") == (tmp_path / "other" / "specs" if installed else want)
+    # AML_SPECS still wins, in either case.
+    monkeypatch.setenv("AML_SPECS", str(tmp_path / "mine"))
+    assert config.specs_dir(home) == tmp_path / "mine"

@@ -159,8 +159,14 @@ class Periods(_M):
     @field_validator("table")
     @classmethod
     def _pattern(cls, v: str) -> str:
-        if "{period}" not in v:
-            raise ValueError(f"table {v!r} must contain {{period}}")
+        parts = split_dotted(v)
+        if len(parts) > 2:
+            raise ValueError(f"table {v!r}: use table or schema.table (double-quote a name that holds a dot: "
+                             'hist."samples.{period}")')
+        # One {period}, in the table's own name: the tables are listed in one schema and each
+        # name is read back as exactly one period.
+        if parts[-1].count("{period}") != 1 or any("{period}" in p for p in parts[:-1]):
+            raise ValueError(f"table {v!r} must contain {{period}} once, in the table's name (not the schema's)")
         return v
 
     @property

@@ -292,14 +292,11 @@ class PostgresSource(Backend):
         import pandas as pd
 
         per = self.spec.points.periods
-        parts = dotted_parts(per.table)
-        schema = None
-        if len(parts) == 2:
-            schema = parts[0]
-        elif len(parts) != 1:
-            raise SourceError(f"{self.loaded.path}: points.periods.table: use table or schema.table")
-        pattern = parts[-1]
-        prefix, suffix = pattern.split("{period}", 1)
+        # Quote-aware (``"hist.v2"."samples.{period}"``); the description's check made it one or
+        # two parts with one {period}, in the table's name.
+        *schemas, pattern = dotted_parts(per.table)
+        schema = schemas[0] if schemas else None
+        prefix, suffix = pattern.split("{period}")
         with self._reading("points.periods: listing the period tables"):
             if schema is None:
                 schema = self._c.execute("SELECT current_schema()").fetchone()[0]
@@ -309,7 +306,8 @@ class PostgresSource(Backend):
                 [schema, prefix]).fetchall()]
         out = []
         step = {"day": pd.DateOffset(days=1), "month": pd.DateOffset(months=1), "year": pd.DateOffset(years=1)}[per.every]
-        for name in names:
+        seen: dict[int, str] = {}
+        for name in sorted(names):
             if not name.endswith(suffix) or len(name) < len(prefix) + len(suffix):
                 continue
             text = name[len(prefix): len(name) - len(suffix)]
@@ -317,9 +315,17 @@ class PostgresSource(Backend):
                 start = pd.Timestamp(dt.datetime.strptime(text, per.period_format)).tz_localize(per.zone)
             except ValueError:
                 continue
-            end = start + step
+            # strptime reads "2025_1" and "2025_01" alike for %Y_%m: two tables of one period
+            # would read its points twice, so they are refused, named.
+            first = timestamp_ms(start)
+            if first in seen:
+                raise SourceError(
+                    f"{self.loaded.path}: points.periods: tables {seen[first]!r} and {name!r} in schema {schema!r} are "
+                    f"both the period starting {start.isoformat()} (format {per.period_format!r}); drop or rename one"
+                )
+            seen[first] = name
             quoted = sql.Identifier(schema, name).as_string(self._c)
-            out.append((timestamp_ms(start), timestamp_ms(end) - 1, quoted))
+            out.append((first, timestamp_ms(start + step) - 1, quoted))
         return sorted(out)
 
     def _from_query(self, key: Any, lo: Q, hi: Q, line: Q, *, span: tuple[int, int] | None = None,

@@ -104,12 +104,16 @@ from aml_pipeline.tsdb.writer import PointRows, RunState, StoredRun, write_inges
 from aml_pipeline.tsdb.writer_intent import (
     drop_writer_intent,
     hold_writer_intent,
+    intent_path,
     pass_reader_gate,
     writer_handles_here,
 )
 
 SCHEMA_VERSION = 2
 URL_PREFIX = "duckdb://"
+# The code of a URL whose path holds something other than a DuckDB database (tsdb_open adds what
+# to do when that something is a source description).
+NOT_A_DATABASE = "TSDB_NOT_A_DATABASE"
 READER_MEMORY_SHARE = 32
 READER_MEMORY_MIN_MB = 16
 # Points one page query reads at most (more if the page limit is larger); see DuckDBTsdb._read.
@@ -314,6 +318,8 @@ class DuckDBTsdb(ReadBase):
         self._spans: dict[tuple[int, int], int] = {}  # per series: the last time window that fit
         self._run_points: dict[int, int] = {}  # run_key -> its point count (read-only, version 2)
         self._con: duckdb.DuckDBPyConnection | None = None
+        if self.path.is_dir():  # refused before a writer's lock file is made beside it
+            raise self._not_a_database("a directory, not a DuckDB database file")
         if self.read_only and not self.path.exists():
             raise TsdbError(
                 f"{self.path}: no TSDB file there yet; ingest data first "
@@ -332,6 +338,7 @@ class DuckDBTsdb(ReadBase):
         try:
             self._created_dirs = [d for d in self.path.parents if not d.exists()]  # innermost first
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            made_intent = not intent_path(self.path).exists()
             hold_writer_intent(self.path, deadline, self.lock_timeout_s)
         except OSError as e:
             raise self._os_error(e, "cannot create") from None
@@ -340,7 +347,9 @@ class DuckDBTsdb(ReadBase):
             self._con = self._open_writer(deadline)
             self._init_schema()
         except BaseException as e:
-            self._release(remove_files=self.created_file)
+            # A failed open leaves nothing it made: not the intent file beside a file that turned
+            # out not to be a database (a YAML file, a text file), nor a database it began.
+            self._release(remove_files=self.created_file, remove_intent=made_intent)
             full = disk_full(e, _path_in(e) or self.path)
             if full is not None:
                 raise full from None
@@ -355,6 +364,7 @@ class DuckDBTsdb(ReadBase):
             # Every attempt passes the gate: a writer that got the file between our gate and our
             # open is queued ahead of us.
             pass_reader_gate(self.path, deadline, self.lock_timeout_s)
+            self._refuse_another_kind_of_file()
             cursor, self.memory_limit_mb = _READERS.attach(self.path)
             return cursor
 
@@ -363,8 +373,25 @@ class DuckDBTsdb(ReadBase):
     def _open_writer(self, deadline: float) -> duckdb.DuckDBPyConnection:
         if _READERS.reading_here(self.path):
             raise self._mixed_modes()
+        if not self.created_file:
+            self._refuse_another_kind_of_file()
         # Readers still holding the file finish their chunk; our intent keeps new ones out.
         return self._open(deadline, lambda: duckdb.connect(str(self.path), read_only=False))
+
+    def _refuse_another_kind_of_file(self) -> None:
+        """TSDB_NOT_A_DATABASE unless the file starts as a DuckDB database does (a checksum, then
+        the magic ``DUCK``). Checked before DuckDB opens it: DuckDB opens some other formats
+        itself (a SQLite file, by downloading and loading its sqlite extension), and a writer
+        would then add the TSDB's tables to that file."""
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(12)
+        except FileNotFoundError:
+            return  # gone since: DuckDB's open says so
+        except OSError:
+            return  # unreadable: DuckDB's open names the reason
+        if head[8:12] != b"DUCK":
+            raise self._not_a_database("not a DuckDB database file")
 
     def _open(self, deadline: float, connect: Any) -> duckdb.DuckDBPyConnection:
         """``connect()`` again and again while another process holds DuckDB's file lock, until
@@ -382,6 +409,8 @@ class DuckDBTsdb(ReadBase):
                 raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
             except duckdb.IOException as e:
                 text = str(e)
+                if "not a valid DuckDB database file" in text:
+                    raise self._not_a_database("not a DuckDB database file") from None
                 if "lock" not in text.lower():
                     if "database does not exist" in text:
                         raise TsdbError(
@@ -395,6 +424,13 @@ class DuckDBTsdb(ReadBase):
                 delay = min(delay * 2, 0.2)
             except duckdb.Error as e:
                 raise TsdbError(f"{self.path}: cannot open ({_one_line(e)})") from None
+
+    def _not_a_database(self, what: str) -> TsdbError:
+        return TsdbError(
+            f"{self.path} is {what} (left as it is); a duckdb:// URL names the "
+            "embedded TSDB file, or a new path for an ingest to create it",
+            code=NOT_A_DATABASE,
+        )
 
     def _busy(self, mode: str, text: str) -> TsdbBusyError:
         # A reader kept out by a writer is transient (a build retries it); a writer is not retried.
@@ -496,7 +532,7 @@ class DuckDBTsdb(ReadBase):
             self._ahead.clear()
             self._release(remove_files=self.created_file)
 
-    def _release(self, *, remove_files: bool = False) -> None:
+    def _release(self, *, remove_files: bool = False, remove_intent: bool = False) -> None:
         con, self._con = self._con, None
         try:
             if con is not None:
@@ -507,12 +543,13 @@ class DuckDBTsdb(ReadBase):
                     _READERS.detach(self.path)
             else:
                 # Only the last handle of this process on the file may remove it.
-                sole = remove_files and writer_handles_here(self.path) == 1
+                last = writer_handles_here(self.path) == 1
+                sole = remove_files and last
                 if sole:
                     for leftover in (self.path, self.path.with_name(self.path.name + ".wal")):
                         leftover.unlink(missing_ok=True)
                     shutil.rmtree(self.path.with_name(self.path.name + ".tmp"), ignore_errors=True)
-                drop_writer_intent(self.path, remove=sole)
+                drop_writer_intent(self.path, remove=sole or (remove_intent and last))
                 if sole:
                     for d in self._created_dirs:  # the directories made for the file, if empty
                         try:

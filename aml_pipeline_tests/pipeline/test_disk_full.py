@@ -188,3 +188,45 @@ def test_a_small_file_that_meets_a_full_disk_is_disk_full_and_leaves_nothing(tmp
             atomic_write_bytes(target, b"{}" * 2048)
         assert err.value.one_line().startswith("DISK_FULL: ") and str(target) in err.value.one_line()
         assert _visible(root / "runs") == []
+
+
+def test_a_full_disk_at_the_digest_file_is_disk_full_and_keeps_the_previous_snapshot(make_spec, plant_url, tmp_path,
+                                                                                       monkeypatch):
+    """The digest (sha256.json) is the one file written after the snapshot's files are complete:
+    the disk is filled just before it, so it is the write that meets the full disk."""
+    import errno
+
+    import aml_pipeline.pipeline.stages.manifest as manifest_stage
+    from aml_pipeline.core.hashing import DIGEST_FILE
+
+    spec = make_spec(extras=True)
+    real, seen = manifest_stage.publish_staged, []
+
+    def full_before_digest(staging, digest):
+        assert not (staging / DIGEST_FILE).exists()
+        fill(root, leave_kb=0)
+        try:
+            return real(staging, digest)
+        except OSError as e:
+            seen.append((e.errno, (staging / DIGEST_FILE).exists()))
+            raise
+
+    with small_filesystem(tmp_path / "small", 16 * 1024) as root, open_tsdb(plant_url) as db:
+        first = build_dataset(spec, db, store_root=tmp_path / "store", datasets_root=root)
+        before = _visible(root / spec.id)
+        edited = make_spec(extras=True, split={"method": "hashed", "train": 0.6, "val": 0.2, "test": 0.2, "seed": 1})
+        monkeypatch.setattr(manifest_stage, "publish_staged", full_before_digest)
+        env, trace = traced(tmp_path, "publish")
+        monkeypatch.setenv(TRACE_ENV, env[TRACE_ENV])
+        with pytest.raises(DiskFullError) as err:
+            build_dataset(edited, db, store_root=tmp_path / "store", datasets_root=root)
+        monkeypatch.delenv(TRACE_ENV)
+        # It failed writing the digest: inside publication, the file begun, nothing fsynced yet.
+        assert seen == [(errno.ENOSPC, True)]
+        reached = {line.split()[0] for line in trace.read_text().splitlines()}
+        assert "publish.staging_written" in reached and "publish.fsynced" not in reached, reached
+        line = err.value.one_line()
+        assert line.startswith(f"DISK_FULL: {root / spec.id}: no space left on the device") and "\n" not in line
+        assert _visible(root / spec.id) == before  # no staging directory left behind
+        assert current_snapshot(root, spec.id) == first.snapshot_dir and verify_snapshot(first.snapshot_dir).ok
+        assert [e.sha256 for e in Catalog(root).entries(spec.id)] == [first.sha256]

@@ -127,3 +127,31 @@ def test_nothing_half_written_is_left_when_an_export_fails(built, tmp_path, monk
     with pytest.raises(OSError, match="No space left"):
         export_windows_layout(series.snapshot_dir, tmp_path / "e" / "out")
     assert calls == ["x", "u", "y"] and list((tmp_path / "e").iterdir()) == []
+
+
+def test_a_full_disk_at_the_digest_is_one_disk_full_line(built, tmp_path, monkeypatch, capsys):
+    """The digest (sha256.json) is written after every other file is complete and hashed: the disk
+    is filled then, so the digest is the write that meets it."""
+    from aml_pipeline.cli import main
+    from aml_pipeline.snapshot.layout import DIGEST_FILE
+    from aml_pipeline_tests.small_fs import fill, small_filesystem
+
+    _, _, series = built
+    seen = []
+
+    class FullAfterFinish(layout_export.StagedFiles):
+        def finish(self, **kwargs):
+            digest = super().finish(**kwargs)
+            self.syncer.wait()  # every other file durable before the disk fills
+            assert not (self.dir / DIGEST_FILE).exists()
+            fill(root, leave_kb=0)
+            seen.append(digest)
+            return digest
+
+    monkeypatch.setattr(layout_export, "StagedFiles", FullAfterFinish)
+    with small_filesystem(tmp_path / "small", 8 * 1024) as root:
+        code = main(["export", str(series.snapshot_dir), "--layout", "windows", "--out", str(root / "w")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(seen) == 1
+        assert code == 2 and err[-1] == f"DISK_FULL: {root / 'w'}: no space left on the device; free space or point it elsewhere"
+        assert [p.name for p in root.iterdir()] == [".ballast"]  # no export, no hidden partial directory

@@ -203,3 +203,30 @@ def test_cli_export_where_it_cannot_write(v2, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("EXPORT_FAILED: ") and "Not a directory" in proc.stderr
+
+
+def test_a_full_disk_at_the_export_summary_is_one_disk_full_line(v2, tmp_path, monkeypatch, capsys):
+    """``_export.json`` is written after every Parquet file: the disk is filled once the last
+    one is written (the progress report), so the summary is the write that meets it."""
+    from aml_pipeline.cli import main
+    from aml_pipeline_tests.small_fs import fill, small_filesystem
+
+    real, seen = export_mod.export_parquet, []
+
+    def full_after_the_last_part(snap, out, *, splits, progress):
+        def report(done: int, total: int) -> None:
+            progress(done, total)
+            if done == total:
+                assert not any(p.name == export_mod.EXPORT_FILE for p in root.rglob("*"))
+                fill(root, leave_kb=0)
+                seen.append(done)
+
+        return real(snap, out, splits=splits, progress=report)
+
+    monkeypatch.setattr(export_mod, "export_parquet", full_after_the_last_part)
+    with small_filesystem(tmp_path / "small", 8 * 1024) as root:
+        code = main(["export", str(v2.snapshot_dir), "--out", str(root / "e")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert seen == [len(v2.manifest["split"]["blocks"])]  # the disk filled after the last part file
+        assert code == 2 and err[-1] == f"DISK_FULL: {root / 'e'}: no space left on the device; free space or point it elsewhere"
+        assert [p.name for p in root.iterdir()] == [".ballast"]  # no export, no hidden partial directory

@@ -148,3 +148,51 @@ def test_period_tables_in_a_schema_whose_quoted_name_holds_a_dot(plant, pg_schem
         assert "sample run L1-P100-0004" in out and "TI101 600" in out, out  # read from those tables
     finally:
         con.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_a_period_table_whose_quoted_name_holds_a_dot(plant, pg_schema, postgres_url, tmp_path, capsys):
+    """``schema."samples.{period}"``: the dot inside the quotes is part of each table's name."""
+    con, schema = pg_schema()
+    desc = layouts.pg_monthly_layout(con, schema, postgres_url, plant)
+    months = [r[0] for r in con.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename LIKE "
+                                        "'samples\\_%%' ORDER BY 1", [schema]).fetchall()]
+    assert len(months) == 2, months
+    for name in months:
+        con.execute(f'ALTER TABLE {schema}.{name} RENAME TO "{name.replace("samples_", "samples.")}"')
+    periods = {**desc["points"]["periods"], "table": f'{schema}."samples.{{period}}"'}
+    code, out, err = check(capsys, layouts.write_description(tmp_path / "p.yaml",
+                                                            {**desc, "points": {**desc["points"], "periods": periods}}))
+    assert code == 0, err
+    assert "points: query over 2 period tables" in out, out
+    assert "sample run L1-P100-0004" in out and "TI101 600" in out, out  # read from those tables
+
+
+@pytest.mark.parametrize("table, says", [
+    ("{schema}.samples.{{period}}", 'use table or schema.table (double-quote a name that holds a dot: hist."samples.{period}")'),
+    ("{schema}_{{period}}.samples", "must contain {period} once, in the table's name (not the schema's)"),
+    ("{schema}.samples_{{period}}_{{period}}", "must contain {period} once, in the table's name (not the schema's)"),
+], ids=["three_parts", "period_in_the_schema", "period_twice"])
+def test_a_period_table_pattern_that_cannot_be_read_exactly_is_refused(plant, pg_schema, postgres_url, tmp_path, capsys,
+                                                                        table, says):
+    con, schema = pg_schema()
+    desc = layouts.pg_monthly_layout(con, schema, postgres_url, plant)
+    table = table.format(schema=schema)
+    periods = {**desc["points"]["periods"], "table": table}
+    err = one_error(capsys, layouts.write_description(tmp_path / "p.yaml",
+                                                      {**desc, "points": {**desc["points"], "periods": periods}}))
+    assert err.startswith("SOURCE_INVALID: ") and "points.periods.table" in err, err
+    assert f"table {table!r}" in err and says in err, err
+
+
+def test_two_tables_of_one_period_are_refused_by_name(plant, pg_schema, postgres_url, tmp_path, capsys):
+    """strptime reads ``samples_2025_1`` as January as well as ``samples_2025_01``: reading both
+    would give January's points twice."""
+    con, schema = pg_schema()
+    desc = layouts.pg_monthly_layout(con, schema, postgres_url, plant)
+    path = layouts.write_description(tmp_path / "p.yaml", desc)
+    code, out, err = check(capsys, path)
+    assert code == 0 and "points: query over 2 period tables" in out, err
+    con.execute(f"CREATE TABLE {schema}.samples_2025_1 AS SELECT * FROM {schema}.samples_2025_01")
+    err = one_error(capsys, path)
+    assert err.startswith("SOURCE_INVALID: ") and "points.periods: tables 'samples_2025_01' and 'samples_2025_1'" in err, err
+    assert f"in schema {schema!r} are both the period starting 2025-01-01T00:00:00+00:00" in err, err

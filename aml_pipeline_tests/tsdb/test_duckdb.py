@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import closing
 from pathlib import Path
 
 import duckdb
@@ -273,12 +274,60 @@ def test_foreign_duckdb_file_with_clashing_tables_is_left_alone(tmp_path):
     assert tables == ["runs"]
 
 
-def test_garbage_file_is_a_clear_error(tmp_path):
-    path = tmp_path / "garbage.duckdb"
-    path.write_bytes(b"this is not a database" * 1000)
-    with pytest.raises(TsdbError, match="cannot open"):
-        DuckDBTsdb(url_of(path))
-    assert path.read_bytes() == b"this is not a database" * 1000
+def _sqlite_file() -> bytes:
+    import sqlite3
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        with closing(sqlite3.connect(Path(d) / "f.sqlite")) as con, con:
+            con.execute("CREATE TABLE t (a)")
+        return (Path(d) / "f.sqlite").read_bytes()
+
+
+NOT_DATABASES = {
+    "plant.yaml": b"backend: postgres\n",  # a source description named with the duckdb:// scheme
+    "garbage.duckdb": b"this is not a database" * 1000,
+    "empty.duckdb": b"",
+    "notes.txt": b"hello\n",
+    # DuckDB would open it through its sqlite extension (downloading it first), and a writer would
+    # add the TSDB's tables to it.
+    "catalog.sqlite": _sqlite_file(),
+}
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read", "ingest"])
+@pytest.mark.parametrize("name", [*NOT_DATABASES, "a_directory"])
+def test_a_path_that_is_not_a_duckdb_file_is_one_line_and_left_as_it_is(tmp_path, name, read_only):
+    path = tmp_path / name
+    if name == "a_directory":
+        path.mkdir()
+    else:
+        path.write_bytes(NOT_DATABASES[name])
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(TsdbError) as info:
+        open_tsdb(url_of(path), read_only=read_only)
+    line = info.value.one_line()
+    kind = "a directory, not a DuckDB database file" if name == "a_directory" else "not a DuckDB database file"
+    assert line.startswith(f"TSDB_NOT_A_DATABASE: {path} is {kind} (left as it is)") and "\n" not in line, line
+    # The source description's form is offered only for a file named like one.
+    assert (f"use source://{path} (docs/sources.md)" in line) == name.endswith(".yaml"), line
+    # Nothing made beside it (no intent file, no WAL), and it is unchanged.
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    if name != "a_directory":
+        assert path.read_bytes() == NOT_DATABASES[name]
+
+
+def test_a_read_of_a_missing_path_makes_nothing_and_an_ingest_creates_it(tmp_path):
+    path = tmp_path / "new" / "tsdb.duckdb"
+    with pytest.raises(TsdbError) as info:
+        open_tsdb(url_of(path))
+    assert info.value.code == "TSDB_EMPTY" and str(path) in info.value.message
+    assert list(tmp_path.iterdir()) == []  # not even its folder
+    with open_tsdb(url_of(path), read_only=False) as db:  # how a user starts
+        runs, nodes, points = small_dataset(n_runs=1, n_nodes=1, n_points=3)
+        db.ingest(runs=runs, nodes=nodes, points=points)
+    with open_tsdb(url_of(path)) as db:
+        assert [r.run_id for r in db.list_runs()] == ["R0"]
 
 
 def test_schema_is_created_once_and_versioned(tmp_path):
