@@ -259,6 +259,15 @@ CASES: dict[str, Case] = {
     "dagster_home_is_a_file": Case(cmd("build", spec, env={"DAGSTER_HOME": lambda w, s: write(s / "afile", "x")}),
                                    ("DAGSTER_HOME", "afile")),
     "dagster_home_missing": Case(cmd("build", spec, env={"DAGSTER_HOME": lambda w, s: s / "nowhere"}), ("DAGSTER_HOME", "nowhere")),
+    # a forecast origin beyond the years a time has (a digit too many), and one whose history
+    # reaches back before year 1
+    "inputs_at_out_of_range": Case(cmd("inputs", lambda w, s: w.snapshot, "--at", "9" * 20),
+                                   ("LIVE_ORIGIN_INVALID", "--at " + "9" * 20, "out of range")),
+    "inputs_run_start_out_of_range": Case(cmd("inputs", lambda w, s: w.snapshot, "--at", "1735718460000", "--points",
+                                              lambda w, s: w.csv["points"], "--run-start", "1" + "0" * 15),
+                                          ("LIVE_ORIGIN_INVALID", "--run-start 1000000000000000", "out of range")),
+    "inputs_history_before_year_1": Case(cmd("inputs", lambda w, s: w.snapshot, "--at=-62135596800000", "--run", "L1-P100-0001"),
+                                         ("LIVE_TOO_FEW_POINTS", "epoch ms -62135596820000")),
     # a source description, through `source check` only (its reader is sources/)
     "source_garbage": Case(cmd("source", "check", lambda w, s: write(s / "plant.yaml", GARBAGE)), ("plant.yaml",)),
 }
