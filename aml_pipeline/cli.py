@@ -209,6 +209,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from aml_pipeline.snapshot import SnapshotError, open_snapshot
     from aml_pipeline.snapshot.export import export_parquet
 
+    _check_looks_like_a_snapshot(Path(args.snapshot_dir))
     if args.layout is not None:
         return _export_layout(args)
 
@@ -356,7 +357,13 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         raise AmlError(f"--alphas {bad[0]:g}: a ridge penalty must be a number > 0", code="USAGE")
     spec = load_spec(args.spec)
     root = Path(args.root) if args.root else config.datasets_dir()
-    snapshot = Path(args.snapshot) if args.snapshot else current_snapshot(root, spec.id)
+    if args.snapshot:
+        snapshot = Path(args.snapshot)
+        _check_looks_like_a_snapshot(snapshot)
+        if not snapshot.is_dir():
+            raise AmlError(f"--snapshot {snapshot}: not a snapshot directory", code="NOT_FOUND")
+    else:
+        snapshot = current_snapshot(root, spec.id)
     if snapshot is None or not snapshot.is_dir():
         raise AmlError(
             f"spec {spec.id!r} has no current snapshot under {root}; build it first "

@@ -211,6 +211,15 @@ CASES: dict[str, Case] = {
             ("sha256.json", "garbage", garbage_file("sha256.json")),
         ]},
     "verify_missing": Case(cmd("verify", lambda w, s: s / "nowhere"), ("nowhere",)),
+    # a folder that is no snapshot (the spec's folder, the datasets root) is named as such, not
+    # as a tampered snapshot, and a --snapshot that is a file is not "no current snapshot"
+    "export_spec_folder": Case(cmd("export", lambda w, s: w.snapshot.parent, "--out", lambda w, s: s / "export"),
+                               ("NOT_A_SNAPSHOT", "its current snapshot is")),
+    "export_layout_datasets_root": Case(cmd("export", lambda w, s: w.home / "datasets", "--out", lambda w, s: s / "export",
+                                            "--layout", "windows"), ("NOT_A_SNAPSHOT", "datasets root")),
+    "baseline_snapshot_spec_folder": Case(cmd("baseline", spec, "--snapshot", lambda w, s: w.snapshot.parent),
+                                          ("NOT_A_SNAPSHOT", "its current snapshot is")),
+    "baseline_snapshot_is_a_file": Case(cmd("baseline", spec, "--snapshot", spec), ("NOT_FOUND", "--snapshot", "spec.yaml")),
     "verify_long_path": Case(cmd("verify", "v" * LONG), ("FILE_ERROR", f"({LONG} characters)")),
     # the catalog
     "datasets_catalog_garbage": Case(cmd("datasets", "--root", lambda w, s: catalog_root(w, s / "root", lambda b: GARBAGE)),
