@@ -241,6 +241,11 @@ CASES: dict[str, Case] = {
     "baseline_alpha_negative": Case(cmd("baseline", spec, "--alphas", "-1"), ("--alphas",)),
     "env_rebuild_wait_negative": Case(cmd("env", "rebuild", "--wait-s", "-1", "--location", lambda w, s: s / "lease",
                                           "--venv", lambda w, s: s / "venv"), ("--wait-s",)),
+    # --out where no file can go: named as given, not by the writer's temporary file
+    "plot_out_is_a_directory": Case(cmd("plot", spec, "L1-P100-0001", "--out", lambda w, s: (s / "plotdir").mkdir() or s / "plotdir"),
+                                    ("FILE_ERROR", "plotdir: Is a directory")),
+    "plot_out_in_a_missing_folder": Case(cmd("plot", spec, "L1-P100-0001", "--out", lambda w, s: s / "nowhere" / "run.png"),
+                                         ("FILE_ERROR", "nowhere/run.png: No such file or directory")),
     "plot_long_run_id": Case(cmd("plot", spec, "R" * LONG), ("run id", f"({LONG} characters)")),
     "build_home_is_a_file": Case(cmd("build", spec, "--home", lambda w, s: write(s / "afile", "x")), ("--home", "afile", "not a directory")),
     # settings

@@ -337,16 +337,28 @@ def _write_and_close(fd: int, data: bytes) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and one rename."""
-    fd, tmp = _os_call(tempfile.mkstemp, prefix=f".{path.name}.", suffix=".tmp", dir=path.parent, path=path)
+    """Write ``data`` to ``path`` through a temporary file and one rename. An error is named by
+    ``path``, not by the temporary file, which is gone and was never the caller's (a directory or
+    a missing folder where ``path`` goes shows as the temporary file's or the rename's error)."""
+    tmp = None
     try:
+        fd, tmp = _os_call(tempfile.mkstemp, prefix=f".{path.name}.", suffix=".tmp", dir=path.parent, path=path)
         # The whole write, close included: a small file reaches the disk only when its buffer is
         # flushed as it closes, and that is where a full disk shows.
         _os_call(_write_and_close, fd, data, path=path)
         _os_call(os.replace, tmp, path, path=path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and _names_the_temporary(e.filename, path):
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
+
+
+def _names_the_temporary(filename: object, path: Path) -> bool:
+    if filename is None:
+        return True
+    return isinstance(filename, (str, bytes)) and Path(os.fsdecode(filename)).name.startswith(f".{path.name}.")
 
 
 def _os_call(fn, *args, path: Path, **kwargs):
