@@ -103,6 +103,18 @@ def latin1_csv(path: Path, out: Path) -> Path:
         b"kg/h", "kg/h\u00b3".encode("latin-1"), 1))
 
 
+def parquet_with_booleans(path: Path, column: str, out: Path) -> Path:
+    """The Parquet file with ``column`` made a boolean column (a quality flag, a mis-typed export)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    i = table.schema.get_field_index(column)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.set_column(i, column, pa.array([True] * len(table))), out)
+    return out
+
+
 def snapshot_copy(w: World, out: Path, change: Callable[[Path], None]) -> Path:
     shutil.copytree(w.snapshot, out, symlinks=True)
     for p in out.rglob("*"):
@@ -195,6 +207,15 @@ CASES: dict[str, Case] = {
         "missing": lambda w, s, k=kind: s / f"{k}.csv",
         "directory": lambda w, s, k=kind: (s / f"{k}.csv").mkdir() or s / f"{k}.csv",
     }.items()},
+    # a boolean Parquet column where an integer or a time belongs is refused, not read as 0/1
+    # (a time 1 ms after 1970, a "good" flag as state 1)
+    **{f"ingest_{kind}_parquet_boolean_{column}": Case(
+        cmd("ingest", "--tsdb", lambda w, s: f"duckdb://{s / 'fresh.duckdb'}",
+            *(a for k in ("points", "runs", "nodes") for a in (
+                f"--{k}", (lambda w, s, k=k, c=column: parquet_with_booleans(w.parquet[k], c, s / f"{k}.parquet")) if k == kind
+                else (lambda w, s, k=k: w.parquet[k])))),
+        ("INGEST_INVALID", f"{kind}.parquet: row 1, column '{column}'", "expected integers", "bool"))
+        for kind, column in (("points", "ts"), ("points", "state"), ("runs", "started_at"), ("runs", "recipe_version"))},
     # a snapshot's files, for each command that reads them
     **{f"{command}_{name}_{how}": Case(
         cmd(command, *([spec, "--snapshot"] if command == "baseline" else []), snap_case(change),
