@@ -260,13 +260,14 @@ def _export_layout(args: argparse.Namespace) -> int:
 def cmd_datasets(args: argparse.Namespace) -> int:
     from aml_pipeline.pipeline.publish import Catalog
 
-    root = Path(args.root) if args.root else config.datasets_dir()
+    root = config.usable_home(Path(args.root), "--root") if args.root else config.datasets_dir()
     entries = Catalog(root).entries(args.spec)
     if args.json:
         print(json.dumps([e.to_json() for e in entries]))
         return 0
     if not entries:
-        print(f"no published snapshots under {root}")
+        of = f" of spec {args.spec!r}" if args.spec and Catalog(root).entries() else ""
+        print(f"no published snapshots{of} under {root}{'' if root.exists() else ' (no such folder)'}")
         return 0
     print(f"{'spec':<16} {'cur':<3} {'sha256':<16} {'v':<2} {'created':<20} {'train/val/test windows':<24} path")
     for e in entries:
@@ -285,7 +286,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.keep < 0:
         raise AmlError(f"--keep {args.keep}: the non-current snapshots to keep per spec must be >= 0", code="USAGE")
     home = _home(args)
-    root = Path(args.root).resolve() if args.root else config.datasets_dir(home)
+    root = config.usable_home(Path(args.root).resolve(), "--root") if args.root else config.datasets_dir(home)
     specs, errors = discover_specs(config.specs_dir())
     for path, message in errors:
         print(f"spec {path} skipped: {message}", file=sys.stderr)
@@ -356,7 +357,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     if bad:
         raise AmlError(f"--alphas {bad[0]:g}: a ridge penalty must be a number > 0", code="USAGE")
     spec = load_spec(args.spec)
-    root = Path(args.root) if args.root else config.datasets_dir()
+    root = config.usable_home(Path(args.root), "--root") if args.root else config.datasets_dir()
     if args.snapshot:
         snapshot = Path(args.snapshot)
         _check_looks_like_a_snapshot(snapshot)

@@ -268,6 +268,11 @@ CASES: dict[str, Case] = {
     "plot_out_in_a_missing_folder": Case(cmd("plot", spec, "L1-P100-0001", "--out", lambda w, s: s / "nowhere" / "run.png"),
                                          ("FILE_ERROR", "nowhere/run.png: No such file or directory")),
     "plot_long_run_id": Case(cmd("plot", spec, "R" * LONG), ("run id", f"({LONG} characters)")),
+    # a datasets root that is a file: not "no published snapshots", not a gc with nothing to do
+    **{f"{command}_root_is_a_file": Case(cmd(command, *([spec] if command == "baseline" else []), "--root",
+                                             lambda w, s: write(s / "afile", "x"), *(["--dry-run"] if command == "gc" else [])),
+                                         ("CONFIG_INVALID", "--root", "afile", "not a directory"))
+       for command in ("datasets", "gc", "baseline")},
     "build_home_is_a_file": Case(cmd("build", spec, "--home", lambda w, s: write(s / "afile", "x")), ("--home", "afile", "not a directory")),
     # settings
     "aml_home_is_a_file": Case(cmd("build", spec, env={"AML_HOME": lambda w, s: write(s / "afile", "x")}),
@@ -325,6 +330,17 @@ def test_a_bad_input_is_one_line_naming_it_and_loses_nothing(world, tmp_path, na
     assert (world.home / "datasets" / "bad_ds" / "current").resolve() == world.snapshot.resolve()
     [entry] = Catalog(world.home / "datasets").entries("bad_ds")
     assert entry.sha256 == world.sha256 and entry.current
+
+
+def test_datasets_says_which_spec_has_none_and_that_a_root_is_not_there(world, tmp_path):
+    """An empty listing says why: another spec's snapshots are there, or the root does not exist
+    (a typo), rather than "no published snapshots" for a root that holds some."""
+    other = world.run(["datasets", "--spec", "other_ds"], world.env())
+    assert other.returncode == 0 and other.stdout.strip() == (
+        f"no published snapshots of spec 'other_ds' under {world.home / 'datasets'}")
+    typo = world.run(["datasets", "--root", str(tmp_path / "nowhere")], world.env())
+    assert typo.returncode == 0 and typo.stdout.strip().endswith("(no such folder)")
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_the_table_covers_every_reader_and_the_cases_of_the_issue():
