@@ -210,6 +210,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from aml_pipeline.snapshot.export import export_parquet
 
     _check_looks_like_a_snapshot(Path(args.snapshot_dir))
+    _check_export_folder(Path(args.out))
     if args.layout is not None:
         return _export_layout(args)
 
@@ -235,6 +236,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(json.dumps({k: summary[k] for k in ("outDir", "format", "sha256", "verified", "splits", "rows")}
                      | {"files": len(summary["files"])}))
     return 0
+
+
+def _check_export_folder(out: Path) -> None:
+    """EXPORT_FAILED naming --out when a folder it goes in is a file: the export would make its
+    parents, and the error would name only the file in the way ("[Errno 17] File exists")."""
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise AmlError(f"--out {out}: {parent} is a file, not a directory", code="EXPORT_FAILED")
+            return
 
 
 def _export_layout(args: argparse.Namespace) -> int:

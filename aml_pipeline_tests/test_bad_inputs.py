@@ -238,6 +238,8 @@ CASES: dict[str, Case] = {
                                ("NOT_A_SNAPSHOT", "its current snapshot is")),
     "export_layout_datasets_root": Case(cmd("export", lambda w, s: w.home / "datasets", "--out", lambda w, s: s / "export",
                                             "--layout", "windows"), ("NOT_A_SNAPSHOT", "datasets root")),
+    "export_out_under_a_file": Case(cmd("export", lambda w, s: w.snapshot, "--out", lambda w, s: write(s / "afile", "x") / "export"),
+                                    ("EXPORT_FAILED", "--out", "afile is a file, not a directory")),
     "baseline_snapshot_spec_folder": Case(cmd("baseline", spec, "--snapshot", lambda w, s: w.snapshot.parent),
                                           ("NOT_A_SNAPSHOT", "its current snapshot is")),
     "baseline_snapshot_is_a_file": Case(cmd("baseline", spec, "--snapshot", spec), ("NOT_FOUND", "--snapshot", "spec.yaml")),
