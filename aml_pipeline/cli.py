@@ -298,9 +298,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise AmlError(f"--keep {args.keep}: the non-current snapshots to keep per spec must be >= 0", code="USAGE")
     home = _home(args)
     root = config.usable_home(Path(args.root).resolve(), "--root") if args.root else config.datasets_dir(home)
-    specs, errors = discover_specs(config.specs_dir())
+    specs_dir = config.specs_dir()
+    specs, errors = discover_specs(specs_dir)
     for path, message in errors:
-        print(f"spec {path} skipped: {message}", file=sys.stderr)
+        if path == specs_dir:  # no spec at all: snapshots are still kept per spec, intermediates all left
+            print(f"AML_SPECS {message}; no spec's intermediates are cleaned", file=sys.stderr)
+        else:
+            print(f"spec {path} skipped: {message}", file=sys.stderr)
     report = collect_garbage(root, config.store_dir(home), {s.id: s for _, s in specs}, keep=args.keep, dry_run=args.dry_run)
     retention_days = config.instance_retention_days()
     instance = _instance(args, home)

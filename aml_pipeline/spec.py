@@ -335,7 +335,8 @@ def discover_specs(directory: str | Path) -> tuple[list[tuple[Path, DatasetSpec]
     found: list[tuple[Path, DatasetSpec]] = []
     errors: list[tuple[Path, str]] = []
     if not directory.is_dir():
-        return found, [(directory, f"{directory}: specs folder does not exist")]
+        why = "is a file, not a folder of specs" if directory.exists() else "specs folder does not exist"
+        return found, [(directory, f"{directory}: {why}")]
     for path in sorted(p for p in directory.iterdir() if p.suffix in SPEC_SUFFIXES and p.is_file()):
         try:
             found.append((path, load_spec(path)))

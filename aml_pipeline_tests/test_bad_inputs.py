@@ -345,6 +345,15 @@ def test_datasets_says_which_spec_has_none_and_that_a_root_is_not_there(world, t
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_gc_names_an_aml_specs_that_is_a_file(world, tmp_path):
+    """AML_SPECS naming a spec file instead of its folder: gc says so (it cleans no spec's
+    intermediates then), rather than that the folder does not exist."""
+    done = world.run(["gc", "--dry-run"], world.env(AML_SPECS=str(world.spec)))
+    assert done.returncode == 0, done.stderr
+    assert f"AML_SPECS {world.spec}: is a file, not a folder of specs; no spec's intermediates are cleaned" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_table_covers_every_reader_and_the_cases_of_the_issue():
     """The cases the table must keep: a spec that is not UTF-8, an over-long id, AML_HOME on a
     file, truncated and garbage files for every reader, a missing file, a directory for a file,
