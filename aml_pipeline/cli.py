@@ -427,6 +427,13 @@ def cmd_inputs(args: argparse.Namespace) -> int:
     from aml_pipeline.live.points import epoch_ms, when
     from aml_pipeline.snapshot import SnapshotError, open_snapshot
 
+    # Flags of the other source are refused, not ignored: the input would silently come from
+    # elsewhere than the user named.
+    if args.points and args.tsdb:
+        raise AmlError("--points reads the points from a file, --tsdb from a TSDB: give one of them", code="USAGE")
+    if args.run_start and not args.points:
+        raise AmlError("--run-start says when the run of a --points file started (a TSDB knows its runs): "
+                       "give --points, or leave --run-start out", code="USAGE")
     _check_looks_like_a_snapshot(Path(args.snapshot_dir))
     try:
         recipe = LiveRecipe(open_snapshot(args.snapshot_dir))
@@ -491,6 +498,10 @@ def _points_file(path: str, run_id: str | None):
     if run_id is None:
         return points
     rows = points.run_id == run_id
+    if len(points) and not rows.any():
+        from aml_pipeline.errors import UnknownRunError
+
+        raise UnknownRunError(f"--run {cut(run_id)}: {path} holds no point of that run")
     return PointColumns(points.run_id[rows], points.node_id[rows], points.ts[rows], points.value[rows], points.state[rows])
 
 

@@ -310,6 +310,16 @@ CASES: dict[str, Case] = {
                                           ("LIVE_ORIGIN_INVALID", "--run-start 1000000000000000", "out of range")),
     "inputs_history_before_year_1": Case(cmd("inputs", lambda w, s: w.snapshot, "--at=-62135596800000", "--run", "L1-P100-0001"),
                                          ("LIVE_TOO_FEW_POINTS", "epoch ms -62135596820000")),
+    # a flag of the other source is refused, not ignored; a --run the points file does not hold
+    # is named as such, not as a node without points
+    "inputs_points_and_tsdb": Case(cmd("inputs", lambda w, s: w.snapshot, "--at", "1735718460000", "--points",
+                                       lambda w, s: w.csv["points"], "--tsdb", lambda w, s: f"duckdb://{w.home / 'tsdb.duckdb'}"),
+                                   ("USAGE", "--points", "--tsdb")),
+    "inputs_run_start_without_points": Case(cmd("inputs", lambda w, s: w.snapshot, "--at", "1735718460000", "--run-start",
+                                                "1735718400000"), ("USAGE", "--run-start", "--points")),
+    "inputs_points_without_the_run": Case(cmd("inputs", lambda w, s: w.snapshot, "--at", "1735718460000", "--points",
+                                              lambda w, s: w.csv["points"], "--run", "L9-NOPE"),
+                                          ("UNKNOWN_RUN", "--run L9-NOPE", "points.csv holds no point of that run")),
     # a source description, through `source check` only (its reader is sources/)
     "source_garbage": Case(cmd("source", "check", lambda w, s: write(s / "plant.yaml", GARBAGE)), ("plant.yaml",)),
 }
