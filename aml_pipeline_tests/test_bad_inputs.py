@@ -283,6 +283,12 @@ CASES: dict[str, Case] = {
                                   ("AML_HOME", "afile", "not a directory")),
     "memory_not_a_number": Case(cmd("build", spec, env={"AML_MEMORY_MB": "abc"}), ("AML_MEMORY_MB", "abc")),
     "memory_too_small": Case(cmd("build", spec, env={"AML_MEMORY_MB": "1"}), ("AML_MEMORY_MB", "64")),
+    # past what a machine has or a date can hold: one line naming the variable, not a TSDB that
+    # cannot be opened or an overflow
+    "memory_too_large": Case(cmd("build", spec, env={"AML_MEMORY_MB": str(2**63 - 1)}), ("AML_MEMORY_MB", "1073741824")),
+    "retention_too_large": Case(cmd("gc", "--dry-run", env={"AML_INSTANCE_RETENTION_DAYS": "999999999999",
+                                                             "DAGSTER_HOME": lambda w, s: (s / "dh").mkdir() or s / "dh"}),
+                                ("CONFIG_INVALID", "AML_INSTANCE_RETENTION_DAYS", "36500")),
     "chunk_zero": Case(cmd("build", spec, "--full", env={"AML_BACKFILL_RUNS_PER_CHUNK": "0"}), ("AML_BACKFILL_RUNS_PER_CHUNK",)),
     "run_plots_unknown": Case(cmd("build", spec, "--full", env={"AML_RUN_PLOTS": "maybe"}), ("AML_RUN_PLOTS", "maybe")),
     "tsdb_retry_not_a_number": Case(cmd("build", spec, "--full", env={"AML_TSDB_RETRY_S": "abc"}), ("AML_TSDB_RETRY_S",)),
