@@ -29,6 +29,21 @@ def _progress(total: int, desc: str, unit: str = "it"):
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False, disable=None)
 
 
+# The levels Dagster's console logger takes; checked here, where the flag is read, so a typo is
+# the flag's usage error and not a failure deep in the build.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(value: str) -> str:
+    """``--log-level``'s value, upper-cased; USAGE naming the flag for a level Dagster has not."""
+    level = value.strip().upper()
+    if level == "WARN":
+        level = "WARNING"
+    if level not in LOG_LEVELS:
+        raise AmlError(f"--log-level {cut(value)!r}: use one of {', '.join(LOG_LEVELS)}", code="USAGE")
+    return level
+
+
 def _home(args: argparse.Namespace) -> Path:
     """``--home DIR`` where the command has it, else ``AML_HOME``: like the variable, the flag moves
     the default TSDB, the intermediates and the published datasets."""
@@ -72,6 +87,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from aml_pipeline.sources import absolute_source_url
     from aml_pipeline.spec import load_spec
 
+    log_level = _log_level(args.log_level)
     spec = load_spec(args.spec)
     # A source description named relative to here must still be found by Dagster's workers.
     url = absolute_source_url(_tsdb_url(args))
@@ -84,7 +100,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             home=home,
             datasets_dir=Path(args.out).resolve() if args.out else None,
             instance=instance,
-            console_log_level=args.log_level,
+            console_log_level=log_level,
             full=args.full,
             workers=args.workers,
         )
@@ -337,6 +353,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from aml_pipeline.demo import demo_spec, next_steps, run_demo
 
+    log_level = _log_level(args.log_level)
     home = _home(args)
     spec_path = Path(args.spec) if args.spec else demo_spec(home)
     instance = _instance(args, home)
@@ -346,7 +363,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             spec_path=spec_path,
             runs=args.runs,
             instance=instance,
-            console_log_level=args.log_level,
+            console_log_level=log_level,
         )
     _print_summary(summary, as_json=args.json)
     # as typed, or as the README's commands (run from the repository) name the demo's spec
@@ -581,7 +598,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated runs to seed (the last one is still in progress); another number than the "
                    "demo's TSDB holds re-seeds it")
     d.add_argument("--json", action="store_true", help="print only the JSON summary")
-    d.add_argument("--log-level", default="CRITICAL", help="Dagster console log level (the run log is kept in full)")
+    d.add_argument("--log-level", default="CRITICAL",
+                   help=f"Dagster console log level: {', '.join(LOG_LEVELS)} (the run log is kept in full)")
     d.set_defaults(func=cmd_demo)
 
     i = sub.add_parser(
@@ -614,7 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ephemeral", action="store_true", help="do not record in $DAGSTER_HOME's instance")
     b.add_argument("--full", action="store_true", help="rebuild every run partition, not only missing or stale ones")
     b.add_argument("--workers", type=int, default=1, help="processes for the run stages (through Dagster's multiprocess executor)")
-    b.add_argument("--log-level", default="CRITICAL", help="Dagster console log level (the run log is kept in full)")
+    b.add_argument("--log-level", default="CRITICAL",
+                   help=f"Dagster console log level: {', '.join(LOG_LEVELS)} (the run log is kept in full)")
     b.set_defaults(func=cmd_build)
 
     src = sub.add_parser("source", help="a plant's own tables, files or InfluxDB mapped by a source description (docs/sources.md)")

@@ -256,6 +256,8 @@ CASES: dict[str, Case] = {
     "gc_keep_not_a_number": Case(cmd("gc", "--keep", "abc"), ("--keep", "abc")),
     "build_workers_zero": Case(cmd("build", spec, "--workers", "0"), ("--workers",)),
     "build_workers_not_a_number": Case(cmd("build", spec, "--workers", "two"), ("--workers", "two")),
+    "build_log_level_unknown": Case(cmd("build", spec, "--log-level", "LOUD"), ("USAGE", "--log-level", "LOUD", "CRITICAL")),
+    "demo_log_level_unknown": Case(cmd("demo", "--log-level", "LOUD", "--home", lambda w, s: s / "demo"), ("USAGE", "--log-level", "LOUD")),
     "demo_runs_negative": Case(cmd("demo", "--runs", "-1", "--home", lambda w, s: s / "demo"), ("--runs",)),
     "ingest_lock_timeout_negative": Case(cmd("ingest", "--points", lambda w, s: w.csv["points"], "--lock-timeout-s", "-1"),
                                          ("--lock-timeout-s",)),
