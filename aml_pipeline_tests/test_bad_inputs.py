@@ -196,6 +196,10 @@ CASES: dict[str, Case] = {
     "spec_long_id": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", id="a" * LONG)), ("field id", f"({LONG} characters)")),
     "spec_long_node": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", node0="N" * LONG)),
                            ("nodes[0].nodeId", f"({LONG} characters)")),
+    # a beat longer than every run: no grid time falls in a run, so no windows (not a crash of
+    # the grid stage's writer)
+    "spec_beat_longer_than_the_runs": Case(cmd("build", lambda w, s: spec_with(w, s / "slow.yaml", beatMs=10**8)),
+                                           ("NO_WINDOWS", "run has 0 grid rows")),
     "spec_long_line": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", lineId="L" * LONG)), ("NO_RUNS", f"({LONG} characters)")),
     # every ingest reader: points, runs, nodes as CSV and Parquet
     **{f"ingest_{kind}_{how}": ingest_case(kind, how, make) for kind in ("points", "runs", "nodes") for how, make in {

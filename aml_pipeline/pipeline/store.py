@@ -171,12 +171,14 @@ class StageWriter:
         self._files: dict[str, Path] = {}
         self.committed = False
 
-    def array(self, name: str, dtype: Any, tail_shape: tuple[int, ...] = ()) -> NpyAppender:
-        """An array of ``dtype`` whose first axis grows as data is appended (C order)."""
+    def array(self, name: str, dtype: Any, tail_shape: tuple[int, ...] = (), *, rows: int | None = None) -> NpyAppender:
+        """An array of ``dtype`` whose first axis grows as data is appended (C order); ``rows``:
+        the first axis's length when a row holds no values (a tail with a 0), which the values
+        appended cannot tell."""
         if name in self._arrays:
             raise ValueError(f"array {name!r} of the {self.stage} stage is already open")
         tmp = self.dir / f".{self.stage}.{name}.{uuid.uuid4().hex[:12]}.tmp"
-        appender = NpyAppender(tmp, dtype, tail_shape)
+        appender = NpyAppender(tmp, dtype, tail_shape, rows=rows)
         self._arrays[name] = appender
         return appender
 
@@ -224,11 +226,12 @@ class NpyAppender:
     legal ``.npy``.
     """
 
-    def __init__(self, path: Path, dtype: Any, tail_shape: tuple[int, ...] = ()) -> None:
+    def __init__(self, path: Path, dtype: Any, tail_shape: tuple[int, ...] = (), *, rows: int | None = None) -> None:
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.tail = tuple(int(d) for d in tail_shape)
         self._per_row = int(np.prod(self.tail, dtype=np.int64)) if self.tail else 1
+        self._empty_rows = rows
         self.elements = 0
         self._f = _os_call(open, self.path, "wb", buffering=0, path=self.path)
         self._header_len = self._write_header(0)
@@ -269,11 +272,16 @@ class NpyAppender:
                 views[0] = views[0][n:]
 
     def close(self) -> tuple[int, ...]:
-        if self.elements % self._per_row:
+        if self._per_row == 0:  # rows of no values: as many as the writer said
+            if self.elements or self._empty_rows is None:
+                raise ValueError(f"{self.path}: rows of shape {self.tail} hold no values; give their number (rows=)")
+            rows = self._empty_rows
+        elif self.elements % self._per_row:
             raise ValueError(
                 f"{self.path}: {self.elements} values do not fill whole rows of shape {self.tail}"
             )
-        rows = self.elements // self._per_row
+        else:
+            rows = self.elements // self._per_row
         end = self._f.tell()
         if self._write_header(rows) != self._header_len:
             raise AssertionError(f"{self.path}: the .npy header changed length")
