@@ -193,6 +193,9 @@ CASES: dict[str, Case] = {
     "spec_empty": Case(cmd("build", lambda w, s: write(s / "empty.yaml", "")), ("empty.yaml", "mapping")),
     "spec_missing": Case(cmd("build", lambda w, s: s / "missing.yaml"), ("missing.yaml", "cannot read")),
     "spec_directory": Case(cmd("build", lambda w, s: (s / "dir.yaml").mkdir() or s / "dir.yaml"), ("dir.yaml", "directory")),
+    # a key given twice: plain YAML keeps the last silently (here a history of 5 steps, not 20)
+    "spec_key_twice": Case(cmd("build", lambda w, s: write(s / "twice.yaml", w.spec.read_text() + "historySteps: 5\n")),
+                           ("SPEC_INVALID", "twice.yaml", "key 'historySteps' is given twice", "first at line")),
     "spec_long_id": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", id="a" * LONG)), ("field id", f"({LONG} characters)")),
     "spec_long_node": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", node0="N" * LONG)),
                            ("nodes[0].nodeId", f"({LONG} characters)")),
@@ -333,6 +336,8 @@ CASES: dict[str, Case] = {
                                               lambda w, s: w.csv["points"], "--run", "L9-NOPE"),
                                           ("UNKNOWN_RUN", "--run L9-NOPE", "points.csv holds no point of that run")),
     # a source description, through `source check` only (its reader is sources/)
+    "source_key_twice": Case(cmd("source", "check", lambda w, s: write(s / "plant.yaml", "backend: files\nbackend: postgresql\n")),
+                             ("SOURCE_INVALID", "plant.yaml", "line 2: key 'backend' is given twice (first at line 1)")),
     "source_garbage": Case(cmd("source", "check", lambda w, s: write(s / "plant.yaml", GARBAGE)), ("plant.yaml",)),
 }
 
