@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
@@ -35,6 +35,17 @@ class _Model(BaseModel):
         extra="forbid",
         frozen=True,
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, v: Any, info: Any) -> Any:
+        # Pydantic takes true for 1 where a number belongs: ``beatMs: true`` would build a 1 ms
+        # grid, ``historySteps: yes`` a history of one step, without a word.
+        if isinstance(v, bool) and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            if {int, float} & {annotation, *get_args(annotation)}:
+                raise ValueError(f"{str(v).lower()} is not a number")
+        return v
 
 
 class NodeSpec(_Model):

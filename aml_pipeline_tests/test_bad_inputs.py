@@ -196,6 +196,11 @@ CASES: dict[str, Case] = {
     # a key given twice: plain YAML keeps the last silently (here a history of 5 steps, not 20)
     "spec_key_twice": Case(cmd("build", lambda w, s: write(s / "twice.yaml", w.spec.read_text() + "historySteps: 5\n")),
                            ("SPEC_INVALID", "twice.yaml", "key 'historySteps' is given twice", "first at line")),
+    # true where a number belongs is not taken for 1 (a 1 ms beat; a unit scale nobody gave)
+    "spec_beat_true": Case(cmd("build", lambda w, s: spec_with(w, s / "beat.yaml", beatMs=True)),
+                           ("SPEC_INVALID", "field beatMs: true is not a number")),
+    "spec_history_true": Case(cmd("build", lambda w, s: spec_with(w, s / "hist.yaml", historySteps=True)),
+                              ("SPEC_INVALID", "field historySteps: true is not a number")),
     "spec_long_id": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", id="a" * LONG)), ("field id", f"({LONG} characters)")),
     "spec_long_node": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", node0="N" * LONG)),
                            ("nodes[0].nodeId", f"({LONG} characters)")),
