@@ -29,6 +29,21 @@ def _progress(total: int, desc: str, unit: str = "it"):
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False, disable=None)
 
 
+# The levels Dagster's console logger takes; checked here, where the flag is read, so a typo is
+# the flag's usage error and not a failure deep in the build.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(value: str) -> str:
+    """``--log-level``'s value, upper-cased; USAGE naming the flag for a level Dagster has not."""
+    level = value.strip().upper()
+    if level == "WARN":
+        level = "WARNING"
+    if level not in LOG_LEVELS:
+        raise AmlError(f"--log-level {cut(value)!r}: use one of {', '.join(LOG_LEVELS)}", code="USAGE")
+    return level
+
+
 def _home(args: argparse.Namespace) -> Path:
     """``--home DIR`` where the command has it, else ``AML_HOME``: like the variable, the flag moves
     the default TSDB, the intermediates and the published datasets."""
@@ -72,6 +87,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from aml_pipeline.sources import absolute_source_url
     from aml_pipeline.spec import load_spec
 
+    log_level = _log_level(args.log_level)
     spec = load_spec(args.spec)
     # A source description named relative to here must still be found by Dagster's workers.
     url = absolute_source_url(_tsdb_url(args))
@@ -84,7 +100,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             home=home,
             datasets_dir=Path(args.out).resolve() if args.out else None,
             instance=instance,
-            console_log_level=args.log_level,
+            console_log_level=log_level,
             full=args.full,
             workers=args.workers,
         )
@@ -209,6 +225,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from aml_pipeline.snapshot import SnapshotError, open_snapshot
     from aml_pipeline.snapshot.export import export_parquet
 
+    _check_looks_like_a_snapshot(Path(args.snapshot_dir))
+    _check_export_folder(Path(args.out))
     if args.layout is not None:
         return _export_layout(args)
 
@@ -236,6 +254,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_export_folder(out: Path) -> None:
+    """EXPORT_FAILED naming --out when a folder it goes in is a file: the export would make its
+    parents, and the error would name only the file in the way ("[Errno 17] File exists")."""
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise AmlError(f"--out {out}: {parent} is a file, not a directory", code="EXPORT_FAILED")
+            return
+
+
 def _export_layout(args: argparse.Namespace) -> int:
     """``export SNAPSHOT --layout windows``: the snapshot rewritten in the windows layout."""
     from aml_pipeline.errors import disk_full
@@ -259,13 +287,14 @@ def _export_layout(args: argparse.Namespace) -> int:
 def cmd_datasets(args: argparse.Namespace) -> int:
     from aml_pipeline.pipeline.publish import Catalog
 
-    root = Path(args.root) if args.root else config.datasets_dir()
+    root = config.usable_home(Path(args.root), "--root") if args.root else config.datasets_dir()
     entries = Catalog(root).entries(args.spec)
     if args.json:
         print(json.dumps([e.to_json() for e in entries]))
         return 0
     if not entries:
-        print(f"no published snapshots under {root}")
+        of = f" of spec {args.spec!r}" if args.spec and Catalog(root).entries() else ""
+        print(f"no published snapshots{of} under {root}{'' if root.exists() else ' (no such folder)'}")
         return 0
     print(f"{'spec':<16} {'cur':<3} {'sha256':<16} {'v':<2} {'created':<20} {'train/val/test windows':<24} path")
     for e in entries:
@@ -284,10 +313,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.keep < 0:
         raise AmlError(f"--keep {args.keep}: the non-current snapshots to keep per spec must be >= 0", code="USAGE")
     home = _home(args)
-    root = Path(args.root).resolve() if args.root else config.datasets_dir(home)
-    specs, errors = discover_specs(config.specs_dir(home))
+    root = config.usable_home(Path(args.root).resolve(), "--root") if args.root else config.datasets_dir(home)
+    specs_dir = config.specs_dir(home)
+    specs, errors = discover_specs(specs_dir)
     for path, message in errors:
-        print(f"spec {path} skipped: {message}", file=sys.stderr)
+        if path == specs_dir:  # no spec at all: snapshots are still kept per spec, intermediates all left
+            print(f"AML_SPECS {message}; no spec's intermediates are cleaned", file=sys.stderr)
+        else:
+            print(f"spec {path} skipped: {message}", file=sys.stderr)
     report = collect_garbage(root, config.store_dir(home), {s.id: s for _, s in specs}, keep=args.keep, dry_run=args.dry_run)
     retention_days = config.instance_retention_days()
     instance = _instance(args, home)
@@ -320,6 +353,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from aml_pipeline.demo import demo_spec, next_steps, run_demo
 
+    log_level = _log_level(args.log_level)
     home = _home(args)
     spec_path = Path(args.spec) if args.spec else demo_spec(home)
     instance = _instance(args, home)
@@ -329,7 +363,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             spec_path=spec_path,
             runs=args.runs,
             instance=instance,
-            console_log_level=args.log_level,
+            console_log_level=log_level,
         )
     _print_summary(summary, as_json=args.json)
     # as typed, or as the README's commands (run from the repository) name the demo's spec
@@ -355,8 +389,14 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     if bad:
         raise AmlError(f"--alphas {bad[0]:g}: a ridge penalty must be a number > 0", code="USAGE")
     spec = load_spec(args.spec)
-    root = Path(args.root) if args.root else config.datasets_dir()
-    snapshot = Path(args.snapshot) if args.snapshot else current_snapshot(root, spec.id)
+    root = config.usable_home(Path(args.root), "--root") if args.root else config.datasets_dir()
+    if args.snapshot:
+        snapshot = Path(args.snapshot)
+        _check_looks_like_a_snapshot(snapshot)
+        if not snapshot.is_dir():
+            raise AmlError(f"--snapshot {snapshot}: not a snapshot directory", code="NOT_FOUND")
+    else:
+        snapshot = current_snapshot(root, spec.id)
     if snapshot is None or not snapshot.is_dir():
         raise AmlError(
             f"spec {spec.id!r} has no current snapshot under {root}; build it first "
@@ -404,6 +444,13 @@ def cmd_inputs(args: argparse.Namespace) -> int:
     from aml_pipeline.live.points import epoch_ms, when
     from aml_pipeline.snapshot import SnapshotError, open_snapshot
 
+    # Flags of the other source are refused, not ignored: the input would silently come from
+    # elsewhere than the user named.
+    if args.points and args.tsdb:
+        raise AmlError("--points reads the points from a file, --tsdb from a TSDB: give one of them", code="USAGE")
+    if args.run_start and not args.points:
+        raise AmlError("--run-start says when the run of a --points file started (a TSDB knows its runs): "
+                       "give --points, or leave --run-start out", code="USAGE")
     _check_looks_like_a_snapshot(Path(args.snapshot_dir))
     try:
         recipe = LiveRecipe(open_snapshot(args.snapshot_dir))
@@ -468,6 +515,10 @@ def _points_file(path: str, run_id: str | None):
     if run_id is None:
         return points
     rows = points.run_id == run_id
+    if len(points) and not rows.any():
+        from aml_pipeline.errors import UnknownRunError
+
+        raise UnknownRunError(f"--run {cut(run_id)}: {path} holds no point of that run")
     return PointColumns(points.run_id[rows], points.node_id[rows], points.ts[rows], points.value[rows], points.state[rows])
 
 
@@ -547,7 +598,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated runs to seed (the last one is still in progress); another number than the "
                    "demo's TSDB holds re-seeds it")
     d.add_argument("--json", action="store_true", help="print only the JSON summary")
-    d.add_argument("--log-level", default="CRITICAL", help="Dagster console log level (the run log is kept in full)")
+    d.add_argument("--log-level", default="CRITICAL",
+                   help=f"Dagster console log level: {', '.join(LOG_LEVELS)} (the run log is kept in full)")
     d.set_defaults(func=cmd_demo)
 
     i = sub.add_parser(
@@ -580,7 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ephemeral", action="store_true", help="do not record in $DAGSTER_HOME's instance")
     b.add_argument("--full", action="store_true", help="rebuild every run partition, not only missing or stale ones")
     b.add_argument("--workers", type=int, default=1, help="processes for the run stages (through Dagster's multiprocess executor)")
-    b.add_argument("--log-level", default="CRITICAL", help="Dagster console log level (the run log is kept in full)")
+    b.add_argument("--log-level", default="CRITICAL",
+                   help=f"Dagster console log level: {', '.join(LOG_LEVELS)} (the run log is kept in full)")
     b.set_defaults(func=cmd_build)
 
     src = sub.add_parser("source", help="a plant's own tables, files or InfluxDB mapped by a source description (docs/sources.md)")

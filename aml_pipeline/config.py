@@ -81,12 +81,16 @@ DEFAULT_MEMORY_MB = 1024
 def memory_budget_mb() -> int:
     """The memory budget of one build process (``AML_MEMORY_MB``, default 1024): runs are
     processed in chunks sized from it, and the embedded TSDB's cache takes a share of it."""
-    return whole_number_env("AML_MEMORY_MB", DEFAULT_MEMORY_MB, minimum=64, unit="an integer number of megabytes")
+    # At most a pebibyte: a budget past what a machine has is a typo, and past what the embedded
+    # TSDB's memory setting parses it failed as a TSDB that cannot be opened.
+    return whole_number_env("AML_MEMORY_MB", DEFAULT_MEMORY_MB, minimum=64, maximum=2**30,
+                            unit="an integer number of megabytes")
 
 
-def whole_number_env(name: str, default: int, *, minimum: int, unit: str) -> int:
+def whole_number_env(name: str, default: int, *, minimum: int, unit: str, maximum: int | None = None) -> int:
     """The integer in environment variable ``name`` (``default`` when unset or empty); anything
-    else than a whole number >= ``minimum`` is a CONFIG_INVALID error naming the variable."""
+    else than a whole number >= ``minimum`` (and <= ``maximum``, when given) is a CONFIG_INVALID
+    error naming the variable."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -94,10 +98,11 @@ def whole_number_env(name: str, default: int, *, minimum: int, unit: str) -> int
         value = int(raw)
     except ValueError:
         value = minimum - 1
-    if value < minimum:
-        from aml_pipeline.errors import AmlError
+    if value < minimum or (maximum is not None and value > maximum):
+        from aml_pipeline.errors import AmlError, quote
 
-        raise AmlError(f"{name}={raw!r} must be {unit} >= {minimum}", code="CONFIG_INVALID")
+        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise AmlError(f"{name}={quote(raw)} must be {unit} {bounds}", code="CONFIG_INVALID")
     return value
 
 
@@ -131,7 +136,9 @@ def instance_retention_days() -> int:
     (``AML_INSTANCE_RETENTION_DAYS``, default 30); older runs whose every materialisation and
     observation a newer one of the same asset partition superseded are deleted."""
     return whole_number_env(
-        "AML_INSTANCE_RETENTION_DAYS", DEFAULT_INSTANCE_RETENTION_DAYS, minimum=1, unit="a whole number of days"
+        # At most a century: the cutoff date must stay a date (a few million days overflow it).
+        "AML_INSTANCE_RETENTION_DAYS", DEFAULT_INSTANCE_RETENTION_DAYS, minimum=1, maximum=36_500,
+        unit="a whole number of days",
     )
 
 

@@ -14,14 +14,14 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from aml_pipeline.core.units import UnitTransform, check_unit_contract
-from aml_pipeline.errors import AmlError, InvalidIdError, SpecError, UnitContractError, cut
+from aml_pipeline.errors import AmlError, InvalidIdError, SpecError, UnitContractError, cut, quote
 from aml_pipeline.ids import check_external_id, check_spec_id
 
 Role = Literal["feature", "control", "target"]
@@ -35,6 +35,17 @@ class _Model(BaseModel):
         extra="forbid",
         frozen=True,
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, v: Any, info: Any) -> Any:
+        # Pydantic takes true for 1 where a number belongs: ``beatMs: true`` would build a 1 ms
+        # grid, ``historySteps: yes`` a history of one step, without a word.
+        if isinstance(v, bool) and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            if {int, float} & {annotation, *get_args(annotation)}:
+                raise ValueError(f"{str(v).lower()} is not a number")
+        return v
 
 
 class NodeSpec(_Model):
@@ -288,6 +299,31 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
     return spec
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key twice in one mapping: plain YAML keeps the last and
+    drops the first without a word, so a field given twice (a pasted line) would silently
+    change the build."""
+
+    def construct_mapping(self, node, deep=False):
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base`` overrides by design
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in lines:
+                    raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key {quote(key)} is given twice "
+                                        f"(first at line {lines[key]}); give it once")
+                lines[key] = key_node.start_mark.line + 1
+            except TypeError:  # an unhashable key: the safe loader's own error names it
+                continue
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path, *, what: str, error: type[AmlError]) -> Any:
     """The YAML (or JSON) document in ``path``; a file that cannot be read or parsed is one
     ``error`` naming the file and ``what`` it was to be."""
@@ -300,7 +336,9 @@ def read_yaml(path: Path, *, what: str, error: type[AmlError]) -> Any:
     except UnicodeDecodeError as e:
         raise error(f"{path}: cannot read {what}: {_not_utf8(data, e)}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except _DuplicateKey as e:
+        raise error(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise error(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
 
@@ -335,7 +373,8 @@ def discover_specs(directory: str | Path) -> tuple[list[tuple[Path, DatasetSpec]
     found: list[tuple[Path, DatasetSpec]] = []
     errors: list[tuple[Path, str]] = []
     if not directory.is_dir():
-        return found, [(directory, f"{directory}: specs folder does not exist")]
+        why = "is a file, not a folder of specs" if directory.exists() else "specs folder does not exist"
+        return found, [(directory, f"{directory}: {why}")]
     for path in sorted(p for p in directory.iterdir() if p.suffix in SPEC_SUFFIXES and p.is_file()):
         try:
             found.append((path, load_spec(path)))

@@ -103,6 +103,18 @@ def latin1_csv(path: Path, out: Path) -> Path:
         b"kg/h", "kg/h\u00b3".encode("latin-1"), 1))
 
 
+def parquet_with_booleans(path: Path, column: str, out: Path) -> Path:
+    """The Parquet file with ``column`` made a boolean column (a quality flag, a mis-typed export)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    i = table.schema.get_field_index(column)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.set_column(i, column, pa.array([True] * len(table))), out)
+    return out
+
+
 def snapshot_copy(w: World, out: Path, change: Callable[[Path], None]) -> Path:
     shutil.copytree(w.snapshot, out, symlinks=True)
     for p in out.rglob("*"):
@@ -181,9 +193,21 @@ CASES: dict[str, Case] = {
     "spec_empty": Case(cmd("build", lambda w, s: write(s / "empty.yaml", "")), ("empty.yaml", "mapping")),
     "spec_missing": Case(cmd("build", lambda w, s: s / "missing.yaml"), ("missing.yaml", "cannot read")),
     "spec_directory": Case(cmd("build", lambda w, s: (s / "dir.yaml").mkdir() or s / "dir.yaml"), ("dir.yaml", "directory")),
+    # a key given twice: plain YAML keeps the last silently (here a history of 5 steps, not 20)
+    "spec_key_twice": Case(cmd("build", lambda w, s: write(s / "twice.yaml", w.spec.read_text() + "historySteps: 5\n")),
+                           ("SPEC_INVALID", "twice.yaml", "key 'historySteps' is given twice", "first at line")),
+    # true where a number belongs is not taken for 1 (a 1 ms beat; a unit scale nobody gave)
+    "spec_beat_true": Case(cmd("build", lambda w, s: spec_with(w, s / "beat.yaml", beatMs=True)),
+                           ("SPEC_INVALID", "field beatMs: true is not a number")),
+    "spec_history_true": Case(cmd("build", lambda w, s: spec_with(w, s / "hist.yaml", historySteps=True)),
+                              ("SPEC_INVALID", "field historySteps: true is not a number")),
     "spec_long_id": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", id="a" * LONG)), ("field id", f"({LONG} characters)")),
     "spec_long_node": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", node0="N" * LONG)),
                            ("nodes[0].nodeId", f"({LONG} characters)")),
+    # a beat longer than every run: no grid time falls in a run, so no windows (not a crash of
+    # the grid stage's writer)
+    "spec_beat_longer_than_the_runs": Case(cmd("build", lambda w, s: spec_with(w, s / "slow.yaml", beatMs=10**8)),
+                                           ("NO_WINDOWS", "run has 0 grid rows")),
     "spec_long_line": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", lineId="L" * LONG)), ("NO_RUNS", f"({LONG} characters)")),
     # every ingest reader: points, runs, nodes as CSV and Parquet
     **{f"ingest_{kind}_{how}": ingest_case(kind, how, make) for kind in ("points", "runs", "nodes") for how, make in {
@@ -195,6 +219,15 @@ CASES: dict[str, Case] = {
         "missing": lambda w, s, k=kind: s / f"{k}.csv",
         "directory": lambda w, s, k=kind: (s / f"{k}.csv").mkdir() or s / f"{k}.csv",
     }.items()},
+    # a boolean Parquet column where an integer or a time belongs is refused, not read as 0/1
+    # (a time 1 ms after 1970, a "good" flag as state 1)
+    **{f"ingest_{kind}_parquet_boolean_{column}": Case(
+        cmd("ingest", "--tsdb", lambda w, s: f"duckdb://{s / 'fresh.duckdb'}",
+            *(a for k in ("points", "runs", "nodes") for a in (
+                f"--{k}", (lambda w, s, k=k, c=column: parquet_with_booleans(w.parquet[k], c, s / f"{k}.parquet")) if k == kind
+                else (lambda w, s, k=k: w.parquet[k])))),
+        ("INGEST_INVALID", f"{kind}.parquet: row 1, column '{column}'", "expected integers", "bool"))
+        for kind, column in (("points", "ts"), ("points", "state"), ("runs", "started_at"), ("runs", "recipe_version"))},
     # a snapshot's files, for each command that reads them
     **{f"{command}_{name}_{how}": Case(
         cmd(command, *([spec, "--snapshot"] if command == "baseline" else []), snap_case(change),
@@ -211,6 +244,17 @@ CASES: dict[str, Case] = {
             ("sha256.json", "garbage", garbage_file("sha256.json")),
         ]},
     "verify_missing": Case(cmd("verify", lambda w, s: s / "nowhere"), ("nowhere",)),
+    # a folder that is no snapshot (the spec's folder, the datasets root) is named as such, not
+    # as a tampered snapshot, and a --snapshot that is a file is not "no current snapshot"
+    "export_spec_folder": Case(cmd("export", lambda w, s: w.snapshot.parent, "--out", lambda w, s: s / "export"),
+                               ("NOT_A_SNAPSHOT", "its current snapshot is")),
+    "export_layout_datasets_root": Case(cmd("export", lambda w, s: w.home / "datasets", "--out", lambda w, s: s / "export",
+                                            "--layout", "windows"), ("NOT_A_SNAPSHOT", "datasets root")),
+    "export_out_under_a_file": Case(cmd("export", lambda w, s: w.snapshot, "--out", lambda w, s: write(s / "afile", "x") / "export"),
+                                    ("EXPORT_FAILED", "--out", "afile is a file, not a directory")),
+    "baseline_snapshot_spec_folder": Case(cmd("baseline", spec, "--snapshot", lambda w, s: w.snapshot.parent),
+                                          ("NOT_A_SNAPSHOT", "its current snapshot is")),
+    "baseline_snapshot_is_a_file": Case(cmd("baseline", spec, "--snapshot", spec), ("NOT_FOUND", "--snapshot", "spec.yaml")),
     "verify_long_path": Case(cmd("verify", "v" * LONG), ("FILE_ERROR", f"({LONG} characters)")),
     # the catalog
     "datasets_catalog_garbage": Case(cmd("datasets", "--root", lambda w, s: catalog_root(w, s / "root", lambda b: GARBAGE)),
@@ -224,6 +268,8 @@ CASES: dict[str, Case] = {
     "gc_keep_not_a_number": Case(cmd("gc", "--keep", "abc"), ("--keep", "abc")),
     "build_workers_zero": Case(cmd("build", spec, "--workers", "0"), ("--workers",)),
     "build_workers_not_a_number": Case(cmd("build", spec, "--workers", "two"), ("--workers", "two")),
+    "build_log_level_unknown": Case(cmd("build", spec, "--log-level", "LOUD"), ("USAGE", "--log-level", "LOUD", "CRITICAL")),
+    "demo_log_level_unknown": Case(cmd("demo", "--log-level", "LOUD", "--home", lambda w, s: s / "demo"), ("USAGE", "--log-level", "LOUD")),
     "demo_runs_negative": Case(cmd("demo", "--runs", "-1", "--home", lambda w, s: s / "demo"), ("--runs",)),
     "ingest_lock_timeout_negative": Case(cmd("ingest", "--points", lambda w, s: w.csv["points"], "--lock-timeout-s", "-1"),
                                          ("--lock-timeout-s",)),
@@ -232,7 +278,17 @@ CASES: dict[str, Case] = {
     "baseline_alpha_negative": Case(cmd("baseline", spec, "--alphas", "-1"), ("--alphas",)),
     "env_rebuild_wait_negative": Case(cmd("env", "rebuild", "--wait-s", "-1", "--location", lambda w, s: s / "lease",
                                           "--venv", lambda w, s: s / "venv"), ("--wait-s",)),
+    # --out where no file can go: named as given, not by the writer's temporary file
+    "plot_out_is_a_directory": Case(cmd("plot", spec, "L1-P100-0001", "--out", lambda w, s: (s / "plotdir").mkdir() or s / "plotdir"),
+                                    ("FILE_ERROR", "plotdir: Is a directory")),
+    "plot_out_in_a_missing_folder": Case(cmd("plot", spec, "L1-P100-0001", "--out", lambda w, s: s / "nowhere" / "run.png"),
+                                         ("FILE_ERROR", "nowhere/run.png: No such file or directory")),
     "plot_long_run_id": Case(cmd("plot", spec, "R" * LONG), ("run id", f"({LONG} characters)")),
+    # a datasets root that is a file: not "no published snapshots", not a gc with nothing to do
+    **{f"{command}_root_is_a_file": Case(cmd(command, *([spec] if command == "baseline" else []), "--root",
+                                             lambda w, s: write(s / "afile", "x"), *(["--dry-run"] if command == "gc" else [])),
+                                         ("CONFIG_INVALID", "--root", "afile", "not a directory"))
+       for command in ("datasets", "gc", "baseline")},
     "build_home_is_a_file": Case(cmd("build", spec, "--home", lambda w, s: write(s / "afile", "x")), ("--home", "afile", "not a directory")),
     # settings
     "aml_home_is_a_file": Case(cmd("build", spec, env={"AML_HOME": lambda w, s: write(s / "afile", "x")}),
@@ -241,6 +297,12 @@ CASES: dict[str, Case] = {
                                   ("AML_HOME", "afile", "not a directory")),
     "memory_not_a_number": Case(cmd("build", spec, env={"AML_MEMORY_MB": "abc"}), ("AML_MEMORY_MB", "abc")),
     "memory_too_small": Case(cmd("build", spec, env={"AML_MEMORY_MB": "1"}), ("AML_MEMORY_MB", "64")),
+    # past what a machine has or a date can hold: one line naming the variable, not a TSDB that
+    # cannot be opened or an overflow
+    "memory_too_large": Case(cmd("build", spec, env={"AML_MEMORY_MB": str(2**63 - 1)}), ("AML_MEMORY_MB", "1073741824")),
+    "retention_too_large": Case(cmd("gc", "--dry-run", env={"AML_INSTANCE_RETENTION_DAYS": "999999999999",
+                                                             "DAGSTER_HOME": lambda w, s: (s / "dh").mkdir() or s / "dh"}),
+                                ("CONFIG_INVALID", "AML_INSTANCE_RETENTION_DAYS", "36500")),
     "chunk_zero": Case(cmd("build", spec, "--full", env={"AML_BACKFILL_RUNS_PER_CHUNK": "0"}), ("AML_BACKFILL_RUNS_PER_CHUNK",)),
     "run_plots_unknown": Case(cmd("build", spec, "--full", env={"AML_RUN_PLOTS": "maybe"}), ("AML_RUN_PLOTS", "maybe")),
     "tsdb_retry_not_a_number": Case(cmd("build", spec, "--full", env={"AML_TSDB_RETRY_S": "abc"}), ("AML_TSDB_RETRY_S",)),
@@ -263,7 +325,28 @@ CASES: dict[str, Case] = {
     "dagster_home_is_a_file": Case(cmd("build", spec, env={"DAGSTER_HOME": lambda w, s: write(s / "afile", "x")}),
                                    ("DAGSTER_HOME", "afile")),
     "dagster_home_missing": Case(cmd("build", spec, env={"DAGSTER_HOME": lambda w, s: s / "nowhere"}), ("DAGSTER_HOME", "nowhere")),
+    # a forecast origin beyond the years a time has (a digit too many), and one whose history
+    # reaches back before year 1
+    "inputs_at_out_of_range": Case(cmd("inputs", lambda w, s: w.snapshot, "--at", "9" * 20),
+                                   ("LIVE_ORIGIN_INVALID", "--at " + "9" * 20, "out of range")),
+    "inputs_run_start_out_of_range": Case(cmd("inputs", lambda w, s: w.snapshot, "--at", "1735718460000", "--points",
+                                              lambda w, s: w.csv["points"], "--run-start", "1" + "0" * 15),
+                                          ("LIVE_ORIGIN_INVALID", "--run-start 1000000000000000", "out of range")),
+    "inputs_history_before_year_1": Case(cmd("inputs", lambda w, s: w.snapshot, "--at=-62135596800000", "--run", "L1-P100-0001"),
+                                         ("LIVE_TOO_FEW_POINTS", "epoch ms -62135596820000")),
+    # a flag of the other source is refused, not ignored; a --run the points file does not hold
+    # is named as such, not as a node without points
+    "inputs_points_and_tsdb": Case(cmd("inputs", lambda w, s: w.snapshot, "--at", "1735718460000", "--points",
+                                       lambda w, s: w.csv["points"], "--tsdb", lambda w, s: f"duckdb://{w.home / 'tsdb.duckdb'}"),
+                                   ("USAGE", "--points", "--tsdb")),
+    "inputs_run_start_without_points": Case(cmd("inputs", lambda w, s: w.snapshot, "--at", "1735718460000", "--run-start",
+                                                "1735718400000"), ("USAGE", "--run-start", "--points")),
+    "inputs_points_without_the_run": Case(cmd("inputs", lambda w, s: w.snapshot, "--at", "1735718460000", "--points",
+                                              lambda w, s: w.csv["points"], "--run", "L9-NOPE"),
+                                          ("UNKNOWN_RUN", "--run L9-NOPE", "points.csv holds no point of that run")),
     # a source description, through `source check` only (its reader is sources/)
+    "source_key_twice": Case(cmd("source", "check", lambda w, s: write(s / "plant.yaml", "backend: files\nbackend: postgresql\n")),
+                             ("SOURCE_INVALID", "plant.yaml", "line 2: key 'backend' is given twice (first at line 1)")),
     "source_garbage": Case(cmd("source", "check", lambda w, s: write(s / "plant.yaml", GARBAGE)), ("plant.yaml",)),
 }
 
@@ -285,6 +368,26 @@ def test_a_bad_input_is_one_line_naming_it_and_loses_nothing(world, tmp_path, na
     assert (world.home / "datasets" / "bad_ds" / "current").resolve() == world.snapshot.resolve()
     [entry] = Catalog(world.home / "datasets").entries("bad_ds")
     assert entry.sha256 == world.sha256 and entry.current
+
+
+def test_datasets_says_which_spec_has_none_and_that_a_root_is_not_there(world, tmp_path):
+    """An empty listing says why: another spec's snapshots are there, or the root does not exist
+    (a typo), rather than "no published snapshots" for a root that holds some."""
+    other = world.run(["datasets", "--spec", "other_ds"], world.env())
+    assert other.returncode == 0 and other.stdout.strip() == (
+        f"no published snapshots of spec 'other_ds' under {world.home / 'datasets'}")
+    typo = world.run(["datasets", "--root", str(tmp_path / "nowhere")], world.env())
+    assert typo.returncode == 0 and typo.stdout.strip().endswith("(no such folder)")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_gc_names_an_aml_specs_that_is_a_file(world, tmp_path):
+    """AML_SPECS naming a spec file instead of its folder: gc says so (it cleans no spec's
+    intermediates then), rather than that the folder does not exist."""
+    done = world.run(["gc", "--dry-run"], world.env(AML_SPECS=str(world.spec)))
+    assert done.returncode == 0, done.stderr
+    assert f"AML_SPECS {world.spec}: is a file, not a folder of specs; no spec's intermediates are cleaned" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_the_table_covers_every_reader_and_the_cases_of_the_issue():

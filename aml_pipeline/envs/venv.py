@@ -196,7 +196,9 @@ class EnvSettings:
 
 
 def check_layout(settings: EnvSettings) -> None:
-    """Refuse a lease directory that a rebuild could delete (inside the venv path or a build)."""
+    """Refuse a venv path whose contents a rebuild would destroy, and a lease directory that a
+    rebuild could delete (inside the venv path or a build)."""
+    _check_venv_path(settings.venv_path)
     if is_postgres_location(settings.lease_location):
         return
     venv = settings.venv_path
@@ -214,6 +216,30 @@ def check_layout(settings: EnvSettings) -> None:
                 f"path {venv} (or one of its builds), which a rebuild replaces; keep them apart",
                 code="ENV_CONFIG_INVALID",
             )
+
+
+def _check_venv_path(venv: Path) -> None:
+    """A rebuild replaces the venv path by a symlink and deletes what stood there before as an
+    old build, so the path must be a symlink (a rebuild's own), nothing yet, an empty directory,
+    or a venv made by hand (``pyvenv.cfg``): a file or a directory of anything else (a typo'd
+    ``--venv``) would be lost."""
+    if venv.is_symlink() or not os.path.lexists(venv):
+        return
+    if venv.is_dir():
+        try:
+            if (venv / "pyvenv.cfg").is_file() or not any(venv.iterdir()):
+                return
+        except OSError as e:
+            raise AmlError(f"the shared environment's path {venv}: cannot read it ({e.strerror or e})",
+                           code="ENV_CONFIG_INVALID") from None
+        what = "a directory that is not a Python environment (no pyvenv.cfg)"
+    else:
+        what = "a file"
+    raise AmlError(
+        f"the shared environment's path {venv} is {what}, which a rebuild would replace and delete; "
+        "name another path (--venv) or move it away",
+        code="ENV_CONFIG_INVALID",
+    )
 
 
 # ---- inspecting ----------------------------------------------------------------------------------

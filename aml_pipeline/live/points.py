@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from aml_pipeline.errors import AmlError
+from aml_pipeline.errors import AmlError, cut
 
 
 class LiveInputError(AmlError):
@@ -59,9 +59,22 @@ class NodePoints:
 EMPTY = NodePoints(np.empty(0, np.int64), np.empty(0), np.empty(0, np.int32))
 
 
+# The times a message can show (``when``): years 1 to 9999, as Python's datetime has them.
+MIN_MS = -62_135_596_800_000
+MAX_MS = 253_402_300_799_999
+
+
 def epoch_ms(t: Any, what: str = "time") -> int:
     """Epoch milliseconds from an int, a ``datetime`` (naive = UTC), ``numpy.datetime64`` or an
-    ISO-8601 text."""
+    ISO-8601 text, between years 1 and 9999."""
+    ms = _epoch_ms(t, what)
+    if not MIN_MS <= ms <= MAX_MS:
+        raise LiveInputError(f"{what} {cut(t)} is out of range: a time lies between 0001-01-01 and 9999-12-31 UTC "
+                             f"(epoch ms {MIN_MS} to {MAX_MS})", code="LIVE_ORIGIN_INVALID")
+    return ms
+
+
+def _epoch_ms(t: Any, what: str) -> int:
     if isinstance(t, (bool, np.bool_)):
         raise LiveInputError(f"{what} must be epoch milliseconds or a datetime, got {t!r}", code="LIVE_ORIGIN_INVALID")
     if isinstance(t, (int, np.integer)):
@@ -86,8 +99,12 @@ def epoch_ms(t: Any, what: str = "time") -> int:
 
 
 def when(ms: int) -> str:
-    """A time for messages: ISO-8601 UTC with milliseconds, and the epoch ms."""
-    stamp = _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).isoformat(timespec="milliseconds")
+    """A time for messages: ISO-8601 UTC with milliseconds, and the epoch ms (only the epoch ms
+    outside the years a datetime has, e.g. a history reaching back before year 1)."""
+    try:
+        stamp = _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).isoformat(timespec="milliseconds")
+    except (ValueError, OverflowError, OSError):
+        return f"epoch ms {ms}"
     return f"{stamp.replace('+00:00', 'Z')} ({ms})"
 
 

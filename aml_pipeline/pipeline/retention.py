@@ -30,6 +30,7 @@ from aml_pipeline.fsutil import dir_lock, fsync_dir, remove_tree
 from aml_pipeline.pipeline.publish import (
     CURRENT_LINK,
     Catalog,
+    CatalogEntry,
     remove_abandoned_staging,
 )
 from aml_pipeline.pipeline.registry import RUN_STAGES
@@ -115,10 +116,10 @@ def _snapshots(root: Path, spec_id: str, keep: int, dry_run: bool, wait_s: float
         catalog = Catalog(root)
         entries = [e for e in catalog.entries(spec_id)]
         current = (spec_dir / CURRENT_LINK).resolve() if (spec_dir / CURRENT_LINK).is_symlink() else None
-        others = [e for e in entries if Path(e.path).resolve() != current]
+        others = [e for e in entries if _in_root(spec_dir, e).resolve() != current]
         others.sort(key=lambda e: (e.created_at, e.sha256), reverse=True)
         for entry in others[keep:]:
-            path = Path(entry.path)
+            path = _in_root(spec_dir, entry)
             report.removed_snapshots.append(str(path))
             if dry_run:
                 report.freed_bytes += _size(path) if path.is_dir() else 0
@@ -126,7 +127,7 @@ def _snapshots(root: Path, spec_id: str, keep: int, dry_run: bool, wait_s: float
             catalog.delete(spec_id, entry.sha256)  # first: a catalog row always names a snapshot
             crash_point("gc.catalog_row_removed")
             report.freed_bytes += _discard(path)
-        catalogued = {Path(e.path).resolve() for e in catalog.entries(spec_id)}
+        catalogued = {_in_root(spec_dir, e).resolve() for e in catalog.entries(spec_id)}
         for path in sorted(spec_dir.iterdir()):
             name = path.name
             if path.is_symlink() or not path.is_dir():
@@ -141,6 +142,14 @@ def _snapshots(root: Path, spec_id: str, keep: int, dry_run: bool, wait_s: float
                     report.freed_bytes += _discard(path)
         if not dry_run:
             report.removed_other += [str(p) for p in remove_abandoned_staging(spec_dir)]
+
+
+def _in_root(spec_dir: Path, entry: CatalogEntry) -> Path:
+    """The directory of a catalogued snapshot in this datasets root: ``<spec dir>/<its name>``.
+    A datasets root that was copied or moved keeps its catalog, whose paths still name the old
+    place: taken as they are, gc would delete snapshots of the other root and take this root's
+    own for uncatalogued leftovers (the lookup by name is what ``catalog_sha256`` does too)."""
+    return spec_dir / Path(entry.path).name
 
 
 def _discard(path: Path) -> int:

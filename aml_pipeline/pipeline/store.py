@@ -171,12 +171,14 @@ class StageWriter:
         self._files: dict[str, Path] = {}
         self.committed = False
 
-    def array(self, name: str, dtype: Any, tail_shape: tuple[int, ...] = ()) -> NpyAppender:
-        """An array of ``dtype`` whose first axis grows as data is appended (C order)."""
+    def array(self, name: str, dtype: Any, tail_shape: tuple[int, ...] = (), *, rows: int | None = None) -> NpyAppender:
+        """An array of ``dtype`` whose first axis grows as data is appended (C order); ``rows``:
+        the first axis's length when a row holds no values (a tail with a 0), which the values
+        appended cannot tell."""
         if name in self._arrays:
             raise ValueError(f"array {name!r} of the {self.stage} stage is already open")
         tmp = self.dir / f".{self.stage}.{name}.{uuid.uuid4().hex[:12]}.tmp"
-        appender = NpyAppender(tmp, dtype, tail_shape)
+        appender = NpyAppender(tmp, dtype, tail_shape, rows=rows)
         self._arrays[name] = appender
         return appender
 
@@ -224,11 +226,12 @@ class NpyAppender:
     legal ``.npy``.
     """
 
-    def __init__(self, path: Path, dtype: Any, tail_shape: tuple[int, ...] = ()) -> None:
+    def __init__(self, path: Path, dtype: Any, tail_shape: tuple[int, ...] = (), *, rows: int | None = None) -> None:
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.tail = tuple(int(d) for d in tail_shape)
         self._per_row = int(np.prod(self.tail, dtype=np.int64)) if self.tail else 1
+        self._empty_rows = rows
         self.elements = 0
         self._f = _os_call(open, self.path, "wb", buffering=0, path=self.path)
         self._header_len = self._write_header(0)
@@ -269,11 +272,16 @@ class NpyAppender:
                 views[0] = views[0][n:]
 
     def close(self) -> tuple[int, ...]:
-        if self.elements % self._per_row:
+        if self._per_row == 0:  # rows of no values: as many as the writer said
+            if self.elements or self._empty_rows is None:
+                raise ValueError(f"{self.path}: rows of shape {self.tail} hold no values; give their number (rows=)")
+            rows = self._empty_rows
+        elif self.elements % self._per_row:
             raise ValueError(
                 f"{self.path}: {self.elements} values do not fill whole rows of shape {self.tail}"
             )
-        rows = self.elements // self._per_row
+        else:
+            rows = self.elements // self._per_row
         end = self._f.tell()
         if self._write_header(rows) != self._header_len:
             raise AssertionError(f"{self.path}: the .npy header changed length")
@@ -337,16 +345,28 @@ def _write_and_close(fd: int, data: bytes) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and one rename."""
-    fd, tmp = _os_call(tempfile.mkstemp, prefix=f".{path.name}.", suffix=".tmp", dir=path.parent, path=path)
+    """Write ``data`` to ``path`` through a temporary file and one rename. An error is named by
+    ``path``, not by the temporary file, which is gone and was never the caller's (a directory or
+    a missing folder where ``path`` goes shows as the temporary file's or the rename's error)."""
+    tmp = None
     try:
+        fd, tmp = _os_call(tempfile.mkstemp, prefix=f".{path.name}.", suffix=".tmp", dir=path.parent, path=path)
         # The whole write, close included: a small file reaches the disk only when its buffer is
         # flushed as it closes, and that is where a full disk shows.
         _os_call(_write_and_close, fd, data, path=path)
         _os_call(os.replace, tmp, path, path=path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and _names_the_temporary(e.filename, path):
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
+
+
+def _names_the_temporary(filename: object, path: Path) -> bool:
+    if filename is None:
+        return True
+    return isinstance(filename, (str, bytes)) and Path(os.fsdecode(filename)).name.startswith(f".{path.name}.")
 
 
 def _os_call(fn, *args, path: Path, **kwargs):

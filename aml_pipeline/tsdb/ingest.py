@@ -294,9 +294,9 @@ def _parse_int(
         if pa.types.is_uint64(arr.type):
             arr = _cast_or_locate(src, arr, name, pa.int64(), lambda v: f"out of range: {quote(v)}")
         arr = pc.cast(arr, pa.int64())
-    elif pa.types.is_boolean(arr.type):
-        arr = pc.cast(arr, pa.int64())
     else:
+        # A boolean is not taken for 0/1: as a time it is a millisecond after 1970, and as a state
+        # a "good" flag (true) would read as state 1, bad under the default goodStates [0].
         raise src.error(0, name, f"expected integers, the column has type {arr.type}")
     if not nullable:
         _first_null(src, arr, name)

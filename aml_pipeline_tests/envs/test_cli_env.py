@@ -142,3 +142,24 @@ def test_env_status_shows_a_waiting_rebuild_that_then_gets_the_lease(tmp_path):
         reader.close()
     after = json.loads(run_cli("env", "status", "--json", env=os_env).stdout)
     assert after["idle"] and after["lease"]["waiting"] is None and after["env"]["exists"]
+
+
+@pytest.mark.parametrize("what", ["file", "directory"])
+def test_rebuild_refuses_a_venv_path_holding_something_else_and_leaves_it_alone(tmp_path, what):
+    """A rebuild puts a symlink where --venv points and deletes what stood there as an old build:
+    a file, or a directory that is no venv (a mistyped --venv), is refused before anything is built."""
+    target = tmp_path / "notes"
+    if what == "file":
+        target.write_text("keep me\n")
+    else:
+        (target / "sub").mkdir(parents=True)
+        (target / "sub" / "data.txt").write_text("keep me\n")
+    done = run_cli("env", "rebuild", "--installer", "copy", "--venv", str(target),
+                   "--location", str(tmp_path / "lease"), env=_defaults_under(tmp_path / "home"))
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("ENV_CONFIG_INVALID: ") and str(target) in line and "--venv" in line
+    assert ("is a file" if what == "file" else "no pyvenv.cfg") in line
+    assert not target.is_symlink()
+    assert (target if what == "file" else target / "sub" / "data.txt").read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("notes")) == ["notes"]  # no build begun

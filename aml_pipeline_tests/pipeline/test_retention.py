@@ -112,6 +112,39 @@ def _snapshot_dirs(roots, spec_id: str) -> list[str]:
     return sorted(p.name for p in (roots["datasets_root"] / spec_id).iterdir() if p.is_dir() and not p.is_symlink())
 
 
+def test_gc_in_a_copied_datasets_root_touches_only_the_copy(make_spec, plant_url, roots, tmp_path):
+    """A copied (or moved) datasets root keeps its catalog, whose paths name the original: gc of
+    the copy must remove the copy's old snapshot, keep the copy's newest, and leave the original
+    root alone."""
+    import shutil
+
+    specs = _publish_versions(make_spec, plant_url, roots, 3)
+    spec_id = specs[-1].id
+    original = roots["datasets_root"]
+    before = {p.name: verify_snapshot(original / spec_id / p.name).ok for p in (original / spec_id).iterdir()
+              if p.is_dir() and not p.is_symlink()}
+    copy = tmp_path / "copied" / "datasets"
+    shutil.copytree(original, copy, symlinks=True)
+    entries = sorted(Catalog(copy).entries(spec_id), key=lambda e: e.created_at)
+    assert all(Path(e.path).parent == original / spec_id for e in entries)  # the catalog names the original
+    oldest, newest_other, current = (Path(e.path).name for e in entries)
+
+    cmd, env = _gc_command({**roots, "datasets_root": copy}, tmp_path, specs[-1], keep=1)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"removed snapshot {copy / spec_id / oldest}" in done.stdout
+    assert str(original) not in done.stdout
+
+    # The original root: every snapshot and catalog row still there, each intact.
+    assert _snapshot_dirs(roots, spec_id) == sorted(before) and all(before.values())
+    assert len(Catalog(original).entries(spec_id)) == 3
+    _assert_consistent(roots, spec_id)
+    # The copy: its current and its newest other snapshot kept, the oldest gone with its row.
+    assert _snapshot_dirs({"datasets_root": copy}, spec_id) == sorted([newest_other, current])
+    assert sorted(Path(e.path).name for e in Catalog(copy).entries(spec_id)) == sorted([newest_other, current])
+    assert verify_snapshot(copy / spec_id / newest_other).ok and verify_snapshot(copy / spec_id / current).ok
+
+
 @pytest.mark.parametrize("point", ["gc.catalog_row_removed", "gc.moved_to_trash", "gc.deleted"])
 def test_gc_killed_at_each_step_leaves_catalog_and_disk_consistent(point, make_spec, plant_url, roots, tmp_path):
     specs = _publish_versions(make_spec, plant_url, roots, 3)

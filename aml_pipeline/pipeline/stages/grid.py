@@ -235,7 +235,8 @@ def clean_run(store: DatasetStore, run_id: str, *, chunk_points: int | None = No
     # the per-node, per-chunk calls that dominate short runs.
     whole = offsets[-1] <= chunk and rows * len(spec.nodes) <= chunk
     with store.stage_writer(run_id, GRID) as writer:
-        values = writer.array("values", "<f8", (rows,))
+        # rows= for a run no grid time falls in (a beat longer than the run): (nodes, 0)
+        values = writer.array("values", "<f8", (rows,), rows=len(spec.nodes))
         for j, node in enumerate(spec.nodes if not whole else ()):
             params = node_grid_params(spec, node, meta["catalogRange"][node.node_id])
             cleaner = SeriesCleaner(params)
