@@ -157,7 +157,6 @@ def write_series_files(
     norm: Normalization,
     series: SeriesPlan,
     report: _ReportFeed | None = None,
-    pool: ThreadPoolExecutor | None = None,
 ) -> dict[str, int]:
     """The series layout's row files and window index, in one pass over the runs.
 
@@ -168,10 +167,6 @@ def write_series_files(
     ``segments.i64`` (one field per row, each value written at its place, the sizes being
     :class:`SeriesPlan`'s); and ``report``, if given, takes the block for report.json. Returns
     the rows written per row file (linked files are not written).
-
-    With a ``pool``, blocks are read and normalised there, up to its size ahead of the block
-    being written; everything that depends on order (the window index, the report's feed, the
-    appends) stays in the calling thread, in block order, so the bytes are the same.
     """
     spec = store.spec
     cols = Columns.of(spec)
@@ -183,90 +178,57 @@ def write_series_files(
         x, u, y, seg = (outs.get(names[key][0]) for key in names)
         if seg is not None:
             seg.truncate(len(SEGMENT_FIELDS) * K * 8)
-        need_rows = report is not None or x is not None or u is not None or y is not None
-
-        def block_rows(run: RunWindows, r0: int, r1: int, starts: np.ndarray) -> tuple[Any, list[Any]]:
-            """A block's grid rows and its normalised rows per output, in append order (pure)."""
-            rows = run.grid_rows(r0, r1) if need_rows else None
-            appends: list[tuple[_Output, np.ndarray]] = []
-            if x is not None:
-                kept = _stretches(rows, *covered_spans(starts, r0, r1 - r0, -H, 0))
-                if kept is not None:
-                    appends.append((x, apply_norm(kept, norm.x.mean, norm.x.std)))
-            if u is not None or y is not None:
-                future = _stretches(rows, *covered_spans(starts, r0, r1 - r0, 0, F))
-                if future is not None:
-                    if u is not None:
-                        appends.append((u, apply_norm(future[:, cols.controls], norm.u.mean, norm.u.std)))
-                    if y is not None:
-                        appends.append((y, apply_norm(future[:, cols.targets], norm.y.mean, norm.y.std)))
-            return rows, appends
-
-        # Blocks read ahead, in order: ("run", run id) marks a run's start for the report.
-        ahead: deque[tuple[str, Any]] = deque()
-        depth = REPORT_THREADS if pool is not None else 0  # the pool given is the report's
-
-        def drain(keep: int) -> None:
-            while len(ahead) > keep:
-                kind, item = ahead.popleft()
-                if kind == "run":
-                    if report is not None:
-                        report.start_run(item)
-                    continue
-                r0, done = item
-                rows, appends = done.result() if isinstance(done, Future) else done
+        k = window = x_base = f_base = 0
+        for position, (run_id, x_rows, future_rows, segments) in enumerate(series.runs):
+            run = RunWindows(store, run_id, plan.runs[run_id])
+            indexer = RunIndexer(H, F, spec.stride)
+            if report is not None:
+                report.start_run(run_id)
+            reader = run.starts()
+            for r0, r1 in run.blocks():
+                # The windows that read a row of r0..r1-1: history t in r0+1..r1+H-1, future t in
+                # r0-F+1..r1-1; those starting in r0..r1-1 are the block's entries of the index.
+                starts = reader.between(r0 - F + 1, r1 + H)
+                rows = None
+                if report is not None or x is not None or u is not None or y is not None:
+                    rows = run.grid_rows(r0, r1)
                 if report is not None:
                     report.block(r0, rows)
-                for out, block in appends:
-                    out.append(block)
-
-        k = window = x_base = f_base = 0
-        try:
-            for position, (run_id, x_rows, future_rows, segments) in enumerate(series.runs):
-                run = RunWindows(store, run_id, plan.runs[run_id])
-                indexer = RunIndexer(H, F, spec.stride)
-                ahead.append(("run", run_id))
-                reader = run.starts()
-                for r0, r1 in run.blocks():
-                    # The windows that read a row of r0..r1-1: history t in r0+1..r1+H-1, future t in
-                    # r0-F+1..r1-1; those starting in r0..r1-1 are the block's entries of the index.
-                    starts = reader.between(r0 - F + 1, r1 + H)
-                    if pool is None:
-                        ahead.append(("block", (r0, block_rows(run, r0, r1, starts))))
-                    else:
-                        ahead.append(("block", (r0, pool.submit(block_rows, run, r0, r1, starts))))
-                    drain(depth)
-                    if seg is not None:
-                        own = starts[np.searchsorted(starts, r0) : np.searchsorted(starts, r1)]
-                        if not own.size:
-                            continue
-                        block = indexer.feed(own)
-                        new = np.flatnonzero(block.new_segment)
-                        first = block.starts[new]
-                        fields = (
-                            np.full(new.size, position, dtype=np.int64),
-                            window + new,
-                            first,
-                            run.first_ms + spec.beat_ms * first,
-                            x_base + block.x_row[new],
-                            f_base + block.future_row[new],
-                        )
-                        for i, values in enumerate(fields):
-                            seg.pwrite(np.ascontiguousarray(values, dtype="<i8"), (i * K + k) * 8)
-                        k += new.size
-                        window += block.starts.size
-                if seg is not None and (indexer.x_rows, indexer.future_rows, indexer.segments) != (
-                    x_rows, future_rows, segments
-                ):
-                    raise BuildError(
-                        f"spec {spec.id!r}: run {run_id}'s stored windows changed while the snapshot was written"
+                if x is not None:
+                    kept = _stretches(rows, *covered_spans(starts, r0, r1 - r0, -H, 0))
+                    if kept is not None:
+                        x.append(apply_norm(kept, norm.x.mean, norm.x.std))
+                if u is not None or y is not None:
+                    future = _stretches(rows, *covered_spans(starts, r0, r1 - r0, 0, F))
+                    if future is not None:
+                        if u is not None:
+                            u.append(apply_norm(future[:, cols.controls], norm.u.mean, norm.u.std))
+                        if y is not None:
+                            y.append(apply_norm(future[:, cols.targets], norm.y.mean, norm.y.std))
+                if seg is not None:
+                    own = starts[np.searchsorted(starts, r0) : np.searchsorted(starts, r1)]
+                    if not own.size:
+                        continue
+                    block = indexer.feed(own)
+                    new = np.flatnonzero(block.new_segment)
+                    first = block.starts[new]
+                    fields = (
+                        np.full(new.size, position, dtype=np.int64),
+                        window + new,
+                        first,
+                        run.first_ms + spec.beat_ms * first,
+                        x_base + block.x_row[new],
+                        f_base + block.future_row[new],
                     )
-                x_base, f_base = x_base + x_rows, f_base + future_rows
-            drain(0)
-        finally:
-            for kind, item in ahead:  # on an error: no block left running in the pool
-                if kind == "block" and isinstance(item[1], Future):
-                    item[1].cancel()
+                    for i, values in enumerate(fields):
+                        seg.pwrite(np.ascontiguousarray(values, dtype="<i8"), (i * K + k) * 8)
+                    k += new.size
+                    window += block.starts.size
+            if seg is not None and (indexer.x_rows, indexer.future_rows, indexer.segments) != (
+                x_rows, future_rows, segments
+            ):
+                raise BuildError(f"spec {spec.id!r}: run {run_id}'s stored windows changed while the snapshot was written")
+            x_base, f_base = x_base + x_rows, f_base + future_rows
         if seg is not None and k != K:
             raise BuildError(f"spec {spec.id!r}: stored windows changed while writing the window index ({k} of {K} segments)")
 
@@ -467,7 +429,7 @@ def write_snapshot_files(
             merger = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="snapshot-report-merge"))
             feed = _ReportFeed(report, plan, report_pool, merger)
             stack.callback(feed.close)  # on an error: the merging thread stops, the pools can shut down
-            rows_written = write_series_files(files, store, plan, norm, series, feed, report_pool)
+            rows_written = write_series_files(files, store, plan, norm, series, feed)
             for key, written in rows_written.items():
                 if written != manifest["shapes"][key][0]:
                     raise BuildError(
