@@ -202,7 +202,9 @@ def test_cli_export_where_it_cannot_write(v2, tmp_path):
     proc = subprocess.run([*CLI, "export", str(v2.snapshot_dir), "--out", str(tmp_path / "a_file" / "sub" / "e")],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("EXPORT_FAILED: ") and "Not a directory" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    # The line names --out and the file in the way of the folder it goes in.
+    assert last.startswith("EXPORT_FAILED: --out ") and f"{tmp_path / 'a_file'} is a file, not a directory" in last
 
 
 def test_a_full_disk_at_the_export_summary_is_one_disk_full_line(v2, tmp_path, monkeypatch, capsys):
