@@ -30,6 +30,16 @@ def _visible(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
 
 
+def _assert_publish_failed_and_kept(error: DiskFullError, root, spec_id: str, before: list[str], first) -> None:
+    """One DISK_FULL line naming the spec's folder; no staging left, the previous snapshot current,
+    intact and alone in the catalog."""
+    line = error.one_line()
+    assert line.startswith(f"DISK_FULL: {root / spec_id}: no space left on the device") and "\n" not in line
+    assert _visible(root / spec_id) == before  # no staging directory left behind
+    assert current_snapshot(root, spec_id) == first.snapshot_dir and verify_snapshot(first.snapshot_dir).ok
+    assert [e.sha256 for e in Catalog(root).entries(spec_id)] == [first.sha256]
+
+
 @pytest.fixture
 def layout() -> str:
     return "windows"
@@ -164,11 +174,7 @@ def test_a_disk_that_fills_at_fsync_fails_in_one_line_and_keeps_the_previous_sna
         monkeypatch.delenv(TRACE_ENV)
         reached = {line.split()[0] for line in trace.read_text().splitlines()}
         assert "publish.staging_written" in reached and "publish.fsynced" not in reached, reached
-        line = err.value.one_line()
-        assert line.startswith(f"DISK_FULL: {root / spec.id}: no space left on the device") and "\n" not in line
-        assert _visible(root / spec.id) == before  # no staging directory left behind
-        assert current_snapshot(root, spec.id) == first.snapshot_dir and verify_snapshot(first.snapshot_dir).ok
-        assert [e.sha256 for e in Catalog(root).entries(spec.id)] == [first.sha256]
+        _assert_publish_failed_and_kept(err.value, root, spec.id, before, first)
         fs.relieve()
         again = build_dataset(edited, db, store_root=tmp_path / "store", datasets_root=root)
         assert current_snapshot(root, spec.id) == again.snapshot_dir and verify_snapshot(again.snapshot_dir).ok
@@ -225,8 +231,4 @@ def test_a_full_disk_at_the_digest_file_is_disk_full_and_keeps_the_previous_snap
         assert seen == [(errno.ENOSPC, True)]
         reached = {line.split()[0] for line in trace.read_text().splitlines()}
         assert "publish.staging_written" in reached and "publish.fsynced" not in reached, reached
-        line = err.value.one_line()
-        assert line.startswith(f"DISK_FULL: {root / spec.id}: no space left on the device") and "\n" not in line
-        assert _visible(root / spec.id) == before  # no staging directory left behind
-        assert current_snapshot(root, spec.id) == first.snapshot_dir and verify_snapshot(first.snapshot_dir).ok
-        assert [e.sha256 for e in Catalog(root).entries(spec.id)] == [first.sha256]
+        _assert_publish_failed_and_kept(err.value, root, spec.id, before, first)
