@@ -852,22 +852,14 @@ def _runs_in_tsdb(url: str, limit: int = 4) -> str:
 
 
 def _check_looks_like_a_snapshot(directory: Path) -> None:
-    """NOT_A_SNAPSHOT if ``directory`` has none of a snapshot's files: it is something else (a
-    datasets root, a spec's folder, a typo). A snapshot with some files missing is verified, and
-    verification names them."""
-    from aml_pipeline.core.hashing import DIGEST_FILE, MANIFEST_FILE, SPEC_FILE
+    """NOT_A_SNAPSHOT (the library's check) before a command reads ``directory`` as a snapshot."""
+    from aml_pipeline.snapshot.verify import check_looks_like_a_snapshot
+    from aml_pipeline.snapshot import SnapshotError
 
-    names = (SPEC_FILE, MANIFEST_FILE, DIGEST_FILE)
-    if not directory.is_dir() or any((directory / n).exists() for n in (*names, "arrays")):
-        return  # NOT_FOUND, or a snapshot: verification names what is missing
-    hint = ""
-    if (directory / "current").is_dir():
-        hint = f"; its current snapshot is {directory / 'current'}"
-    elif (directory / "catalog.sqlite").is_file():
-        hint = "; it is a datasets root: `aml-pipeline datasets --root` lists its snapshots"
-    raise AmlError(
-        f"{directory} is not a snapshot: it has none of {', '.join(names)}{hint}", code="NOT_A_SNAPSHOT"
-    )
+    try:
+        check_looks_like_a_snapshot(directory)
+    except SnapshotError as e:
+        raise AmlError(str(e), code=e.code) from None
 
 
 if __name__ == "__main__":

@@ -80,7 +80,8 @@ class SnapshotError(Exception):
     """A snapshot that must not be used.
 
     ``code`` is ``SNAPSHOT_TAMPERED`` (bytes differ from the recorded hash, or a hashed file is
-    missing) or ``SNAPSHOT_INVALID`` (it verifies, but does not describe readable arrays);
+    missing), ``SNAPSHOT_INVALID`` (it verifies, but does not describe readable arrays) or
+    ``NOT_A_SNAPSHOT`` (a folder with none of a snapshot's files);
     ``changed`` names the files that differ, as relative paths.
     """
 

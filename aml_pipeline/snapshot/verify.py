@@ -133,6 +133,21 @@ def _hash(opened: OpenedSnapshot, names: list[str], buf: bytearray, *, per_file:
     return hasher
 
 
+def check_looks_like_a_snapshot(root: Path) -> None:
+    """``NOT_A_SNAPSHOT`` if the folder ``root`` has none of a snapshot's files: it is something
+    else (a datasets root, a spec's folder, a typo), not a snapshot that was tampered with. A
+    snapshot with some files missing passes here; verifying it names what is missing."""
+    names = (SPEC_FILE, MANIFEST_FILE, DIGEST_FILE)
+    if not root.is_dir() or any((root / n).exists() for n in (*names, "arrays")):
+        return
+    hint = ""
+    if (root / "current").is_dir():
+        hint = f"; its current snapshot is {root / 'current'}"
+    elif (root / CATALOG_FILE).is_file():
+        hint = "; it is a datasets root: `aml-pipeline datasets --root` lists its snapshots"
+    raise SnapshotError(f"{root} is not a snapshot: it has none of {', '.join(names)}{hint}", code="NOT_A_SNAPSHOT")
+
+
 def open_files(root: str | os.PathLike[str], *, verify: bool = True, expected_sha256: str | None = None,
                use_catalog: bool = True) -> OpenedSnapshot:
     """Open every hashed file of the snapshot at ``root`` and, with ``verify``, check its hash.
@@ -144,6 +159,7 @@ def open_files(root: str | os.PathLike[str], *, verify: bool = True, expected_sh
     root = Path(root)
     if not root.is_dir():
         raise SnapshotError(f"{root}: not a snapshot directory", code="SNAPSHOT_INVALID")
+    check_looks_like_a_snapshot(root)
     try:
         recorded_bytes: bytes | None = (root / DIGEST_FILE).read_bytes()
     except FileNotFoundError:

@@ -109,6 +109,21 @@ def test_missing_files_are_refused(fresh_v2, tmp_path):
         open_snapshot(bare)
 
 
+def test_a_folder_that_is_no_snapshot_is_named_so_not_called_tampered(fresh_v2, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SnapshotError, match="is not a snapshot: it has none of spec.json") as err:
+        open_snapshot(empty)
+    assert err.value.code == "NOT_A_SNAPSHOT"
+    spec_folder = fresh_v2.snapshot_dir.parent  # datasets/<spec>: holds `current`, is no snapshot
+    with pytest.raises(SnapshotError, match="its current snapshot is") as err:
+        open_snapshot(spec_folder)
+    assert err.value.code == "NOT_A_SNAPSHOT"
+    with pytest.raises(SnapshotError, match="it is a datasets root") as err:
+        open_snapshot(spec_folder.parent)
+    assert err.value.code == "NOT_A_SNAPSHOT"
+
+
 def test_without_the_digest_file_the_catalog_still_vouches(fresh_v2):
     root = fresh_v2.snapshot_dir
     os.chmod(root, 0o755)
