@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -270,7 +270,17 @@ class Catalog:
             return None
         entry = _entry(r)
         link = current_snapshot(self.root, spec_id)
-        return entry if link is not None and link == Path(entry.path).resolve() and link.is_dir() else None
+        if link is None or not link.is_dir():
+            return None
+        if link == Path(entry.path).resolve():
+            return entry
+        # A copied (or moved) datasets root keeps its catalog, whose paths name the original: the
+        # entry is this root's current snapshot when ``current`` names the entry's directory here
+        # (``<spec id>/<sha256[:16]>``, as verify finds it), and its files are read from here.
+        here = (self.root / spec_id).resolve()
+        if link.parent == here and link.name == Path(entry.path).name == entry.sha256[:16]:
+            return replace(entry, path=str(link))
+        return None
 
     def find_by_path(self, snapshot_dir: Path) -> CatalogEntry | None:
         if not self.path.exists():

@@ -145,6 +145,28 @@ def test_gc_in_a_copied_datasets_root_touches_only_the_copy(make_spec, plant_url
     assert verify_snapshot(copy / spec_id / newest_other).ok and verify_snapshot(copy / spec_id / current).ok
 
 
+def test_a_copied_datasets_root_knows_its_current_snapshot(make_spec, plant_url, roots, tmp_path):
+    """The copy's catalog names the original's paths; its current snapshot is still found (in the
+    copy), so a build with nothing new there publishes nothing, and the checks read the copy."""
+    import shutil
+
+    from aml_pipeline.pipeline.checks import check_current
+
+    (spec,) = _publish_versions(make_spec, plant_url, roots, 1)
+    original = roots["datasets_root"]
+    copy = tmp_path / "copied" / "datasets"
+    shutil.copytree(original, copy, symlinks=True)
+    shutil.rmtree(original)  # a moved root: nothing may be read from the old place
+    entry = Catalog(copy).current(spec.id)
+    assert entry is not None and Path(entry.path) == (copy / spec.id / "current").resolve()
+    with open_tsdb(plant_url) as db:
+        again = build_dataset(spec, db, **{**roots, "datasets_root": copy})
+    assert not again.published and again.snapshot_dir == Path(entry.path)
+    assert _snapshot_dirs({"datasets_root": copy}, spec.id) == [Path(entry.path).name]
+    found, outcomes = check_current(copy, spec.id)
+    assert found is not None and all(o.passed for o in outcomes), outcomes
+
+
 @pytest.mark.parametrize("point", ["gc.catalog_row_removed", "gc.moved_to_trash", "gc.deleted"])
 def test_gc_killed_at_each_step_leaves_catalog_and_disk_consistent(point, make_spec, plant_url, roots, tmp_path):
     specs = _publish_versions(make_spec, plant_url, roots, 3)
