@@ -174,11 +174,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--orchestration-runs", type=int, default=None, metavar="N",
                     help="runs of the orchestration part's workload (default 2,000; --quick 10, too few to tell "
                          "a per-run cost from each side's fixed start-up)")
+    ap.add_argument("--repeat", type=int, default=None, metavar="N",
+                    help="repetitions of the cheap comparisons (default 5; --quick 2)")
+    ap.add_argument("--build-repeat", type=int, default=None, metavar="N",
+                    help="repetitions of the whole-build comparisons (default 3; --quick 1): more place a "
+                         "ratio more tightly on a noisy host")
     a = ap.parse_args(argv)
 
     cfg = dict(QUICK if a.quick else FULL)
     if a.orchestration_runs is not None:
         cfg["orchestration_runs"] = a.orchestration_runs
+    for key, value in (("repeat", a.repeat), ("build_repeat", a.build_repeat)):
+        if value is not None:
+            if value < 1:
+                ap.error(f"--{key.replace('_', '-')} {value}: give at least 1 repetition")
+            cfg[key] = value
     parts = [p.strip() for p in a.only.split(",") if p.strip()] or list(PARTS)
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
