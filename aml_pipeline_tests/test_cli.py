@@ -114,6 +114,8 @@ def expect_user_error(capsys, argv, code: str, *fragments: str) -> str:
         ({"nodes": [{"nodeId": "../../TI101", "role": "target"}]}, "SPEC_INVALID", "nodeId"),
         ({"nodes": [{"nodeId": "TI101", "role": "target"}, {"nodeId": "NOPE", "role": "feature"}]}, "UNKNOWN_NODE", "NOPE"),
         ({"historySteps": 5000}, "NO_WINDOWS", "fewer than historySteps + horizonSteps"),
+        # each run's first window has a gap: the stride, not the data, leaves no other to try
+        ({"stride": 10**6}, "NO_WINDOWS", "stride 1000000 is longer than the runs (the longest, L1-P100-"),
         ({"extras": {"recipeVersion": 3, "recipeContentHash": "x", "variables": [
             {"id": "t", "nodeId": "TI101", "scale": 0, "offset": 0}]}}, "UNIT_CONTRACT_INVALID", "scale"),
     ],
