@@ -441,7 +441,7 @@ def cmd_inputs(args: argparse.Namespace) -> int:
     import numpy as np
 
     from aml_pipeline.live import LiveRecipe
-    from aml_pipeline.live.points import epoch_ms, when
+    from aml_pipeline.live.points import NoPlannedPoints, epoch_ms, when
     from aml_pipeline.snapshot import SnapshotError, open_snapshot
 
     # Flags of the other source are refused, not ignored: the input would silently come from
@@ -463,11 +463,17 @@ def cmd_inputs(args: argparse.Namespace) -> int:
         controls = "realised"
     elif args.controls:
         controls = _points_file(args.controls, args.run)
-    if args.points:
-        run_start = epoch_ms(args.run_start, "--run-start") if args.run_start else None
-        got = recipe.inputs(origin, _points_file(args.points, args.run), controls=controls, run_start_ms=run_start)
-    else:
-        got = recipe.inputs(origin, tsdb=args.tsdb or config.tsdb_url(), run_id=args.run, controls=controls)
+    try:
+        if args.points:
+            run_start = epoch_ms(args.run_start, "--run-start") if args.run_start else None
+            got = recipe.inputs(origin, _points_file(args.points, args.run), controls=controls, run_start_ms=run_start)
+        else:
+            got = recipe.inputs(origin, tsdb=args.tsdb or config.tsdb_url(), run_id=args.run, controls=controls)
+    except NoPlannedPoints as e:
+        if len(controls):
+            raise AmlError(f"--controls {args.controls}: {e.message}", code=e.code) from None
+        raise AmlError(f"--controls {args.controls}: the planned-controls file holds no points (without one node "
+                       f"{e.node} has no value at {when(e.at_ms)})", code=e.code) from None
     if args.out:
         import io
 

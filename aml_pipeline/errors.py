@@ -149,6 +149,11 @@ class DiskFullError(AmlError):
     code = "DISK_FULL"
 
 
+def _size(n: int) -> str:
+    # MB for a snapshot, kB for a small file (a digest), where MB would print 0.0.
+    return f"{n / 1e6:.1f} MB" if n >= 50_000 else f"{n / 1e3:.1f} kB" if n >= 1000 else f"{n} bytes"
+
+
 def disk_full(err: BaseException, path: object, *, needed_bytes: int | None = None) -> DiskFullError | None:
     """The :class:`DiskFullError` for ``err`` if it is an out-of-space error, else None.
 
@@ -165,5 +170,5 @@ def disk_full(err: BaseException, path: object, *, needed_bytes: int | None = No
     )
     if not out_of_space:
         return None
-    need = f"; this step needed about {needed_bytes / 1e6:.1f} MB more" if needed_bytes else ""
+    need = f"; this step needed about {_size(needed_bytes)} more" if needed_bytes else ""
     return DiskFullError(f"{path}: no space left on the device{need}; free space or point it elsewhere")

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
@@ -38,14 +38,36 @@ class _Model(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_boolean_numbers(cls, v: Any, info: Any) -> Any:
-        # Pydantic takes true for 1 where a number belongs: ``beatMs: true`` would build a 1 ms
-        # grid, ``historySteps: yes`` a history of one step, without a word.
-        if isinstance(v, bool) and info.field_name is not None:
-            annotation = cls.model_fields[info.field_name].annotation
-            if {int, float} & {annotation, *get_args(annotation)}:
-                raise ValueError(f"{str(v).lower()} is not a number")
+    def _no_loose_scalars(cls, v: Any, info: Any) -> Any:
+        # Pydantic takes true for 1 where a number belongs (``beatMs: true`` would build a 1 ms
+        # grid, ``historySteps: yes`` a history of one step) and text for what it spells
+        # (``causal: "yes"``, ``scale: "1"``), without a word: a quoted value is most often a
+        # value meant for another key or a template left unfilled.
+        if info.field_name is None:
+            return v
+        annotation = cls.model_fields[info.field_name].annotation
+        members = {annotation, *get_args(annotation)}
+        why = _loose_scalar(v, members)
+        if why is None and isinstance(v, (list, tuple)):
+            items = {t for m in members if get_origin(m) is tuple for t in get_args(m) if t is not Ellipsis}
+            why = next((f"item {i}: {w}" for i, x in enumerate(v) if (w := _loose_scalar(x, items))), None)
+        if why is not None:
+            raise ValueError(why)
         return v
+
+
+def _loose_scalar(v: Any, types: set[Any]) -> str | None:
+    """Why ``v`` does not stand for a value of ``types`` as given (None: it may)."""
+    if str in types:
+        return None
+    if bool in types:
+        return f"{quote(v)} is text, not true or false" if isinstance(v, str) else None
+    if {int, float} & types:
+        if isinstance(v, bool):
+            return f"{str(v).lower()} is not a number"
+        if isinstance(v, str):
+            return f"{quote(v)} is text, not a number (write it without quotes)"
+    return None
 
 
 class NodeSpec(_Model):

@@ -201,6 +201,11 @@ CASES: dict[str, Case] = {
                            ("SPEC_INVALID", "field beatMs: true is not a number")),
     "spec_history_true": Case(cmd("build", lambda w, s: spec_with(w, s / "hist.yaml", historySteps=True)),
                               ("SPEC_INVALID", "field historySteps: true is not a number")),
+    # text where a boolean or a number belongs is not read for what it spells ("yes" as true)
+    "spec_causal_text": Case(cmd("build", lambda w, s: spec_with(w, s / "causal.yaml", causal="yes")),
+                             ("SPEC_INVALID", "field causal: 'yes' is text, not true or false")),
+    "spec_stride_text": Case(cmd("build", lambda w, s: spec_with(w, s / "stride.yaml", stride="5")),
+                             ("SPEC_INVALID", "field stride: '5' is text, not a number")),
     "spec_long_id": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", id="a" * LONG)), ("field id", f"({LONG} characters)")),
     "spec_long_node": Case(cmd("build", lambda w, s: spec_with(w, s / "long.yaml", node0="N" * LONG)),
                            ("nodes[0].nodeId", f"({LONG} characters)")),

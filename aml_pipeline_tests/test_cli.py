@@ -114,6 +114,8 @@ def expect_user_error(capsys, argv, code: str, *fragments: str) -> str:
         ({"nodes": [{"nodeId": "../../TI101", "role": "target"}]}, "SPEC_INVALID", "nodeId"),
         ({"nodes": [{"nodeId": "TI101", "role": "target"}, {"nodeId": "NOPE", "role": "feature"}]}, "UNKNOWN_NODE", "NOPE"),
         ({"historySteps": 5000}, "NO_WINDOWS", "fewer than historySteps + horizonSteps"),
+        # each run's first window has a gap: the stride, not the data, leaves no other to try
+        ({"stride": 10**6}, "NO_WINDOWS", "stride 1000000 is longer than the runs (the longest, L1-P100-"),
         ({"extras": {"recipeVersion": 3, "recipeContentHash": "x", "variables": [
             {"id": "t", "nodeId": "TI101", "scale": 0, "offset": 0}]}}, "UNIT_CONTRACT_INVALID", "scale"),
     ],
@@ -528,6 +530,12 @@ def test_inputs_prints_and_writes_a_causal_window_s_x_and_refuses_bad_input_in_o
     first_row = next(line for line in text.splitlines() if line.startswith("  20"))
     assert [float(v) for v in first_row.split()[1:]] == pytest.approx(np.asarray(snap.x[window][0]).tolist(), abs=5e-5)
 
+    # a planned-controls file without a point is named as such, not taken for a gap after the origin
+    empty = tmp_path / "planned.csv"
+    empty.write_text("run_id,node_id,ts,value,state\n")
+    for source in (["--tsdb", ingested], ["--points", str(points), "--run", block.run_id, "--run-start", str(run_start)]):
+        expect_user_error(capsys, ["inputs", str(snapshot), "--at", str(origin), *source, "--controls", str(empty)],
+                          "LIVE_INPUT_INVALID", f"--controls {empty}: the planned-controls file holds no points")
     expect_user_error(capsys, ["inputs", str(snapshot), "--at", "yesterday", "--tsdb", ingested], "LIVE_ORIGIN_INVALID", "yesterday")
     early = next(r.started_at for r in small_plant.runs if r.run_id == block.run_id) + 5_000
     expect_user_error(capsys, ["inputs", str(snapshot), "--at", str(early), "--tsdb", ingested, "--run", block.run_id],

@@ -36,3 +36,31 @@ def test_a_key_near_no_valid_one_lists_the_keys_of_its_mapping() -> None:
     line = err.value.one_line()
     assert line.startswith("SPEC_INVALID: specs/x.yaml: field cleaning.zzz: unknown key (the keys here: goodStates, "
                            "hampelK, hampelMinDev, hampelSigma; docs/spec.md)"), line
+
+
+@pytest.mark.parametrize(
+    ("extra", "line"),
+    [
+        ({"causal": "yes"}, "field causal: 'yes' is text, not true or false"),
+        ({"stride": "5"}, "field stride: '5' is text, not a number"),
+        ({"cleaning": {"hampelSigma": "3"}}, "field cleaning.hampelSigma: '3' is text, not a number"),
+        ({"cleaning": {"goodStates": [0, "1"]}}, "field cleaning.goodStates: item 1: '1' is text, not a number"),
+        ({"nodes": [{"nodeId": "A", "role": "target", "range": [0, "10"]}]},
+         "field nodes[0].range: item 1: '10' is text, not a number"),
+        ({"nodes": [{"nodeId": "A", "role": "target", "range": [True, 10]}]},
+         "field nodes[0].range: item 0: true is not a number"),
+        ({"extras": {"recipeVersion": 1, "recipeContentHash": "h", "variables": [{"id": "a", "nodeId": "A", "scale": "1", "offset": 0}]}},
+         "field extras.variables[0].scale: '1' is text, not a number"),
+    ],
+)
+def test_text_where_a_boolean_or_a_number_belongs_is_refused(extra: dict, line: str) -> None:
+    # Pydantic would read "yes" as true and "1" as 1: a quoted value is refused, naming the field.
+    with pytest.raises(SpecError) as err:
+        parse_spec(BASE | extra, source="specs/x.yaml")
+    assert err.value.one_line().startswith(f"SPEC_INVALID: specs/x.yaml: {line}"), err.value.one_line()
+
+
+def test_numbers_and_booleans_as_such_still_parse() -> None:
+    spec = parse_spec(BASE | {"causal": True, "stride": 2, "cleaning": {"hampelSigma": 2.5, "goodStates": [0, 192]},
+                              "nodes": [{"nodeId": "A", "role": "target", "range": [0, 10.5]}]})
+    assert (spec.causal, spec.stride, spec.cleaning.hampel_sigma, spec.nodes[0].range) == (True, 2, 2.5, (0.0, 10.5))

@@ -32,6 +32,16 @@ class LiveInputError(AmlError):
     code = "LIVE_INPUT_INVALID"
 
 
+class NoPlannedPoints(LiveInputError):
+    """Planned controls without a single point after the origin, where a control's history does
+    not hold to the horizon: the missing plan named as such, not as a gap in the history."""
+
+    def __init__(self, node: str, at_ms: int, origin_ms: int) -> None:
+        self.node, self.at_ms = node, at_ms
+        super().__init__(f"the planned controls hold no point after the origin {when(origin_ms)}, and without one "
+                         f"node {node} has no value at {when(at_ms)}: give the controls' planned points")
+
+
 @dataclass(frozen=True, eq=False)
 class NodePoints:
     """One node's points, ordered by time (ties in their given order)."""

@@ -25,7 +25,7 @@ from aml_pipeline.core.clean import clean_batch
 from aml_pipeline.core.grid import align_batch
 from aml_pipeline.core.grid_params import NodeGridParams
 from aml_pipeline.core.normalize import apply_norm
-from aml_pipeline.live.points import EMPTY, LiveInputError, NodePoints, epoch_ms, points_by_node, when
+from aml_pipeline.live.points import EMPTY, LiveInputError, NodePoints, NoPlannedPoints, epoch_ms, points_by_node, when
 from aml_pipeline.pipeline.stages.grid import node_grid_params
 from aml_pipeline.pipeline.stages.windows import unit_columns
 from aml_pipeline.snapshot import Snapshot, open_snapshot
@@ -239,7 +239,8 @@ class LiveRecipe:
         return [_Column(values[j], c.kept_ts, c.survivor_ts) for j, c in enumerate(out)]
 
     def _compute(self, origin: int, hist: Mapping[str, NodePoints], *, complete: set[str], run_start: int | None,
-                 planned: Mapping[str, NodePoints] | None, planned_values: Any, run_id: str | None = None) -> LiveInputs:
+                 planned: Mapping[str, NodePoints] | None, planned_values: Any, run_id: str | None = None,
+                 realised: bool = False) -> LiveInputs:
         beat, H = self.beat_ms, self.history_steps
         first = origin - H * beat
         if run_start is not None and first < -(-run_start // beat) * beat:
@@ -270,7 +271,7 @@ class LiveRecipe:
         if planned_values is not None:
             u = self._u_from_values(planned_values, origin)
         elif planned is not None:
-            u = self._u_from_points(hist, planned, origin, complete=complete)
+            u = self._u_from_points(hist, planned, origin, complete=complete, realised=realised)
         return LiveInputs(origin, times, x, u, self.nodes, self.controls, self.causal, may_differ, why, run_id)
 
     def _no_gap(self, node: str, col: _Column, times: np.ndarray, origin: int, unsettled: np.ndarray | None = None) -> None:
@@ -335,7 +336,7 @@ class LiveRecipe:
         return apply_norm(u, *self._norm["u"])
 
     def _u_from_points(self, hist: Mapping[str, NodePoints], planned: Mapping[str, NodePoints], origin: int,
-                       *, complete: set[str]) -> np.ndarray:
+                       *, complete: set[str], realised: bool = False) -> np.ndarray:
         beat, H, F = self.beat_ms, self.history_steps, self.horizon_steps
         first = origin - H * beat
         times = first + beat * np.arange(H + F, dtype=np.int64)
@@ -345,7 +346,13 @@ class LiveRecipe:
         columns = self._columns(self.controls, [NodePoints.concat([hist[n], future[n]]) for n in self.controls],
                                 first, H + F, complete=complete)
         u = np.empty((F, len(self.controls)))
+        # Points given as a plan without one after the origin: the plan is what is missing (the
+        # realised controls' absence is a gap in the run, named as such).
+        unplanned = not realised and not any(len(p) for p in future.values())
         for c, (node, col) in enumerate(zip(self.controls, columns)):
+            gaps = np.flatnonzero(np.isnan(col.values[H:]))
+            if unplanned and gaps.size:
+                raise NoPlannedPoints(node, int(times[H + gaps[0]]), origin)
             self._no_gap(node, _Column(col.values[H:], col.kept_ts, col.survivor_ts), times[H:], origin + F * beat)
             u[:, c] = col.values[H:]
         for j, scale, offset in self._units:
@@ -406,7 +413,7 @@ class LiveRecipe:
             complete = {n for n, t in read_from.items() if t <= start}
             try:
                 return self._compute(origin, hist, complete=complete, run_start=start, planned=planned,
-                                     planned_values=values, run_id=run.run_id)
+                                     planned_values=values, run_id=run.run_id, realised=realised)
             except _NeedsEarlier as e:
                 for short in e.short:
                     node, lo = short.node, short.before

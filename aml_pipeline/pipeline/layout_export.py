@@ -25,6 +25,7 @@ import numpy as np
 
 from aml_pipeline.core.hashing import SnapshotDigest
 from aml_pipeline.core.manifest import to_json_bytes, windows_manifest
+from aml_pipeline.errors import disk_full
 from aml_pipeline.fsutil import fsync_dir, remove_tree
 from aml_pipeline.pipeline.snapshot_writer import StagedFiles
 from aml_pipeline.snapshot import Snapshot, open_snapshot
@@ -55,8 +56,8 @@ def export_windows_layout(snapshot: Snapshot | str | os.PathLike[str], out_dir: 
         raise FileExistsError(f"{out} exists and is not an empty directory; choose another --out or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    (tmp / "arrays").mkdir(parents=True)
     try:
+        (tmp / "arrays").mkdir(parents=True)
         spec = {k: v for k, v in snap.spec.items() if k != "layout"}
         spec_json = (json.dumps(spec, indent=2, ensure_ascii=False) + "\n").encode()
         manifest = windows_manifest(snap.manifest)
@@ -83,8 +84,12 @@ def export_windows_layout(snapshot: Snapshot | str | os.PathLike[str], out_dir: 
         fsync_dir(tmp)
         os.rename(tmp, out)  # replaces an empty directory, fails on a non-empty one
         fsync_dir(out.parent)
-    except BaseException:
+    except BaseException as e:
         remove_tree(tmp, ignore_errors=True)
+        # DISK_FULL naming --out for any caller, not only the CLI's.
+        full = disk_full(e, out) if isinstance(e, OSError) else None
+        if full is not None:
+            raise full from None
         raise
     return {"outDir": str(out), "layout": "windows", "sha256": digest, "verified": snap.verified,
             "files": len(digests)}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aml_pipeline.core.hashing import DIGEST_FILE, SnapshotDigest, verify_snapshot
-from aml_pipeline.errors import AmlError
+from aml_pipeline.errors import AmlError, disk_full
 from aml_pipeline.faults import crash_point
 from aml_pipeline.fsutil import fsync_dir, make_read_only, process_alive, remove_tree
 from aml_pipeline.ids import check_spec_id
@@ -67,9 +67,18 @@ def publish_staged(staging: Path, digest: SnapshotDigest) -> Path:
     """Record the digest beside the files, make them read-only, fsync everything and rename
     into place (an accidental write to a published snapshot fails; ``verify`` catches a
     deliberate one)."""
-    (staging / DIGEST_FILE).write_bytes(digest.to_json_bytes())
-    with open(staging / DIGEST_FILE, "rb+") as f:
-        os.fsync(f.fileno())
+    data = digest.to_json_bytes()
+    try:
+        (staging / DIGEST_FILE).write_bytes(data)
+        with open(staging / DIGEST_FILE, "rb+") as f:
+            os.fsync(f.fileno())
+    except OSError as e:
+        # The snapshot's files are written: what ran out is the room for this one small file,
+        # so the line states its size, not the snapshot's.
+        full = disk_full(e, staging.parent, needed_bytes=len(data))
+        if full is not None:
+            raise full from None
+        raise
     make_read_only(staging)
     for d in (staging / "arrays", staging):
         if d.is_dir():

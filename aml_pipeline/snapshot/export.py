@@ -164,6 +164,16 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _disk_full(err: BaseException, out: Path) -> Exception | None:
+    """The package's DISK_FULL error naming ``out`` when ``err`` is running out of space: a caller
+    of the library gets the one line the CLI prints, not the OS's error."""
+    # Imported here, not with the module: the reader imports nothing else of aml_pipeline (the
+    # export, needing pyarrow, runs where the package is installed).
+    from aml_pipeline.errors import disk_full
+
+    return disk_full(err, out) if isinstance(err, OSError) else None
+
+
 def export_parquet(
     snapshot: Snapshot | str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -194,8 +204,8 @@ def export_parquet(
         raise FileExistsError(f"{out} exists and is not an empty directory; choose another --out or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         schema = _schema(snap, pa)
         blocks = [b for b in snap.blocks if b.split in splits]
         files: list[dict[str, Any]] = []
@@ -230,7 +240,10 @@ def export_parquet(
         _fsync(tmp)
         os.rename(tmp, out)  # replaces an empty directory, fails on a non-empty one
         _fsync(out.parent)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        full = _disk_full(e, out)
+        if full is not None:
+            raise full from None
         raise
     return {**summary, "outDir": str(out)}

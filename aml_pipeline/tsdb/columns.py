@@ -153,8 +153,9 @@ def nodes_table(nodes: list[Node]) -> pa.Table | None:
         seen.add(n.node_id)
         lo, hi = n.range_lo, n.range_hi
         for name, v in (("range_lo", lo), ("range_hi", hi)):
-            if v is not None and np.isnan(float(v)):
-                raise IngestError(f"{where} ({n.node_id}): {name} is NaN; leave it empty (None)")
+            if v is not None and not np.isfinite(float(v)):
+                shown = "NaN" if np.isnan(float(v)) else repr(float(v))
+                raise IngestError(f"{where} ({n.node_id}): {name} is {shown}; leave it empty (None)")
         if lo is not None and hi is not None and float(lo) > float(hi):
             raise IngestError(f"{where} ({n.node_id}): range_lo {lo} is above range_hi {hi}")
     return pa.table(

@@ -501,10 +501,12 @@ def read_nodes(path: PathLike) -> list[Node]:
             arr = _combined(src.column(name))
             nulls = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
             vals = _parse_float(src, name, null_as_nan=True)
-            bad = ~nulls & np.isnan(vals)
+            # An infinite bound is no bound at all ([inf, inf] would drop every point): refused like NaN.
+            bad = ~nulls & ~np.isfinite(vals)
             if bad.any():
                 i = int(np.argmax(bad))
-                raise src.error(i, name, "NaN is not a range bound; leave it empty if unknown")
+                v = "NaN" if np.isnan(vals[i]) else repr(float(vals[i]))
+                raise src.error(i, name, f"{v} is not a range bound; leave it empty if unknown")
             ranges[name] = [None if nulls[i] else float(vals[i]) for i in range(len(src))]
         else:
             ranges[name] = [None] * len(src)

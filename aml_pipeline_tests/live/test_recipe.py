@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from aml_pipeline.live import LiveInputError, LiveRecipe, live_inputs
+from aml_pipeline.live.points import when
 from aml_pipeline.pipeline.registry import GRID
 from aml_pipeline.tsdb_open import open_tsdb
 from aml_pipeline_tests.live.support import before
@@ -226,6 +227,13 @@ def test_bad_live_input_is_one_clear_error_naming_the_node_and_the_time(built, p
     assert e.code == "LIVE_INPUT_INVALID" and "integer epoch milliseconds" in e.message
     e = error(pts, controls="realised")
     assert e.code == "LIVE_INPUT_INVALID" and "tsdb" in e.message
+    # Planned controls without a point after the origin: the plan is named, not a gap in the history.
+    for planned in ({}, before(run_points[run_id], origin)):
+        e = error(pts, controls=planned)
+        assert e.code == "LIVE_INPUT_INVALID" and "missing from the history" not in e.message, e.message
+        assert e.message.startswith(f"the planned controls hold no point after the origin {when(origin)}, and without one "
+                                    "node "), e.message
+        assert e.message.split(" node ", 1)[1].split(" ", 1)[0] in recipe.controls and "has no value at 20" in e.message
 
 
 def test_a_node_s_catalog_range_comes_from_the_snapshot_the_tsdb_or_the_caller(built, plant, plant_url, run_points) -> None:

@@ -206,15 +206,17 @@ def test_a_full_disk_at_the_digest_file_is_disk_full_and_keeps_the_previous_snap
     from aml_pipeline.core.hashing import DIGEST_FILE
 
     spec = make_spec(extras=True)
-    real, seen = manifest_stage.publish_staged, []
+    real, seen, sizes = manifest_stage.publish_staged, [], []
 
     def full_before_digest(staging, digest):
         assert not (staging / DIGEST_FILE).exists()
+        sizes.append(len(digest.to_json_bytes()))
         fill(root, leave_kb=0)
         try:
             return real(staging, digest)
-        except OSError as e:
-            seen.append((e.errno, (staging / DIGEST_FILE).exists()))
+        except (OSError, DiskFullError) as e:
+            cause = e if isinstance(e, OSError) else e.__context__  # the OS's error the line stands for
+            seen.append((cause.errno, (staging / DIGEST_FILE).exists()))
             raise
 
     with small_filesystem(tmp_path / "small", 16 * 1024) as root, open_tsdb(plant_url) as db:
@@ -232,3 +234,6 @@ def test_a_full_disk_at_the_digest_file_is_disk_full_and_keeps_the_previous_snap
         reached = {line.split()[0] for line in trace.read_text().splitlines()}
         assert "publish.staging_written" in reached and "publish.fsynced" not in reached, reached
         _assert_publish_failed_and_kept(err.value, root, spec.id, before, first)
+        # The line states what the failed write needed: the digest's size, not the whole snapshot's.
+        assert 1000 <= sizes[0] < 50_000, sizes
+        assert f"; this step needed about {sizes[0] / 1e3:.1f} kB more;" in err.value.one_line(), err.value.one_line()

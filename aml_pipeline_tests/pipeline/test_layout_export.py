@@ -120,11 +120,11 @@ def test_nothing_half_written_is_left_when_an_export_fails(built, tmp_path, monk
     def failing(snap, kind):
         calls.append(kind)
         if kind == "y":
-            raise OSError(28, "No space left on device")
+            raise OSError(5, "Input/output error")  # not a full disk (that is DISK_FULL, below): raised as it is
         return real(snap, kind)
 
     monkeypatch.setattr(layout_export, "_blocks", failing)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="Input/output error"):
         export_windows_layout(series.snapshot_dir, tmp_path / "e" / "out")
     assert calls == ["x", "u", "y"] and list((tmp_path / "e").iterdir()) == []
 
@@ -155,3 +155,18 @@ def test_a_full_disk_at_the_digest_is_one_disk_full_line(built, tmp_path, monkey
         assert len(seen) == 1
         assert code == 2 and err[-1] == f"DISK_FULL: {root / 'w'}: no space left on the device; free space or point it elsewhere"
         assert [p.name for p in root.iterdir()] == [".ballast"]  # no export, no hidden partial directory
+
+
+def test_export_windows_layout_called_as_a_library_meets_a_full_disk_as_disk_full(built, tmp_path):
+    """Not only the CLI: a caller of export_windows_layout gets the product's DISK_FULL error
+    naming the output, not the OS's error, and nothing of the export is left."""
+    from aml_pipeline.errors import DiskFullError
+    from aml_pipeline_tests.small_fs import fill, small_filesystem
+
+    _, _, series = built
+    with small_filesystem(tmp_path / "small", 8 * 1024) as root:
+        fill(root, leave_kb=0)
+        with pytest.raises(DiskFullError) as err:
+            layout_export.export_windows_layout(series.snapshot_dir, root / "w")
+        assert err.value.one_line() == f"DISK_FULL: {root / 'w'}: no space left on the device; free space or point it elsewhere"
+        assert [p.name for p in root.iterdir()] == [".ballast"]

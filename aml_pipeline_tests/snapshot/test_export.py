@@ -127,11 +127,11 @@ def test_nothing_half_written_is_left_when_an_export_fails(v2, tmp_path, monkeyp
     def failing(snap, block):
         calls.append(block.run_id)
         if len(calls) == 3:
-            raise OSError(28, "No space left on device")
+            raise OSError(5, "Input/output error")  # not a full disk (that is DISK_FULL, below): raised as it is
         return real(snap, block)
 
     monkeypatch.setattr(export_mod, "run_grid", failing)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="Input/output error"):
         export_parquet(v2.snapshot_dir, tmp_path / "e")
     assert list(tmp_path.iterdir()) == []  # neither the directory nor its hidden partial twin
 
@@ -232,3 +232,17 @@ def test_a_full_disk_at_the_export_summary_is_one_disk_full_line(v2, tmp_path, m
         assert seen == [len(v2.manifest["split"]["blocks"])]  # the disk filled after the last part file
         assert code == 2 and err[-1] == f"DISK_FULL: {root / 'e'}: no space left on the device; free space or point it elsewhere"
         assert [p.name for p in root.iterdir()] == [".ballast"]  # no export, no hidden partial directory
+
+
+def test_export_parquet_called_as_a_library_meets_a_full_disk_as_disk_full(v2, tmp_path):
+    """Not only the CLI: a caller of export_parquet gets the product's DISK_FULL error naming the
+    output, not the OS's error, and nothing of the export is left."""
+    from aml_pipeline.errors import DiskFullError
+    from aml_pipeline_tests.small_fs import fill, small_filesystem
+
+    with small_filesystem(tmp_path / "small", 8 * 1024) as root:
+        fill(root, leave_kb=0)
+        with pytest.raises(DiskFullError) as err:
+            export_mod.export_parquet(v2.snapshot_dir, root / "e")
+        assert err.value.one_line() == f"DISK_FULL: {root / 'e'}: no space left on the device; free space or point it elsewhere"
+        assert [p.name for p in root.iterdir()] == [".ballast"]

@@ -441,6 +441,8 @@ def test_ingest_error_messages_name_the_offender(tmp_path):
             db.ingest(nodes=[Node("A"), Node("A")])
         with pytest.raises(IngestError, match="range_lo 2.0 is above range_hi 1.0"):
             db.ingest(nodes=[Node("A", "", 2.0, 1.0)])
+        with pytest.raises(IngestError, match=r"nodes\[0\] \(A\): range_hi is inf; leave it empty"):
+            db.ingest(nodes=[Node("A", "", 0.0, float("inf"))])
         db.ingest(runs=[Run("R", "L", "P", "R", None, None, 0, None)], nodes=[Node("A")])
         with pytest.raises(IngestError, match="index 1 has no node_id"):
             db.ingest(

@@ -293,6 +293,8 @@ def test_runs_errors(tmp_path, rows, line, column, problem):
         ("A,u,1,x", "range_hi", "not a number: 'x'"),
         ("A,u,2,1", "range_hi", "below range_lo"),
         ("A,u,nan,1", "range_lo", "NaN is not a range bound"),
+        ("A,u,inf,inf", "range_lo", "inf is not a range bound"),
+        ("A,u,1,-inf", "range_hi", "-inf is not a range bound"),
         ("A,u,,\nA,v,,", "node_id", "duplicate node_id 'A'"),
     ],
 )

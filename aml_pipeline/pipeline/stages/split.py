@@ -137,9 +137,10 @@ def plan_dataset(store: DatasetStore, run_ids: Sequence[str]) -> DatasetPlan:
     if not candidates:
         reasons = "; ".join(f"{e['runId']}: {e['reason']}" for e in excluded[:3])
         more = f" (and {len(excluded) - 3} more)" if len(excluded) > 3 else ""
+        stride = _stride_past_the_runs(spec, {r: m for r, m in metas.items() if r not in lineage_out})
         raise BuildError(
             f"spec {spec.id!r}: the build yields no windows from {len(run_ids)} run(s)"
-            + (f" — {reasons}{more}" if reasons else ""),
+            + (f": {stride}" if stride else f" — {reasons}{more}" if reasons else ""),
             code="NO_WINDOWS",
         )
     s = spec.split
@@ -160,6 +161,22 @@ def plan_dataset(store: DatasetStore, run_ids: Sequence[str]) -> DatasetPlan:
         "blocks": split_blocks(parts, windows),
     }
     return DatasetPlan(split, lineage, {r: metas[r] for r, _ in candidates}, store.versions[SPLIT])
+
+
+def _stride_past_the_runs(spec: DatasetSpec, metas: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Why no run yields a window when the stride, not the data, is the reason: a stride at least
+    as long as every run's possible windows tries only each run's first window, so a gap there
+    (as at a run's start) costs the whole run; the runs' own reasons would name only that gap."""
+    possible = {r: int(m["rows"]) - spec.history_steps - spec.horizon_steps + 1 for r, m in metas.items()}
+    if not possible or spec.stride == 1:
+        return None
+    longest = max(possible, key=lambda r: (possible[r], r))
+    n = possible[longest]
+    if n <= 1 or spec.stride < n:
+        return None
+    return (f"stride {spec.stride} is longer than the runs (the longest, {longest}, has {metas[longest]['rows']} grid "
+            f"rows: {n} possible windows), so only each run's first window is tried and none is complete; "
+            f"use a stride below {n}")
 
 
 def save_plan(store: DatasetStore, plan: DatasetPlan) -> Path:
