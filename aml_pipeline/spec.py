@@ -103,6 +103,10 @@ class NodeSpec(_Model):
             lo, hi = v
             if math.isnan(lo) or math.isnan(hi) or lo > hi:
                 raise ValueError(f"range [{lo}, {hi}] must satisfy lo <= hi")
+            # One side may be open (``[0, .inf]``); a range that starts at +inf or ends at -inf
+            # holds no number, and would remove every point of the node.
+            if lo == math.inf or hi == -math.inf:
+                raise ValueError(f"range [{lo}, {hi}] holds no number; use -.inf / .inf only for an open side")
         return v
 
 

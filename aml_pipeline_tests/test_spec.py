@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from aml_pipeline.errors import SpecError
@@ -58,6 +60,18 @@ def test_text_where_a_boolean_or_a_number_belongs_is_refused(extra: dict, line: 
     with pytest.raises(SpecError) as err:
         parse_spec(BASE | extra, source="specs/x.yaml")
     assert err.value.one_line().startswith(f"SPEC_INVALID: specs/x.yaml: {line}"), err.value.one_line()
+
+
+@pytest.mark.parametrize("bounds", [(math.inf, math.inf), (-math.inf, -math.inf)])
+def test_a_node_range_that_holds_no_number_is_refused(bounds: tuple[float, float]) -> None:
+    # [inf, inf] passed "lo <= hi" and removed every point of the node.
+    with pytest.raises(SpecError, match="holds no number"):
+        parse_spec(BASE | {"nodes": [{"nodeId": "A", "role": "target", "range": list(bounds)}]})
+
+
+def test_a_node_range_may_be_open_on_one_side() -> None:
+    spec = parse_spec(BASE | {"nodes": [{"nodeId": "A", "role": "target", "range": [0, math.inf]}]})
+    assert spec.nodes[0].range == (0.0, math.inf)
 
 
 def test_numbers_and_booleans_as_such_still_parse() -> None:

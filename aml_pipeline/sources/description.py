@@ -319,8 +319,8 @@ class NodeEntry(_M):
     def _range(self) -> NodeEntry:
         for name in ("low", "high"):
             v = getattr(self, name)
-            if v is not None and math.isnan(v):
-                raise ValueError(f"{name}: NaN; leave it out for an unknown bound")
+            if v is not None and not math.isfinite(v):
+                raise ValueError(f"{name}: {v}; leave it out for an unknown or open bound")
         if self.low is not None and self.high is not None and self.low > self.high:
             raise ValueError(f"low {self.low} is above high {self.high}")
         return self

@@ -53,6 +53,8 @@ def error_of(data) -> str:
     (good(runs={"batch_tag": {"node": "B", "line": "L", "product": "P", "recipe": "R"}, "line": "x"}), "runs.line",
      "belongs inside batch_tag"),
     (good(nodes={"TI101": {"low": 5, "high": 1}}), "nodes.TI101", "low 5.0 is above high 1.0"),
+    (good(nodes={"TI101": {"low": float("inf")}}), "nodes.TI101", "low: inf; leave it out for an unknown or open bound"),
+    (good(nodes={"TI101": {"high": float("-inf")}}), "nodes.TI101", "high: -inf; leave it out"),
     (good(backend="influxdb", connection="http://h:8086"), "database", "required for backend influxdb"),
     (good(database="x"), "database", "only for backend influxdb"),
     (good(points={**NARROW, "partition": {"column": "date"}}), "points.partition", "only for backend files"),
