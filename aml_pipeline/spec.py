@@ -61,7 +61,11 @@ def _loose_scalar(v: Any, types: set[Any]) -> str | None:
     if str in types:
         return None
     if bool in types:
-        return f"{quote(v)} is text, not true or false" if isinstance(v, str) else None
+        if isinstance(v, str):
+            return f"{quote(v)} is text, not true or false"
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return f"{v} is a number, not true or false"
+        return None
     if {int, float} & types:
         if isinstance(v, bool):
             return f"{str(v).lower()} is not a number"

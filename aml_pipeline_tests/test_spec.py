@@ -44,6 +44,7 @@ def test_a_key_near_no_valid_one_lists_the_keys_of_its_mapping() -> None:
     ("extra", "line"),
     [
         ({"causal": "yes"}, "field causal: 'yes' is text, not true or false"),
+        ({"causal": 1}, "field causal: 1 is a number, not true or false"),
         ({"stride": "5"}, "field stride: '5' is text, not a number"),
         ({"cleaning": {"hampelSigma": "3"}}, "field cleaning.hampelSigma: '3' is text, not a number"),
         ({"cleaning": {"goodStates": [0, "1"]}}, "field cleaning.goodStates: item 1: '1' is text, not a number"),
