@@ -274,7 +274,8 @@ class LiveRecipe:
             u = self._u_from_points(hist, planned, origin, complete=complete, realised=realised)
         return LiveInputs(origin, times, x, u, self.nodes, self.controls, self.causal, may_differ, why, run_id)
 
-    def _no_gap(self, node: str, col: _Column, times: np.ndarray, origin: int, unsettled: np.ndarray | None = None) -> None:
+    def _no_gap(self, node: str, col: _Column, times: np.ndarray, origin: int, unsettled: np.ndarray | None = None,
+                *, part: str = "the history") -> None:
         missing = np.flatnonzero(np.isnan(col.values))
         if not missing.size:
             return
@@ -299,7 +300,7 @@ class LiveRecipe:
             reason += (f"; this snapshot was built without causal: true, so its windows judged the last {params.hampel_k} "
                        "points before their origin with points after it, which a live input cannot see")
         more = f" (and {missing.size - 1} more rows)" if missing.size > 1 else ""
-        raise LiveInputError(f"node {node} at {when(g)}: missing from the history: {reason}{more}", code="LIVE_GAP")
+        raise LiveInputError(f"node {node} at {when(g)}: missing from {part}: {reason}{more}", code="LIVE_GAP")
 
     def _may_differ(self, node: str, col: _Column, times: np.ndarray) -> tuple[np.ndarray, str]:
         """Rows whose value in the snapshot's windows could differ (a snapshot built without
@@ -353,7 +354,8 @@ class LiveRecipe:
             gaps = np.flatnonzero(np.isnan(col.values[H:]))
             if unplanned and gaps.size:
                 raise NoPlannedPoints(node, int(times[H + gaps[0]]), origin)
-            self._no_gap(node, _Column(col.values[H:], col.kept_ts, col.survivor_ts), times[H:], origin + F * beat)
+            self._no_gap(node, _Column(col.values[H:], col.kept_ts, col.survivor_ts), times[H:], origin + F * beat,
+                         part="the run's controls after the origin" if realised else "the planned controls")
             u[:, c] = col.values[H:]
         for j, scale, offset in self._units:
             if j in self._control_cols:

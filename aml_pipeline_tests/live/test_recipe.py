@@ -234,6 +234,13 @@ def test_bad_live_input_is_one_clear_error_naming_the_node_and_the_time(built, p
         assert e.message.startswith(f"the planned controls hold no point after the origin {when(origin)}, and without one "
                                     "node "), e.message
         assert e.message.split(" node ", 1)[1].split(" ", 1)[0] in recipe.controls and "has no value at 20" in e.message
+    # Planned points that stop a beat after the origin: the gap is in the plan, and named so.
+    plan = {n: p for n, p in before(run_points[run_id], origin + recipe.beat_ms + 1, since=origin).items()
+            if n in recipe.controls}
+    plan = {n: p for n, p in plan.items() if p[0].size}
+    assert plan  # at least one control has a point after the origin
+    e = error(pts, controls={**{n: before(run_points[run_id], origin, since=origin)[n] for n in recipe.controls}, **plan})
+    assert e.code == "LIVE_GAP" and "missing from the planned controls" in e.message, e.message
 
 
 def test_a_node_s_catalog_range_comes_from_the_snapshot_the_tsdb_or_the_caller(built, plant, plant_url, run_points) -> None:
