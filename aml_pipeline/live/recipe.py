@@ -351,12 +351,12 @@ class LiveRecipe:
         # realised controls' absence is a gap in the run, named as such).
         unplanned = not realised and not any(len(p) for p in future.values())
         for c, (node, col) in enumerate(zip(self.controls, columns)):
-            gaps = np.flatnonzero(np.isnan(col.values[H:]))
-            if unplanned and gaps.size:
-                raise NoPlannedPoints(node, int(times[H + gaps[0]]), origin)
-            self._no_gap(node, _Column(col.values[H:], col.kept_ts, col.survivor_ts), times[H:], origin + F * beat,
+            ahead = col.values[H:]
+            if unplanned and np.isnan(ahead).any():
+                raise NoPlannedPoints(node, int(times[H + np.argmax(np.isnan(ahead))]), origin)
+            self._no_gap(node, _Column(ahead, col.kept_ts, col.survivor_ts), times[H:], origin + F * beat,
                          part="the run's controls after the origin" if realised else "the planned controls")
-            u[:, c] = col.values[H:]
+            u[:, c] = ahead
         for j, scale, offset in self._units:
             if j in self._control_cols:
                 c = self._control_cols.index(j)
