@@ -53,9 +53,14 @@ class DatasetStore:
 
             versions = StageVersions.of(spec)
         self.versions = versions
+        # Run id -> its folder, validated once: every array read and written names it.
+        self._run_dirs: dict[str, Path] = {}
 
     def run_dir(self, run_id: str) -> Path:
-        return self.dir / "runs" / check_external_id(run_id, what="run id")
+        found = self._run_dirs.get(run_id) if isinstance(run_id, str) else None
+        if found is None:
+            found = self._run_dirs[run_id] = self.dir / "runs" / check_external_id(run_id, what="run id")
+        return found
 
     def meta_path(self, run_id: str, stage: Stage) -> Path:
         return self.run_dir(run_id) / f"{_run_stage(stage)}.json"

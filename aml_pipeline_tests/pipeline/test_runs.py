@@ -5,14 +5,16 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from aml_pipeline.errors import BuildError, UnknownRunError
 from aml_pipeline.pipeline.plan import check_nodes_known, run_scope
 from aml_pipeline.pipeline.runs import build_runs
-from aml_pipeline.pipeline.stages.raw import fetch_run, run_fetcher
+from aml_pipeline.pipeline.stages.raw import STORED_COLUMNS, fetch_run, run_bounds, run_fetcher, write_raw
 from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
+from aml_pipeline.tsdb.reading import Rows
 from aml_pipeline.tsdb_open import open_tsdb
 
 
@@ -115,6 +117,37 @@ def test_runs_read_whole_are_stored_as_fetched_one_by_one_without_reading_back(m
             assert names and names == sorted(p.name for p in b.iterdir() if p.name.startswith(f"{stage.name}."))
             for name in names:
                 assert (a / name).read_bytes() == (b / name).read_bytes(), (run_id, name)
+
+
+def test_the_raw_stage_stores_no_ingest_order_but_a_changed_one_makes_the_run_stale(make_spec, plant_url, tmp_path):
+    """``seq`` orders points of equal timestamps, which the stored order already holds: the stage
+    stores ts, value and state only, and the same points with another ``seq`` get another data
+    version (a TSDB whose ingest order was corrected makes the run stale)."""
+    spec = make_spec()
+    store = DatasetStore(tmp_path / "store", spec)
+    with open_tsdb(plant_url) as db:
+        catalog = check_nodes_known(spec, db.list_nodes())
+        run = db.list_runs(run_scope(spec), finished_only=True)[0]
+        fetch_run(db, store, run, catalog, page_limit=5000)
+        lo, hi = run_bounds(spec, run)
+    stored = sorted(p.name for p in store.run_dir(run.run_id).iterdir() if p.name.startswith("raw."))
+    assert stored == sorted(["raw.json", *(f"raw.{name}.npy" for name, _ in STORED_COLUMNS)])
+    assert "raw.seq.npy" not in stored
+    # The same points, read back from the store, with two ingest orders.
+    meta = store.require(run.run_id, RAW)
+    offsets = meta["offsets"]
+    columns = {name: store.read_flat(run.run_id, RAW, name, 0, offsets[-1]) for name, _ in STORED_COLUMNS}
+
+    def version(seq_offset: int) -> str:
+        nodes = []
+        for j, node in enumerate(spec.node_ids):
+            a, b = offsets[j], offsets[j + 1]
+            page = Rows(columns["ts"][a:b], columns["value"][a:b], columns["state"][a:b],
+                        np.arange(a, b, dtype=np.int64) + seq_offset)
+            nodes.append((node, [([page], 1)], 1))
+        return write_raw(DatasetStore(tmp_path / f"s{seq_offset}", spec), run, catalog, None, (lo, hi), nodes).data_version
+
+    assert version(0) == version(0) != version(10**6)
 
 
 def test_the_fetch_thread_reads_ahead_of_the_runs_in_flight_and_no_further(make_spec, plant_url, tmp_path, monkeypatch):

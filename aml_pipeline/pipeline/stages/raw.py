@@ -25,6 +25,10 @@ from aml_pipeline.spec import DatasetSpec
 from aml_pipeline.tsdb.port import Node, Run, TsdbPort, iter_node_pages
 
 RAW_COLUMNS = (("ts", "<i8"), ("value", "<f8"), ("state", "<i4"), ("seq", "<i8"))
+# What the stage stores of each point. ``seq`` (the TSDB's ingest order) only orders points of
+# equal timestamps, which the stored order already holds: it is hashed into the data version
+# (a corrected order makes the run stale) but no later stage reads it.
+STORED_COLUMNS = RAW_COLUMNS[:3]
 # Runs a fetch names to the TSDB as read next (``ahead``): the embedded file reads them in one query.
 READ_AHEAD_RUNS = 7
 
@@ -40,7 +44,7 @@ RAW = Stage(
     per_run=True,
     algorithm=2,
     covers=_covers,
-    files=tuple(name for name, _ in RAW_COLUMNS),
+    files=tuple(name for name, _ in STORED_COLUMNS),
     description="Every point of each spec node in the run, read page by page from the TSDB. Per run: points and pages per node.",
 )
 
@@ -118,7 +122,7 @@ class PendingRaw:
         """``ts``, ``value`` and ``state`` of every node, back to back in the spec's node order: the
         raw stage's arrays as :meth:`write` stores them (new arrays, the cleaning's to keep)."""
         out = {}
-        for name, dtype in RAW_COLUMNS[:3]:
+        for name, dtype in STORED_COLUMNS:
             parts = [getattr(page, name) for pages, _ in self.pages.values() for page in pages if len(page)]
             out[name] = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
         return out
@@ -183,10 +187,10 @@ def write_raw(
     pages: dict[str, int] = {}
     offsets = [0]
     with store.stage_writer(run.run_id, RAW) as writer:
-        columns = {name: writer.array(name, dtype) for name, dtype in RAW_COLUMNS}
+        columns = {name: writer.array(name, dtype) for name, dtype in STORED_COLUMNS}
         # Pages given in lists (a run read whole, held in memory) are written together, a few
         # writes per column for the run; pages read one by one are written as they come.
-        held: dict[str, list[Any]] = {name: [] for name, _ in RAW_COLUMNS}
+        held: dict[str, list[Any]] = {name: [] for name in columns}
 
         def write_held() -> None:
             for name, parts in held.items():
@@ -205,11 +209,13 @@ def write_raw(
                         continue
                     for name, _ in RAW_COLUMNS:
                         data = np.ascontiguousarray(getattr(page, name))
+                        content.update(data.data)
+                        if name not in columns:
+                            continue  # hashed, not stored
                         if listed:
                             held[name].append(data)
                         else:
                             columns[name].append(data)
-                        content.update(data.data)
                     n += len(page)
             points[node_id], pages[node_id] = n, queries
             offsets.append(offsets[-1] + n)
