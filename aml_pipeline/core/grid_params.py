@@ -60,6 +60,8 @@ class NodeGridParams:
         if len(lo_hi) != 2:
             raise ValueError(f"NodeGridParams: valid_range must be (range_lo, range_hi), got {self.valid_range!r}")
         lo, hi = _bound("range_lo", lo_hi[0]), _bound("range_hi", lo_hi[1])
+        if lo == math.inf or hi == -math.inf:
+            raise ValueError(f"NodeGridParams: valid_range ({lo}, {hi}) holds no number, so every point would be dropped")
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"NodeGridParams: range_lo ({lo}) is greater than range_hi ({hi})")
         # Validates k, sigma and min_dev with hampel_outliers' own messages.

@@ -156,8 +156,8 @@ class MappedTsdb(ReadBase):
                 entries[node_id] = {
                     "key": rows["key"][i] if "key" in rows else node_id,
                     "unit": _text(rows["unit"][i]) if "unit" in rows and rows["unit"][i] is not None else "",
-                    "low": _float(rows["low"][i]) if "low" in rows else None,
-                    "high": _float(rows["high"][i]) if "high" in rows else None,
+                    **{side: _range_bound(rows[side][i], side, f"{where}: node_table: node {node_id!r} (column {getattr(t, side)})")
+                       if side in rows else None for side in ("low", "high")},
                 }
         for node_id, entry in spec.nodes.items():
             e = entry or NodeEntry()
@@ -382,11 +382,26 @@ def _text(v: Any) -> str:
     return str(v)
 
 
-def _float(v: Any) -> float | None:
+def _range_bound(v: Any, side: str, where: str) -> float | None:
+    """A tag table's ``low`` or ``high``: a number; empty (NULL, NaN) or the open side's infinity
+    (``-inf`` low, ``+inf`` high) is no bound on that side. Text that is no number, or the other
+    infinity (a range that holds no number), is refused naming the node and the column."""
     if v is None:
         return None
-    f = float(v)
-    return None if np.isnan(f) else f
+    try:
+        if isinstance(v, bool):  # float(True) is 1.0: a flag column mapped by mistake
+            raise ValueError(v)
+        f = float(v)
+    except (TypeError, ValueError):
+        raise SourceError(f"{where}: {side} {v!r} is not a number") from None
+    if np.isnan(f):
+        return None
+    if np.isinf(f):
+        if (f < 0) == (side == "low"):
+            return None
+        raise SourceError(f"{where}: {side} {f} leaves no number in the node's range; "
+                          f"leave it empty for no bound on that side")
+    return f
 
 
 def open_backend(loaded: LoadedDescription) -> Backend:

@@ -146,6 +146,8 @@ def test_decreasing_timestamps_are_rejected_naming_the_index() -> None:
         ({"good_states": []}, "good_states"),
         ({"valid_range": (10.0, 0.0)}, "range_lo"),
         ({"valid_range": (float("nan"), None)}, "range_lo"),
+        ({"valid_range": (float("inf"), None)}, "holds no number"),
+        ({"valid_range": (None, float("-inf"))}, "holds no number"),
         ({"hampel_k": -1}, "k must be"),
     ],
 )

@@ -196,3 +196,30 @@ def test_two_tables_of_one_period_are_refused_by_name(plant, pg_schema, postgres
     err = one_error(capsys, path)
     assert err.startswith("SOURCE_INVALID: ") and "points.periods: tables 'samples_2025_01' and 'samples_2025_1'" in err, err
     assert f"in schema {schema!r} are both the period starting 2025-01-01T00:00:00+00:00" in err, err
+
+
+def test_a_tag_tables_range_is_read_as_numbers_and_one_that_holds_none_is_named(plant, pg_schema, postgres_url,
+                                                                                 tmp_path, capsys):
+    """A tag table's low/high: the open side's infinity is no bound (as NULL is); +inf low, or
+    text that is no number, is refused naming the node and the column, not read as a bound that
+    drops every point."""
+    from aml_pipeline.tsdb_open import open_tsdb
+
+    con, schema = pg_schema()
+    path = layouts.write_description(tmp_path / "p.yaml", layouts.pg_narrow_layout(con, schema, postgres_url, plant))
+    node = plant.nodes[0].node_id
+    con.execute(f"UPDATE {schema}.tags SET lo = '-Infinity', hi = 'Infinity' WHERE name = %s", [node])
+    with open_tsdb(str(path)) as db:
+        found = {n.node_id: n for n in db.list_nodes()}
+    assert (found[node].range_lo, found[node].range_hi) == (None, None)
+    assert found[plant.nodes[1].node_id].range_hi is not None  # the other tags keep their bounds
+
+    con.execute(f"UPDATE {schema}.tags SET lo = 'Infinity' WHERE name = %s", [node])
+    err = one_error(capsys, path)
+    assert f"node_table: node {node!r} (column lo): low inf leaves no number in the node's range" in err
+
+    con.execute(f"UPDATE {schema}.tags SET lo = NULL WHERE name = %s", [node])
+    con.execute(f"ALTER TABLE {schema}.tags ALTER COLUMN hi TYPE text")
+    con.execute(f"UPDATE {schema}.tags SET hi = 'n/a' WHERE name = %s", [node])
+    err = one_error(capsys, path)
+    assert f"node_table: node {node!r} (column hi): high 'n/a' is not a number" in err
