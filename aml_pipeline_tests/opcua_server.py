@@ -112,6 +112,17 @@ def write_history(base: Path | str, path: str, ts: np.ndarray, value: np.ndarray
     return len(rows)
 
 
+def set_engineering(base: Path | str, path: str, *, unit: str | None = None,
+                    eu_range: tuple[float, float] | None = None) -> None:
+    """Give a node (of :func:`write_history`) the AnalogItem properties a historian exposes:
+    ``EngineeringUnits`` (an EUInformation whose display name is ``unit``) and ``EURange``; the
+    server adds them when it starts."""
+    base = Path(base)
+    config = _read_config(base)
+    config.setdefault("engineering", {})[path] = {"unit": unit, "range": None if eu_range is None else list(eu_range)}
+    _write_config(base, config)
+
+
 def history_sql(base: Path | str, sql: str, params: Sequence[Any] = ()) -> int:
     """Run one statement on the history file (a test correcting or deleting a value); rows changed."""
     with contextlib.closing(sqlite3.connect(Path(base) / HISTORY_FILE)) as con, con:
@@ -350,6 +361,16 @@ async def _serve(base: Path) -> None:
         level = ua.AccessLevel.CurrentRead.mask | ua.AccessLevel.HistoryRead.mask
         await var.write_attribute(ua.AttributeIds.AccessLevel, ua.DataValue(ua.Variant(level, ua.VariantType.Byte)))
         await var.write_attribute(ua.AttributeIds.UserAccessLevel, ua.DataValue(ua.Variant(level, ua.VariantType.Byte)))
+        engineering = (config.get("engineering") or {}).get(path) or {}
+        if engineering.get("unit") is not None:
+            eu = ua.EUInformation(NamespaceUri="http://www.opcfoundation.org/UA/units/un/cefact", UnitId=-1,
+                                  DisplayName=ua.LocalizedText(engineering["unit"]),
+                                  Description=ua.LocalizedText(engineering["unit"]))
+            await var.add_property(ua.NodeId(f"{path}.EngineeringUnits", idx), ua.QualifiedName("EngineeringUnits", 0), eu)
+        if engineering.get("range") is not None:
+            low, high = engineering["range"]
+            await var.add_property(ua.NodeId(f"{path}.EURange", idx), ua.QualifiedName("EURange", 0),
+                                   ua.Range(Low=float(low), High=float(high)))
 
     async def count_write(event: Any, dispatcher: Any) -> None:
         if event.is_external:  # a client's Write (the server's own start-up writes are not)

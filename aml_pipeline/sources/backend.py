@@ -120,6 +120,12 @@ class Backend:
         """What the backend assumed, for ``source check``."""
         raise NotImplementedError
 
+    def engineering(self, nodes: Sequence[NodeRef]) -> dict[str, dict[str, Any]]:
+        """What the source itself says of each node's unit and range, where it says anything
+        (``{node_id: {"unit": str | None, "range": [low, high] | None}}``), for ``source check``
+        to set beside the description's; by default nothing."""
+        return {}
+
     def close(self) -> None:
         """Let go of connections."""
 

@@ -35,6 +35,13 @@ def check_source(path: str | Path, *, sample_run: str | None = None) -> dict[str
         found["nodes"] = [
             {"node_id": n.node_id, "unit": n.unit, "range": [n.range_lo, n.range_hi]} for n in nodes
         ]
+        found["engineering"] = engineering = db.engineering()
+        found["unit_conflicts"] = [
+            {"node_id": n.node_id, "description": n.unit, "source": engineering[n.node_id]["unit"]}
+            for n in nodes
+            if n.node_id in engineering and n.unit and engineering[n.node_id]["unit"]
+            and not same_unit(n.unit, engineering[n.node_id]["unit"])
+        ]
         runs = db.list_runs(None, finished_only=False)
         finished = [r for r in runs if r.finished]
         found["runs"] = {
@@ -70,6 +77,16 @@ def check_source(path: str | Path, *, sample_run: str | None = None) -> dict[str
     return found
 
 
+def same_unit(a: str, b: str) -> bool:
+    """Whether two spellings name one unit as far as text tells: case, spaces and the degree
+    sign's spellings aside (``degC``, ``°C``, ``deg C``)."""
+
+    def key(u: str) -> str:
+        return u.casefold().replace(" ", "").replace("°", "deg").replace("degrees", "deg").replace("degree", "deg")
+
+    return key(a) == key(b)
+
+
 def render(found: dict[str, Any]) -> str:
     lines = [f"source {found['description']}: {found['backend']}"
              + (f" {found.get('connection') or found.get('files')}" if found.get("connection") or found.get("files") else "")
@@ -86,6 +103,16 @@ def render(found: dict[str, Any]) -> str:
         + (f" {n['range'][0]:g}..{n['range'][1]:g}" if None not in n["range"] else "")
         for n in nodes[:12])
     lines.append(f"nodes: {len(nodes)}: {shown}" + (" ..." if len(nodes) > 12 else ""))
+    engineering = found.get("engineering") or {}
+    if engineering:
+        said = ", ".join(
+            f"{n}" + (f" [{e['unit']}]" if e["unit"] else "") + (f" {e['range'][0]:g}..{e['range'][1]:g}" if e["range"] else "")
+            for n, e in list(engineering.items())[:12])
+        lines.append(f"the source's own units and ranges ({len(engineering)} nodes): {said}"
+                     + (" ..." if len(engineering) > 12 else ""))
+    for c in found.get("unit_conflicts") or ():
+        lines.append(f"note: node {c['node_id']}: the description says unit {c['description']!r}, the source says "
+                     f"{c['source']!r}; the description's unit is the one recorded (check which is right)")
     r = found["runs"]
     lines.append(f"runs ({r['form']}): {r['count']}, {r['finished']} finished"
                  + (f", {r['first_start']} .. {r['last_end'] or 'running'}" if r["count"] else ""))

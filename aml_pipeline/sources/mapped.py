@@ -367,6 +367,12 @@ class MappedTsdb(ReadBase):
     def describe(self) -> dict[str, Any]:
         return self._ask("describe")
 
+    def engineering(self) -> dict[str, dict[str, Any]]:
+        """The source's own unit and range of each node, where it has them (OPC UA's
+        EngineeringUnits and EURange): :meth:`Backend.engineering`."""
+        refs = self._node_refs()
+        return self._ask("engineering", list(refs.values())) if refs else {}
+
 
 def _node_id(raw: Any, what: str, where: str, hint: str) -> str:
     """A node id read from the source, checked as ids are everywhere."""

@@ -491,6 +491,33 @@ class OpcUaSource(Backend):
             out.append([[str(n.key), *c.digest()] for n, c in zip(nodes, cols)])
         return out
 
+    def engineering(self, nodes: Sequence[NodeRef]) -> dict[str, dict[str, Any]]:
+        return self._call(self._engineering, nodes)
+
+    async def _engineering(self, nodes: Sequence[NodeRef]) -> dict[str, dict[str, Any]]:
+        """Each node's AnalogItem properties: the display name of its ``EngineeringUnits`` and
+        its ``EURange``, where the server has them (a node without either is left out)."""
+        from asyncua import ua
+
+        out: dict[str, dict[str, Any]] = {}
+        for ref, nid in zip(nodes, await self._node_ids(nodes)):
+            node = self._client.get_node(nid)
+            found: dict[str, Any] = {"unit": None, "range": None}
+            for name in ("EngineeringUnits", "EURange"):
+                try:
+                    value = await (await node.get_child(f"0:{name}")).read_value()
+                except ua.UaStatusCodeError as e:
+                    if _status_name(e.code) in _UNAVAILABLE:
+                        raise
+                    continue  # not an AnalogItem, or not readable: the server does not say
+                if name == "EngineeringUnits" and getattr(value, "DisplayName", None) is not None:
+                    found["unit"] = value.DisplayName.Text or None
+                elif name == "EURange" and hasattr(value, "Low"):
+                    found["range"] = [float(value.Low), float(value.High)]
+            if found["unit"] is not None or found["range"] is not None:
+                out[ref.node_id] = found
+        return out
+
     def describe(self) -> dict[str, Any]:
         s = self._security
         security = "None" if s is None or s.mode == "None" else f"{s.mode} {s.policy or 'Basic256Sha256'}"
