@@ -28,13 +28,9 @@ Role = Literal["feature", "control", "target"]
 Aggregate = Literal["point", "mean"]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-    )
+class ScalarsAsGiven(BaseModel):
+    """A model whose number and true/false fields take only a number or true/false as written:
+    the spec's models and the source description's."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -54,6 +50,15 @@ class _Model(BaseModel):
         if why is not None:
             raise ValueError(why)
         return v
+
+
+class _Model(ScalarsAsGiven):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
 
 
 def _loose_scalar(v: Any, types: set[Any]) -> str | None:

@@ -18,7 +18,6 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -29,7 +28,7 @@ from pydantic import (
 from aml_pipeline.errors import InvalidIdError, SourceError
 from aml_pipeline.ids import check_external_id
 from aml_pipeline.sources.timecodec import TIME_TYPES
-from aml_pipeline.spec import read_yaml
+from aml_pipeline.spec import ScalarsAsGiven, read_yaml
 
 Backend = Literal["postgresql", "files", "influxdb", "opcua"]
 Scalar = Union[bool, int, float, str]
@@ -41,7 +40,7 @@ _DURATION_RE = re.compile(r"^\s*(\d+)\s*(s|min|h|d)\s*$")
 _DURATION_MS = {"s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
-class _M(BaseModel):
+class _M(ScalarsAsGiven):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
