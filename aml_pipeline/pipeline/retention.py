@@ -2,7 +2,8 @@
 
 Per spec, ``collect_garbage`` removes the snapshots that are neither ``current`` nor among the
 newest ``keep`` others, and the per-run intermediates that the spec's current stage versions do
-not need (stages built for an edited spec, temporary files of killed builds).
+not need (stages built for an edited spec, temporary files of killed builds, files a current
+stage no longer writes).
 
 Safety:
 
@@ -187,6 +188,15 @@ def _intermediates(store: DatasetStore, dry_run: bool, wait_s: float, report: Gc
                 summary = store.meta_path(run_dir.name, stage)
                 files = sorted(f for f in run_dir.glob(f"{stage}.*") if f != summary)
                 if store.versions.is_current(stage, meta):
+                    # A current stage keeps its files; one it no longer writes (raw.seq.npy of a
+                    # store built before the raw stage stopped storing the ingest order) goes.
+                    written = {f"{stage}.{name}{ext}" for name in stage.files for ext in ("", ".npy")}
+                    for f in files:
+                        if f.name not in written:
+                            report.removed_other.append(str(f))
+                            report.freed_bytes += f.stat().st_size
+                            if not dry_run:
+                                f.unlink(missing_ok=True)
                     continue
                 if meta is None and not files:
                     continue

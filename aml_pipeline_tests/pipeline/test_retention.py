@@ -89,6 +89,26 @@ def test_gc_removes_stages_of_another_spec_version_and_dead_temporaries(make_spe
     assert raw_meta is not None and store.read_meta(run, WINDOWS) is not None
 
 
+def test_gc_removes_a_file_a_current_stage_no_longer_writes(make_spec, plant_url, roots):
+    """A store built before the raw stage stopped storing the TSDB's ingest order holds
+    ``raw.seq.npy`` beside a current raw stage: gc removes it (``--dry-run`` names it first), and
+    the stage's own files stay."""
+    spec = make_spec()
+    with open_tsdb(plant_url) as db:
+        build_dataset(spec, db, **roots)
+    store = DatasetStore(roots["store_root"], spec)
+    run = stage_runs(store, RAW)[0]
+    run_dir = store.run_dir(run)
+    (run_dir / "raw.seq.npy").write_bytes(b"\x93NUMPY" + bytes(120))
+    before = sorted(p.name for p in run_dir.iterdir())
+    dry = collect_garbage(roots["datasets_root"], roots["store_root"], {spec.id: spec}, keep=3, dry_run=True)
+    assert dry.removed_other == [str(run_dir / "raw.seq.npy")] and sorted(p.name for p in run_dir.iterdir()) == before
+    report = collect_garbage(roots["datasets_root"], roots["store_root"], {spec.id: spec}, keep=3)
+    assert report.removed_other == [str(run_dir / "raw.seq.npy")] and not report.removed_stages
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(set(before) - {"raw.seq.npy"})
+    assert all(store.read_meta(run, stage) is not None for stage in (RAW, GRID, WINDOWS))
+
+
 def test_gc_leaves_a_spec_alone_while_a_build_holds_it(make_spec, plant_url, roots):
     specs = _publish_versions(make_spec, plant_url, roots, 3)
     spec_id = specs[-1].id
