@@ -53,9 +53,15 @@ def build_runs(
     store: DatasetStore,
     work: Sequence[tuple[str, Sequence[Stage]]],
     fetch: Callable[[str], RawSummary] | None,
-) -> Iterator[RunResult]:
+    *,
+    then: Callable[[RunResult], Any] | None = None,
+) -> Iterator[Any]:
     """Each run of ``work`` (run id, stages to build) through its stages, yielding what it
     produced in ``work``'s order; a run that fails yields its error and the next run goes on.
+    ``then`` (given the run's :class:`RunResult`, in the run's own thread) makes what is yielded
+    instead: work on a run's result that would hold up the consumer (its figures and plot), done
+    beside the other runs instead of between taking one result and the next, which is when
+    the next run is admitted.
 
     ``fetch`` (the raw stage of one run, from the TSDB) runs in a thread of its own, ahead of the
     cleaning: fetches run one at a time, in run order, so the TSDB handle is never used by two
@@ -91,7 +97,7 @@ def build_runs(
                 result.windows = window_run(store, run_id, grid=grid[0] if grid else None)
         except Exception as e:  # noqa: BLE001 - reported per run; the caller decides what it stops
             result.error = e
-        return result
+        return result if then is None else then(result)
 
     pending: deque[Future[RunResult]] = deque()
     fetches: dict[int, Future[Any]] = {}  # run index -> its fetch, submitted ahead of the run
@@ -152,19 +158,22 @@ def run_outcomes(
     *,
     plot: bool,
 ) -> Iterator[RunOutcome]:
-    """:func:`build_runs`, with each built stage's figures (its plot too when ``plot``); a run
-    whose figures fail is a failed run like one whose stage failed."""
-    with closing(build_runs(store, work, fetch)) as results:
-        for result in results:
-            outcome = RunOutcome(result.run_id, windows=result.windows, error=result.error)
-            try:
-                for stage, summary in ((RAW, result.raw), (GRID, result.grid), (WINDOWS, result.windows)):
-                    if summary is not None:
-                        outcome.figures[stage] = summary.figures(store, plot=plot)
-                        outcome.data_versions[stage] = summary.data_version
-            except Exception as e:  # noqa: BLE001 - one run's failure must not lose the others
-                outcome.error = outcome.error or e
-            yield outcome
+    """:func:`build_runs`, with each built stage's figures (its plot too when ``plot``), made in
+    the run's thread; a run whose figures fail is a failed run like one whose stage failed."""
+
+    def outcome_of(result: RunResult) -> RunOutcome:
+        outcome = RunOutcome(result.run_id, windows=result.windows, error=result.error)
+        try:
+            for stage, summary in ((RAW, result.raw), (GRID, result.grid), (WINDOWS, result.windows)):
+                if summary is not None:
+                    outcome.figures[stage] = summary.figures(store, plot=plot)
+                    outcome.data_versions[stage] = summary.data_version
+        except Exception as e:  # noqa: BLE001 - one run's failure must not lose the others
+            outcome.error = outcome.error or e
+        return outcome
+
+    with closing(build_runs(store, work, fetch, then=outcome_of)) as outcomes:
+        yield from outcomes
 
 
 # Progress lines per chunk of runs, at most (plus one per failed run): each is an event in the

@@ -10,7 +10,8 @@ import pytest
 
 from aml_pipeline.errors import BuildError, UnknownRunError
 from aml_pipeline.pipeline.plan import check_nodes_known, run_scope
-from aml_pipeline.pipeline.runs import build_runs
+from aml_pipeline.pipeline.runs import build_runs, run_outcomes
+from aml_pipeline.pipeline.stages.grid import GridSummary
 from aml_pipeline.pipeline.stages.raw import STORED_COLUMNS, fetch_run, run_bounds, run_fetcher, write_raw
 from aml_pipeline.pipeline.registry import GRID, RAW, WINDOWS
 from aml_pipeline.pipeline.store import DatasetStore
@@ -117,6 +118,33 @@ def test_runs_read_whole_are_stored_as_fetched_one_by_one_without_reading_back(m
             assert names and names == sorted(p.name for p in b.iterdir() if p.name.startswith(f"{stage.name}."))
             for name in names:
                 assert (a / name).read_bytes() == (b / name).read_bytes(), (run_id, name)
+
+
+def test_each_runs_figures_and_plot_are_made_in_its_own_thread_beside_the_other_runs(make_spec, plant_url, tmp_path,
+                                                                                     monkeypatch):
+    """The Dagster step takes each run's outcome with its figures and plot already made: drawing
+    a plot (the slowest figure) in the consumer's thread would hold up the admission of the next
+    runs, which happens as the consumer takes a result."""
+    spec = make_spec()
+    store = DatasetStore(tmp_path / "store", spec)
+    drawn: list[tuple[str, str]] = []
+    real = GridSummary.figures
+
+    def figures(self, store, *, plot):
+        drawn.append((self.run_id, threading.current_thread().name))
+        return real(self, store, plot=plot)
+
+    monkeypatch.setattr(GridSummary, "figures", figures)
+    with open_tsdb(plant_url) as db:
+        catalog = check_nodes_known(spec, db.list_nodes())
+        finished = db.list_runs(run_scope(spec), finished_only=True)
+        ids = [r.run_id for r in finished]
+        fetcher = run_fetcher(db, store, finished, catalog, page_limit=5000, tsdb_versions=db.run_versions(ids), order=ids)
+        outcomes = list(run_outcomes(store, [(r, (RAW, GRID, WINDOWS)) for r in ids], fetcher, plot=True))
+    assert [o.run_id for o in outcomes] == ids and all(o.error is None for o in outcomes)
+    assert all(o.figures[GRID]["plot"].text.startswith("![run ") for o in outcomes), outcomes[0].figures[GRID]["plot"]
+    assert sorted(r for r, _ in drawn) == sorted(ids)
+    assert {name.rsplit("_", 1)[0] for _, name in drawn} == {"run-stages"}, drawn
 
 
 def test_the_raw_stage_stores_no_ingest_order_but_a_changed_one_makes_the_run_stale(make_spec, plant_url, tmp_path):
