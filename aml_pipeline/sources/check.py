@@ -36,11 +36,11 @@ def check_source(path: str | Path, *, sample_run: str | None = None) -> dict[str
             {"node_id": n.node_id, "unit": n.unit, "range": [n.range_lo, n.range_hi]} for n in nodes
         ]
         found["engineering"] = engineering = db.engineering()
+        units = {n.node_id: n.unit for n in nodes}
         found["unit_conflicts"] = [
-            {"node_id": n.node_id, "description": n.unit, "source": engineering[n.node_id]["unit"]}
-            for n in nodes
-            if n.node_id in engineering and n.unit and engineering[n.node_id]["unit"]
-            and not same_unit(n.unit, engineering[n.node_id]["unit"])
+            {"node_id": node, "description": units[node], "source": e["unit"]}
+            for node, e in engineering.items()
+            if units.get(node) and e["unit"] and not same_unit(units[node], e["unit"])
         ]
         runs = db.list_runs(None, finished_only=False)
         finished = [r for r in runs if r.finished]
@@ -87,6 +87,12 @@ def same_unit(a: str, b: str) -> bool:
     return key(a) == key(b)
 
 
+def _node_text(node_id: str, unit: str | None, bounds: list[float | None] | None) -> str:
+    """``TI101 [degC] 0..150``: the unit where there is one, the range where both bounds are."""
+    return (node_id + (f" [{unit}]" if unit else "")
+            + (f" {bounds[0]:g}..{bounds[1]:g}" if bounds is not None and None not in bounds else ""))
+
+
 def render(found: dict[str, Any]) -> str:
     lines = [f"source {found['description']}: {found['backend']}"
              + (f" {found.get('connection') or found.get('files')}" if found.get("connection") or found.get("files") else "")
@@ -98,16 +104,11 @@ def render(found: dict[str, Any]) -> str:
     lines.append(f"time: column {t['column']}, {t['type']}")
     lines.append(f"order of points at one time: {found['order']}")
     nodes = found["nodes"]
-    shown = ", ".join(
-        f"{n['node_id']}" + (f" [{n['unit']}]" if n["unit"] else "")
-        + (f" {n['range'][0]:g}..{n['range'][1]:g}" if None not in n["range"] else "")
-        for n in nodes[:12])
+    shown = ", ".join(_node_text(n["node_id"], n["unit"], n["range"]) for n in nodes[:12])
     lines.append(f"nodes: {len(nodes)}: {shown}" + (" ..." if len(nodes) > 12 else ""))
     engineering = found.get("engineering") or {}
     if engineering:
-        said = ", ".join(
-            f"{n}" + (f" [{e['unit']}]" if e["unit"] else "") + (f" {e['range'][0]:g}..{e['range'][1]:g}" if e["range"] else "")
-            for n, e in list(engineering.items())[:12])
+        said = ", ".join(_node_text(n, e["unit"], e["range"]) for n, e in list(engineering.items())[:12])
         lines.append(f"the source's own units and ranges ({len(engineering)} nodes): {said}"
                      + (" ..." if len(engineering) > 12 else ""))
     for c in found.get("unit_conflicts") or ():
