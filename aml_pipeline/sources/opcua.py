@@ -43,6 +43,7 @@ import contextlib
 import datetime as dt
 import functools
 import logging
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -496,7 +497,9 @@ class OpcUaSource(Backend):
 
     async def _engineering(self, nodes: Sequence[NodeRef]) -> dict[str, dict[str, Any]]:
         """Each node's AnalogItem properties: the display name of its ``EngineeringUnits`` and
-        its ``EURange``, where the server has them (a node without either is left out)."""
+        its ``EURange``, where the server has them (a node without either is left out). A range
+        whose Low or High is NaN or infinite says nothing of the instrument's span and is left
+        out like a missing one."""
         from asyncua import ua
 
         out: dict[str, dict[str, Any]] = {}
@@ -513,7 +516,9 @@ class OpcUaSource(Backend):
                 if name == "EngineeringUnits" and getattr(value, "DisplayName", None) is not None:
                     found["unit"] = value.DisplayName.Text or None
                 elif name == "EURange" and hasattr(value, "Low"):
-                    found["range"] = [float(value.Low), float(value.High)]
+                    low, high = float(value.Low), float(value.High)
+                    if math.isfinite(low) and math.isfinite(high):
+                        found["range"] = [low, high]
             if found["unit"] is not None or found["range"] is not None:
                 out[ref.node_id] = found
         return out

@@ -278,26 +278,30 @@ def test_check_sets_the_servers_engineering_units_and_ranges_beside_the_descript
     check`` shows them beside the description's, and names a unit the server contradicts (the
     same unit spelt another way, degC and °C, is no contradiction)."""
     ts = T0 + np.arange(3) * 1000
-    for path in ("R.TI", "R.QI", "R.FI", "R.XI"):
+    for path in ("R.TI", "R.QI", "R.FI", "R.XI", "R.LI"):
         opcua_server.write_history(tmp_path / "srv", path, ts, np.array([1.0, 2.0, 3.0]), np.zeros(3, np.int64))
     opcua_server.set_engineering(tmp_path / "srv", "R.TI", unit="°C", eu_range=(0.0, 150.0))
     opcua_server.set_engineering(tmp_path / "srv", "R.QI", unit="ppm")
     opcua_server.set_engineering(tmp_path / "srv", "R.FI", eu_range=(0.0, 50.0))
+    # a span the server does not know (NaN, or an open end) is no range: left out as a missing one
+    opcua_server.set_engineering(tmp_path / "srv", "R.XI", eu_range=(float("nan"), float("nan")))
+    opcua_server.set_engineering(tmp_path / "srv", "R.LI", unit="m", eu_range=(0.0, float("inf")))
     nodes = {"TI": {"key": "ns=2;s=R.TI", "unit": "degC", "low": 0, "high": 150},
              "QI": {"key": "/Objects/2:R/2:QI", "unit": "%"},
              "FI": {"key": "ns=2;s=R.FI", "unit": "kg/h"},
-             "XI": {"key": "ns=2;s=R.XI"}}
+             "XI": {"key": "ns=2;s=R.XI"}, "LI": {"key": "ns=2;s=R.LI", "unit": "m"}}
     with opcua_server.running(tmp_path / "srv") as server:
         path = layouts.write_description(tmp_path / "s.yaml", describe(server.url, nodes))
         code, out, err = check(capsys, path)
         assert code == 0, err
-        assert "the source's own units and ranges (3 nodes): FI 0..50, QI [ppm], TI [°C] 0..150" in out
+        assert "the source's own units and ranges (4 nodes): FI 0..50, LI [m], QI [ppm], TI [°C] 0..150" in out
         notes = [line for line in out.splitlines() if line.startswith("note:")]
         assert notes == ["note: node QI: the description says unit '%', the source says 'ppm'; the description's "
                          "unit is the one recorded (check which is right)"]
         code, out, err = check(capsys, path, "--json")
         found = json.loads(out)
-        assert found["engineering"] == {"FI": {"unit": None, "range": [0.0, 50.0]}, "QI": {"unit": "ppm", "range": None},
+        assert found["engineering"] == {"FI": {"unit": None, "range": [0.0, 50.0]}, "LI": {"unit": "m", "range": None},
+                                        "QI": {"unit": "ppm", "range": None},
                                         "TI": {"unit": "°C", "range": [0.0, 150.0]}}
         assert found["unit_conflicts"] == [{"node_id": "QI", "description": "%", "source": "ppm"}]
         # What a build reads stays the description's: units and ranges are not taken from the server.
