@@ -122,10 +122,13 @@ def window_run(store: DatasetStore, run_id: str, *, grid: np.ndarray | None = No
         for r0 in range(0, rows, block_rows):
             r1 = min(rows, r0 + block_rows)
             if grid is not None and grid.shape == (n_nodes, rows):
-                block = np.ascontiguousarray(grid[:, r0:r1].T)
+                # Only the rows' finiteness is read here: without a unit transform the held grid's
+                # rows serve as they are (a transposed view), else a copy is converted.
+                block = grid[:, r0:r1].T
+                if units:
+                    block = to_model_units(np.ascontiguousarray(block), units)
             else:
-                block = read_grid_rows(store, run_id, n_nodes, rows, r0, r1)
-            to_model_units(block, units)
+                block = to_model_units(read_grid_rows(store, run_id, n_nodes, rows, r0, r1), units)
             nonfinite += np.count_nonzero(~np.isfinite(block), axis=0)
             found = finder.feed(block)
             starts.append(found)
