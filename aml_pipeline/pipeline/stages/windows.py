@@ -173,7 +173,7 @@ class RunWindows:
         if grid is None or grid.get("dataVersion") != meta.get("inputVersion"):
             raise BuildError(
                 f"run {run_id!r}: its windows were built from another version of its cleaned grid than the "
-                f"one stored; rematerialise the run's windows")
+                "one stored; rematerialise the run's windows")
         shape = store.array_shape(run_id, GRID, "values")
         if shape[1] != self.rows:
             raise ValueError(f"run {run_id!r}: stored grid has {shape[1]} rows, its summary says {self.rows}")
