@@ -10,6 +10,7 @@ identical across machines.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Hashable, Mapping
@@ -343,6 +344,9 @@ def lag_pair_batches(
     return out
 
 
+# A report asks for the same few sizes for every pair of columns of every block: the search
+# (a few hundred Python steps) is done once per size.
+@functools.lru_cache(maxsize=256)
 def _fft_size(n: int) -> int:
     """The smallest 2^i 3^j 5^k >= n (sizes numpy's FFT handles fastest)."""
     best = 1 << max(0, (n - 1).bit_length())

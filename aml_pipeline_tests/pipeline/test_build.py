@@ -13,7 +13,8 @@ from aml_pipeline.core.normalize import apply_norm
 from aml_pipeline.errors import BuildError, UnitContractError, UnknownNodeError
 from aml_pipeline_tests.library_build import build_dataset
 from aml_pipeline.pipeline.publish import Catalog, current_snapshot
-from aml_pipeline.pipeline.registry import WINDOWS
+from aml_pipeline.pipeline.registry import GRID, WINDOWS
+from aml_pipeline.pipeline.stages.windows import RunWindows, unit_columns
 from aml_pipeline.pipeline.store import DatasetStore
 from aml_pipeline.spec import parse_spec
 from aml_pipeline.tsdb_open import open_tsdb
@@ -66,8 +67,11 @@ def test_v1_snapshot_contents(make_spec, plant, plant_url, roots):
     ctrl = [spec.node_ids.index(c) for c in spec.control_ids]
     tgt = [spec.node_ids.index(t) for t in spec.target_ids]
     for run_id in in_splits:
-        a = {k: np.load(store.array_path(run_id, WINDOWS, k)) for k in ("model", "starts")}
-        a["grid"] = a["model"]
+        # The model-unit grid: the cleaned grid (stored node-major), each unit transform applied.
+        a = {"starts": np.load(store.array_path(run_id, WINDOWS, "starts")),
+             "grid": np.load(store.array_path(run_id, GRID, "values")).T.copy()}
+        for j, scale, offset in unit_columns(spec):
+            a["grid"][:, j] = a["grid"][:, j] * scale + offset
         for t in a["starts"][[0, -1]]:
             i = row if t == a["starts"][0] else row + len(a["starts"]) - 1
             want_x = apply_norm(a["grid"][t - 20 : t], np.array(m["norm"]["x"]["mean"]), np.array(m["norm"]["x"]["std"]))
@@ -257,3 +261,19 @@ def test_hashed_split_keeps_assignments_when_runs_are_added(make_spec, plant, pl
     b = build(full, plant_url, {"store_root": tmp_path / "s2", "datasets_root": tmp_path / "d2"}).manifest["split"]
     for part in ("train", "val", "test"):
         assert set(a[f"{part}RunIds"]) <= set(b[f"{part}RunIds"])
+
+
+def test_windows_read_no_rows_of_a_grid_rebuilt_after_them(make_spec, plant_url, roots):
+    """The windows stage stores its starts alone and reads the rows they index from the grid
+    stage: a grid rebuilt from other points after the windows (the run's windows not rebuilt
+    yet) is refused, not read as the rows the starts were found on."""
+    spec = make_spec()
+    build(spec, plant_url, roots)
+    store = DatasetStore(roots["store_root"], spec)
+    run_id = sorted(p.name for p in (store.dir / "runs").iterdir())[0]
+    meta = store.read_meta(run_id, WINDOWS)
+    assert RunWindows(store, run_id, meta).grid_rows(0, 3).shape == (3, len(spec.nodes))
+    grid_json = store.meta_path(run_id, GRID)
+    grid_json.write_text(json.dumps({**store.read_meta(run_id, GRID), "dataVersion": "another"}))
+    with pytest.raises(BuildError, match="another version of its cleaned grid"):
+        RunWindows(store, run_id, meta)

@@ -109,6 +109,23 @@ def test_gc_removes_a_file_a_current_stage_no_longer_writes(make_spec, plant_url
     assert all(store.read_meta(run, stage) is not None for stage in (RAW, GRID, WINDOWS))
 
 
+def test_gc_removes_the_model_unit_grid_of_a_store_built_before(make_spec, plant_url, roots):
+    """A store built before the windows stage stopped storing the model-unit grid (it is read from
+    the grid stage) holds ``windows.model.npy`` beside a current windows stage: the build neither
+    writes nor reads it, and gc removes it."""
+    spec = make_spec()
+    with open_tsdb(plant_url) as db:
+        build_dataset(spec, db, **roots)
+    store = DatasetStore(roots["store_root"], spec)
+    run = stage_runs(store, WINDOWS)[0]
+    run_dir = store.run_dir(run)
+    assert sorted(p.name for p in run_dir.glob("windows.*")) == ["windows.json", "windows.starts.npy"]
+    (run_dir / "windows.model.npy").write_bytes(b"\x93NUMPY" + bytes(120))
+    report = collect_garbage(roots["datasets_root"], roots["store_root"], {spec.id: spec}, keep=3)
+    assert report.removed_other == [str(run_dir / "windows.model.npy")] and not report.removed_stages
+    assert store.read_meta(run, WINDOWS) is not None
+
+
 def test_gc_leaves_a_spec_alone_while_a_build_holds_it(make_spec, plant_url, roots):
     specs = _publish_versions(make_spec, plant_url, roots, 3)
     spec_id = specs[-1].id

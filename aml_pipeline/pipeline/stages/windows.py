@@ -1,8 +1,12 @@
-"""The windows stage: the run's grid in model units and its valid window starts.
+"""The windows stage: the run's valid window starts, on its grid in model units.
 
 A window at start t reads history rows t-H..t-1 (every node), then controls and targets over rows
 t..t+F-1; it is valid when none of what it reads is missing. Starts are found block by block
 (:class:`~aml_pipeline.core.windows.StartFinder`), so a run of any length fits the budget.
+
+The stage stores the starts alone: the model-unit rows are the grid stage's values with the unit
+transforms applied, computed again where they are read (:class:`RunWindows`) rather than stored a
+second time. Stores built before keep a ``windows.model.npy`` that nothing reads; ``gc`` removes it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from aml_pipeline.core.windows import StartFinder, explain_no_windows
+from aml_pipeline.errors import BuildError
 from aml_pipeline.pipeline.chunks import grid_block_rows, release_freed_memory
 from aml_pipeline.pipeline.stages.base import Stage, derived_stage_summary
 from aml_pipeline.pipeline.stages.grid import GRID, read_grid_rows
@@ -38,9 +43,9 @@ WINDOWS = Stage(
     per_run=True,
     algorithm=2,
     covers=_covers,
-    files=("model", "starts"),
+    files=("starts",),
     description=(
-        "The run's grid in model units and its valid window starts (no gap in what a window uses). "
+        "The run's valid window starts on its grid in model units (no gap in what a window uses). "
         "Per run: windows, and why there are none."
     ),
 )
@@ -90,12 +95,18 @@ def unit_columns(spec: DatasetSpec) -> list[tuple[int, float, float]]:
     return [(j, t.scale, t.offset) for j, n in enumerate(spec.node_ids) if (t := transforms.get(n))]
 
 
-def window_run(store: DatasetStore, run_id: str, *, grid: np.ndarray | None = None) -> WindowsSummary:
-    """Convert the grid to model units and find the run's valid window starts, block by block.
+def to_model_units(block: np.ndarray, units: list[tuple[int, float, float]]) -> np.ndarray:
+    """``block`` (grid rows, ``[rows, nodes]``) converted to model units in place (:func:`unit_columns`)."""
+    for j, scale, offset in units:
+        block[:, j] = block[:, j] * scale + offset
+    return block
 
-    Writes ``windows.model.npy`` (``[rows, nodes]``, model units, row-major: what the snapshot
-    writer reads in row blocks) and ``windows.starts.npy``. ``grid``: the run's stored grid
-    (``[nodes, rows]``) when the cleaning that wrote it holds it, taken instead of reading it back.
+
+def window_run(store: DatasetStore, run_id: str, *, grid: np.ndarray | None = None) -> WindowsSummary:
+    """Find the run's valid window starts on its grid in model units, block by block.
+
+    Writes ``windows.starts.npy``. ``grid``: the run's stored grid (``[nodes, rows]``) when the
+    cleaning that wrote it holds it, taken instead of reading it back.
     """
     spec = store.spec
     meta = store.require(run_id, GRID)
@@ -107,17 +118,17 @@ def window_run(store: DatasetStore, run_id: str, *, grid: np.ndarray | None = No
     nonfinite = np.zeros(n_nodes, dtype=np.int64)
     windows = 0
     with store.stage_writer(run_id, WINDOWS) as writer:
-        model = writer.array("model", "<f8", (n_nodes,))
         starts = writer.array("starts", "<i8")
         for r0 in range(0, rows, block_rows):
             r1 = min(rows, r0 + block_rows)
             if grid is not None and grid.shape == (n_nodes, rows):
-                block = np.ascontiguousarray(grid[:, r0:r1].T)
+                # Only the rows' finiteness is read here: without a unit transform the held grid's
+                # rows serve as they are (a transposed view), else a copy is converted.
+                block = grid[:, r0:r1].T
+                if units:
+                    block = to_model_units(np.ascontiguousarray(block), units)
             else:
-                block = read_grid_rows(store, run_id, n_nodes, rows, r0, r1)
-            for j, scale, offset in units:
-                block[:, j] = block[:, j] * scale + offset
-            model.append(block)
+                block = to_model_units(read_grid_rows(store, run_id, n_nodes, rows, r0, r1), units)
             nonfinite += np.count_nonzero(~np.isfinite(block), axis=0)
             found = finder.feed(block)
             starts.append(found)
@@ -148,28 +159,37 @@ _STARTS_SLICE = 1 << 20
 
 
 class RunWindows:
-    """A run's windows stage on disk: ``rows`` model-unit grid rows and its window starts."""
+    """A run's windows stage on disk: its window starts, and the ``rows`` model-unit grid rows
+    they index (the grid stage's values, converted as the windows stage converted them)."""
 
     def __init__(self, store: DatasetStore, run_id: str, meta: dict) -> None:
         self.store, self.run_id = store, run_id
         self.rows = int(meta["rows"])
         self.first_ms = int(meta["firstMs"])
         self.n_windows = int(meta["windows"])
-        shape = store.array_shape(run_id, WINDOWS, "model")
-        if shape[0] != self.rows:
-            raise ValueError(f"run {run_id!r}: stored grid has {shape[0]} rows, its summary says {self.rows}")
-        self.n_cols = int(shape[1])
+        # The starts were found on one version of the run's grid: rows of another (a grid rebuilt
+        # after the windows, which the build would rebuild too) would not be the rows they index.
+        grid = store.read_meta(run_id, GRID)
+        if grid is None or grid.get("dataVersion") != meta.get("inputVersion"):
+            raise BuildError(
+                f"run {run_id!r}: its windows were built from another version of its cleaned grid than the "
+                "one stored; rematerialise the run's windows")
+        shape = store.array_shape(run_id, GRID, "values")
+        if shape[1] != self.rows:
+            raise ValueError(f"run {run_id!r}: stored grid has {shape[1]} rows, its summary says {self.rows}")
+        self.n_cols = int(shape[0])
         n_starts = store.array_shape(run_id, WINDOWS, "starts")[0]
         if n_starts != self.n_windows:
             raise ValueError(f"run {run_id!r}: {n_starts} stored window starts, its summary says {self.n_windows}")
         self.block_rows = grid_block_rows(self.n_cols)
+        self.units = unit_columns(store.spec)
 
     def grid_rows(self, r0: int, r1: int) -> np.ndarray:
         """Model-unit grid rows ``max(0, r0) .. min(rows, r1) - 1`` as ``[n, cols]`` float64."""
         r0, r1 = max(0, r0), min(self.rows, r1)
         if r1 <= r0:
             return np.empty((0, self.n_cols), dtype=np.float64)
-        return self.store.read_rows(self.run_id, WINDOWS, "model", r0, r1)
+        return to_model_units(read_grid_rows(self.store, self.run_id, self.n_cols, self.rows, r0, r1), self.units)
 
     def blocks(self) -> Iterator[tuple[int, int]]:
         """The fixed blocks ``(r0, r1)`` covering the run's rows."""
