@@ -219,10 +219,14 @@ def _bridge(has: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
 
 
 def _ragged_arange(start: np.ndarray, count: np.ndarray, step: int = 1) -> np.ndarray:
-    """For every k in turn, ``count[k]`` values from ``start[k]`` on, ``step`` apart."""
-    total = int(count.sum())
-    nth = np.arange(total) - np.repeat(np.cumsum(count) - count, count)  # of the value within its k
-    return np.repeat(start, count) + nth * step
+    """For every k in turn, ``count[k]`` values from ``start[k]`` on, ``step`` apart: the running
+    sum of ``step``s, with a jump from each k's last value to the next k's first."""
+    start, count = start[count > 0], count[count > 0]
+    out = np.full(int(count.sum()), step, np.int64)
+    if out.size:
+        out[0] = start[0]
+        out[(np.cumsum(count) - count)[1:]] = start[1:] - start[:-1] - (count[:-1] - 1) * step
+    return np.cumsum(out, out=out)
 
 
 def fill_rects(index: np.ndarray, x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray,
@@ -483,7 +487,14 @@ class RunFigure:
         # (a column without grid rows, where the beat is longer than a column, takes its rows
         # and its gap from the columns around it)
         has_rows = traces.grid_rows > 0
-        g_top, g_bottom = _bridge(has_rows, rows(traces.grid_max), rows(traces.grid_min))
+        # gaps: the band's height in the columns with missing grid rows (all of them, or some),
+        # bridged as the line is (a flag is a value where set, NaN where not), so that a column
+        # halfway between a gap and the line goes with the same neighbour for both: never a hole
+        miss = traces.grid_missing > 0
+        full = miss & (traces.grid_missing == traces.grid_rows)
+        g_top, g_bottom, full, miss = _bridge(has_rows, rows(traces.grid_max), rows(traces.grid_min),
+                                              *(np.where(f, 1.0, np.nan) for f in (full, miss)))
+        full, miss = ~np.isnan(full), ~np.isnan(miss)
         g_top, g_bottom = np.round(g_top) - 1, np.round(g_bottom) + 1
         no_grid = np.isnan(g_top)
         with np.errstate(invalid="ignore"):
@@ -500,12 +511,6 @@ class RunFigure:
         below = has_raw & ~no_grid & (r_bottom > g_bottom)
         band_a, col_a = np.nonzero(above)
         band_b, col_b = np.nonzero(below)
-        # gaps: the band's height in the columns with missing grid rows
-        miss = traces.grid_missing > 0
-        full = miss & (traces.grid_missing == traces.grid_rows)
-        # bridged as the line is (a flag is a value where set, NaN where not), so that a column
-        # halfway between a gap and the line goes with the same neighbour for both: never a hole
-        full, miss = (~np.isnan(flags) for flags in _bridge(has_rows, *(np.where(f, 1.0, np.nan) for f in (full, miss))))
         # time: ticks below the data, light lines across it
         ms, self.unit, self.ticks = time_ticks(traces.span_ms)
         tx = self.tick_x = np.minimum(np.floor(self.ticks * ms / traces.span_ms * PLOT_PX), PLOT_PX - 1)
