@@ -391,11 +391,12 @@ class RunFigure:
 
     def _cut(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
         """The canvas's pixels in rows r0 .. r1 - 1 and columns c0 .. c1 - 1 (clipped to it) as
-        palette indices, then those pixels as drawn once again: the canvas is blank for the next
-        text drawn alone."""
-        pixels = self.pixels[max(r0, 0) : r1, max(c0, 0) : c1]
-        index = np.take(GREEN_TO_INDEX, pixels[:, :, 1])
-        pixels[...] = self.blank[max(r0, 0) : r1, max(c0, 0) : c1]
+        palette indices, then the canvas as drawn once again there, in whole rows and
+        GLYPH_PAD_PX more above and below (ink standing outside the box goes too): it is blank
+        for the next text drawn alone."""
+        index = np.take(GREEN_TO_INDEX, self.pixels[max(r0, 0) : r1, max(c0, 0) : c1, 1])
+        wipe = slice(max(r0 - GLYPH_PAD_PX, 0), r1 + GLYPH_PAD_PX)
+        self.pixels[wipe] = self.blank[wipe]
         return index
 
     def _text(self, index: np.ndarray, kind: str, text: str, x: float, y: float) -> float:
