@@ -43,6 +43,10 @@ with the core functions (:func:`plant_run_traces`).
 * ``deflate_options`` (:func:`deflate_options`): the drawn runs' image data deflated at other
   zlib levels, strategies and PNG row filters, CPU ms and KB a run, beside the plot's own
   setting: what a faster deflate would save and what it would add to the event log.
+* ``drawing_split`` (:func:`drawing_split`, on its own: ``python -c "from bench.plots_bench import
+  drawing_split; print(drawing_split())"``): the run figure's CPU a run part by part (data,
+  texts, packing the rows, deflate), beside the matplotlib drawing of the data it replaced,
+  the two alternating in one process.
 * ``overview_cpu_ms`` (:func:`overview_cost`): CPU ms of one dataset overview, for a few
   shapes of dataset (nodes, runs, length of names).
 
@@ -195,6 +199,67 @@ def overview_cost(repeat: int = 5) -> dict[str, Any]:
             cpu_ms.append((time.process_time() - c0) * 1e3)
         out[name] = {**_spread(cpu_ms), "all": cpu_ms}
     return out
+
+
+def drawing_split(repeat: int = 12, runs: int = 13) -> dict[str, Any]:
+    """CPU ms a run of the run figure, part by part, beside the matplotlib drawing it replaced
+    (``aml_pipeline_tests.pipeline.agg_run_figure``, kept as its tests' reference): ``runs`` runs
+    of the standard shape drawn through one figure of each, untimed once (every text kept), then
+    ``repeat`` blocks of all the runs a side, the sides alternating, which goes first swapped
+    each block. Per side, the median [min, max] over runs of each part (``data``, ``texts``,
+    ``index``: the old canvas turned into palette indices; ``rows``: packed at 4 bits;
+    ``deflate``), and per block, ``png`` (``RunFigure.png`` whole, CPU ms a run) and the new over
+    the old, paired by block."""
+    from aml_pipeline.pipeline import run_figure as rf
+    from aml_pipeline.pipeline.plots import _label
+    from aml_pipeline.simulate.plant import plant_spec_dict, simulate_plant
+    from aml_pipeline.spec import parse_spec
+    from aml_pipeline_tests.pipeline.agg_run_figure import AggRunFigure
+
+    plant = simulate_plant(n_runs=runs, run_minutes=120.0, seed=1, n_controls=N_CONTROLS, n_targets=N_TARGETS,
+                           n_features=N_FEATURES, unfinished_last_run=False)
+    spec = parse_spec(plant_spec_dict(plant, SPEC_ID, history_steps=HISTORY, horizon_steps=HORIZON))
+    unit_of = {n.node_id: n.unit for n in plant.nodes}
+    labels = tuple(_label(n, unit_of[n]) for n in spec.node_ids)
+    drawn = [(plant_run_traces(plant, spec, r), f"run {r.run_id}") for r in plant.runs]
+    figures = {"numpy": rf.RunFigure(labels), "matplotlib": AggRunFigure(labels)}
+    parts: dict[str, dict[str, list[float]]] = {side: {} for side in figures}
+    whole: dict[str, list[float]] = {side: [] for side in figures}
+
+    def timed(side: str, part: str, f, *args):
+        c0 = time.process_time()
+        out = f(*args)
+        parts[side].setdefault(part, []).append((time.process_time() - c0) * 1e3)
+        return out
+
+    def deflate(rows: bytes) -> bytes:
+        d = zlib.compressobj(6, zlib.DEFLATED, 15, 8, zlib.Z_FILTERED)
+        return d.compress(rows) + d.flush()
+
+    for side, figure in figures.items():
+        for traces, title in drawn:
+            figure.png(traces, title)
+    for block in range(repeat):
+        for side in (("numpy", "matplotlib") if block % 2 == 0 else ("matplotlib", "numpy")):
+            figure = figures[side]
+            c0 = time.process_time()
+            for traces, title in drawn:
+                figure.png(traces, title)
+            whole[side].append((time.process_time() - c0) * 1e3 / len(drawn))
+            for traces, title in drawn:
+                if side == "numpy":
+                    index = figure.background.copy()
+                    timed(side, "data", figure._draw_data, index, traces)
+                    timed(side, "texts", figure._draw_texts, index, traces, title)
+                else:
+                    timed(side, "data", figure._draw_data, traces)
+                    timed(side, "texts", figure._draw_texts, traces, title)
+                    index = timed(side, "index", np.take, rf.GREEN_TO_INDEX, figure.pixels[:, :, 1])
+                rows = timed(side, "rows", lambda i: rf.png_rows(i).tobytes(), index)
+                timed(side, "deflate", deflate, rows)
+    ratio = [a / b for a, b in zip(whole["numpy"], whole["matplotlib"])]
+    return {"runs": runs, "repeat": repeat, "ratio_png": _spread(ratio),
+            **{side: {"png": _spread(whole[side]), **{k: _spread(v) for k, v in parts[side].items()}} for side in figures}}
 
 
 DEFLATE_OPTIONS = [(level, strategy, row_filter) for row_filter in ("none", "up") for strategy in ("filtered", "default", "rle")

@@ -1,4 +1,4 @@
-"""The per-run strip chart: one band per node, drawn by matplotlib from a run's traces.
+"""The per-run strip chart: one band per node, drawn from a run's traces into a palette image.
 
 A :class:`~aml_pipeline.core.traces.RunTraces` summarises the run per node and pixel column
 (min and max of the raw points, of the cleaned grid and of the removed outliers, and how many
@@ -23,13 +23,22 @@ area (stored by an older build) are folded onto it (:meth:`RunTraces.folded`).
 It is drawn for every run of every build (``bench/plots_bench.py`` measures its time and its
 share of the event log), so one figure is kept per list of node labels and reused:
 
-* the frame, separators, node labels and legend are drawn once (the background); per run, the
-  data are matplotlib artists whose paths are replaced and blitted onto a copy of it;
-* nothing is antialiased, so every pixel is a palette colour: the PNG is a 4-bit palette image,
-  and the long runs of equal pixels compress well;
+* matplotlib draws the node labels and the legend once, nothing antialiased, so every pixel is a
+  palette colour: the figure keeps them as palette indices, with the frame and the band
+  separators (the background);
+* per run, the data are laid into a copy of it with numpy, a layer over the one before: time
+  grid lines, partly missing columns, gaps, raw points, outliers, the cleaned grid, tick marks.
+  Every mark is a rectangle on whole pixels (a column's raw points or its part of the cleaned
+  line, a run of gap columns, an outlier's square, a time line), set on the pixels matplotlib
+  filled for it when it drew the data (filled paths on pixel edges, not antialiased; its 3 pt
+  square marker, which it snaps to OUTLIER_PX): the tests hold the figure to that drawing
+  pixel for pixel;
 * matplotlib lays out and renders text glyph by glyph, which costs more than the data: a text
-  drawn once (a scale value, a tick label) is kept as pixels and copied where it is needed next;
-  the title line, new for every run (the run's name, its start), is laid out from kept glyphs.
+  is drawn by matplotlib once, alone, kept as palette indices, and its ink laid where it is
+  needed next; the title line, new for every run (the run's name, its start), is laid out from
+  kept glyphs;
+* the PNG is a 4-bit palette image (:func:`palette_png`): the long runs of equal pixels deflate
+  well, and deflating them is most of what a run's chart costs.
 """
 
 from __future__ import annotations
@@ -86,6 +95,8 @@ TILE_PAD_PX = 1
 SCALE_GAP_PX = 5  # between a scale value and the frame
 SCALE_EDGE_PX = 4  # between a scale value and its band's top or bottom edge
 GLYPH_PAD_PX = 2
+# An outlier's square: what matplotlib's 3 pt square marker covers at DPI (it snaps it to whole pixels)
+OUTLIER_PX = 4
 
 
 def band_px(n_nodes: int) -> int:
@@ -207,45 +218,30 @@ def _bridge(has: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def _rects_path(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray):
-    """Rectangles ``[x0, x1] x [y0, y1]`` as one matplotlib path to fill."""
-    from matplotlib.path import Path
-
-    verts = np.empty((np.size(x0), 4, 2))
-    verts[:, 0, 0] = verts[:, 3, 0] = x0
-    verts[:, 1, 0] = verts[:, 2, 0] = x1
-    verts[:, 0, 1] = verts[:, 1, 1] = y0
-    verts[:, 2, 1] = verts[:, 3, 1] = y1
-    codes = np.tile(np.array([Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO], Path.code_type), np.size(x0))
-    return Path(verts.reshape(-1, 2), codes)
+def _ragged_arange(start: np.ndarray, count: np.ndarray, step: int = 1) -> np.ndarray:
+    """For every k in turn, ``count[k]`` values from ``start[k]`` on, ``step`` apart: the running
+    sum of ``step``s, with a jump from each k's last value to the next k's first."""
+    start, count = start[count > 0], count[count > 0]
+    out = np.full(int(count.sum()), step, np.int64)
+    if out.size:
+        out[0] = start[0]
+        out[(np.cumsum(count) - count)[1:]] = start[1:] - start[:-1] - (count[:-1] - 1) * step
+    return np.cumsum(out, out=out)
 
 
-def _steps_path(edges: np.ndarray, top: np.ndarray, bottom: np.ndarray):
-    """One polygon per row of ``top``/``bottom`` (``[bands, columns]``, pixel edges) covering, in
-    column j (``edges[j]`` to ``edges[j + 1]``), ``top[:, j]`` to ``bottom[:, j]`` (nothing where
-    they are equal); runs of columns with the same rows become one step."""
-    from matplotlib.path import Path
-
-    n, w = top.shape
-    change = np.ones((n, w), bool)
-    change[:, 1:] = (top[:, 1:] != top[:, :-1]) | (bottom[:, 1:] != bottom[:, :-1])
-    band, start = np.nonzero(change)  # the steps, band by band, left to right
-    stop = np.append(start[1:], w)
-    stop[np.append(band[1:] != band[:-1], True)] = w
-    counts = np.bincount(band, minlength=n)
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    rank = np.arange(band.size) - offsets[band]  # of the step within its band
-    base, count = 4 * offsets[band], counts[band]
-    # per band: its top edge left to right, then its bottom edge right to left
-    verts = np.empty((4 * band.size, 2))
-    x0, x1, t, b = edges[start], edges[stop], top[band, start], bottom[band, start]
-    at = base + 2 * rank
-    verts[at], verts[at + 1] = np.stack([x0, t], 1), np.stack([x1, t], 1)
-    at = base + 2 * count + 2 * (count - 1 - rank)
-    verts[at], verts[at + 1] = np.stack([x1, b], 1), np.stack([x0, b], 1)
-    codes = np.full(len(verts), Path.LINETO, Path.code_type)
-    codes[4 * offsets[:-1]] = Path.MOVETO
-    return Path(verts, codes)
+def fill_rects(index: np.ndarray, x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray,
+               colour: int) -> None:
+    """Set the pixels of rectangles to ``colour`` in ``index [rows, columns]``: rectangle k is
+    columns ``x0[k]`` to ``x1[k] - 1`` and rows ``y0[k]`` to ``y1[k] - 1`` (integers: pixel
+    edges; nothing where ``x1 <= x0`` or ``y1 <= y0``), clipped to the image. The rectangles'
+    pixel columns, then those columns' pixels, are enumerated at once: the work is their area."""
+    rows, columns = index.shape
+    x0, x1 = (np.minimum(np.maximum(np.asarray(v, np.int64), 0), columns) for v in (x0, x1))
+    y0, y1 = (np.minimum(np.maximum(np.asarray(v, np.int64), 0), rows) for v in (y0, y1))
+    width, height = np.maximum(x1 - x0, 0), np.maximum(y1 - y0, 0)
+    width[height == 0] = 0
+    column = _ragged_arange(x0, width)
+    index.reshape(-1)[_ragged_arange(np.repeat(y0, width) * columns + column, np.repeat(height, width), columns)] = colour
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:
@@ -282,6 +278,16 @@ def palette_png(index: np.ndarray) -> bytes:
             + _png_chunk(b"IDAT", data) + _png_chunk(b"IEND", b""))
 
 
+def _lay_ink(index: np.ndarray, pixels: np.ndarray, top: int, left: int) -> None:
+    """Lay the ink of ``pixels`` (palette indices: a text on white) into ``index`` with its
+    top left pixel at row ``top``, column ``left``, clipped to the image: what is under the
+    white stays, so texts whose boxes overlap keep each other's ink."""
+    r0, c0 = max(top, 0), max(left, 0)
+    target = index[r0 : top + pixels.shape[0], c0 : left + pixels.shape[1]]
+    ink = pixels[r0 - top : r0 - top + target.shape[0], c0 - left : c0 - left + target.shape[1]]
+    np.copyto(target, ink, where=ink != WHITE)
+
+
 def _no_antialiasing():
     import matplotlib
 
@@ -297,8 +303,7 @@ class RunFigure:
         from matplotlib.figure import Figure
         from matplotlib.font_manager import FontProperties
         from matplotlib.lines import Line2D
-        from matplotlib.patches import Patch, PathPatch
-        from matplotlib.path import Path
+        from matplotlib.patches import Patch
 
         self.n = n = len(labels)
         self.band = band = band_px(n)
@@ -317,24 +322,11 @@ class RunFigure:
             fig = Figure(figsize=(W / DPI, H / DPI), dpi=DPI, facecolor="white")
             self.canvas = FigureCanvasAgg(fig)
             # One axes over the whole figure in pixel units: x from the data's left edge, y down
-            # from its top; integers are pixel edges.
+            # from its top; integers are pixel edges. It places the texts.
             ax = self.ax = fig.add_axes((0, 0, 1, 1))
             ax.set_xlim(-left, W - left)
             ax.set_ylim(H - TOP_PX, -TOP_PX)
             ax.set_axis_off()
-
-            def fill(path: Path, colour: str, animated: bool = False) -> PathPatch:
-                # on pixel edges already: not snapped (which would move them by half a pixel)
-                return ax.add_patch(PathPatch(path, facecolor=colour, edgecolor="none", linewidth=0, snap=False,
-                                              animated=animated))
-
-            # the separator above band i is its row 0; the frame is around columns 0 .. PLOT_PX - 1
-            # and rows 0 .. n * band - 1
-            rows = np.arange(1, n) * band
-            fill(_rects_path(np.full(n - 1, MARGIN_PX - left), np.full(n - 1, PLOT_PX), rows, rows + 1), c["separator"])
-            frame = np.array([[-1, 0, -1, n * band + 1], [PLOT_PX, PLOT_PX + 1, -1, n * band + 1],
-                              [-1, PLOT_PX + 1, -1, 0], [-1, PLOT_PX + 1, n * band, n * band + 1]], np.float64)
-            fill(_rects_path(*frame.T), c["axis"])
             for i, label in enumerate(labels):
                 y = (i + 0.5) * band
                 ax.text(MARGIN_PX - left, y, label, fontsize=LABEL_PT, weight="bold", ha="left", va="center_baseline")
@@ -351,13 +343,8 @@ class RunFigure:
                 loc="center left", bbox_to_anchor=(MARGIN_PX / W, 1 - 42 / H), ncol=5, fontsize=LABEL_PT, frameon=False,
                 handlelength=1.6, handleheight=0.9, columnspacing=1.8, borderaxespad=0.0, borderpad=0.0,
             )
-            # What changes per run: animated artists, left out of the background and blitted.
-            empty = Path(np.zeros((1, 2)))
-            self.partial_gaps, self.gaps = fill(empty, c["partial_gap"], True), fill(empty, c["gap"], True)
-            self.time_grid, self.raw = fill(empty, c["time_grid"], True), fill(empty, c["raw"], True)
-            self.grid, self.tick_marks = fill(empty, c["grid"], True), fill(empty, c["axis"], True)
-            (self.outliers,) = ax.plot([], [], color=c["outlier"], marker="s", markersize=3, markeredgewidth=0,
-                                       linestyle="none", animated=True)
+            # The texts that change per run: animated artists, left out of the background and
+            # drawn alone when a text is new (see _text and _glyph).
             self.texts = {
                 "tick": ax.text(0, 0, "", fontsize=TICK_PT, ha="center", va="top", animated=True),
                 "scale_lo": ax.text(0, 0, "", fontsize=SCALE_PT, color=c["axis"], ha="right", va="bottom",
@@ -371,69 +358,94 @@ class RunFigure:
             }
             self.canvas.draw()
         self.renderer = self.canvas.get_renderer()
-        self.background = self.canvas.copy_from_bbox(fig.bbox)
-        self.tiles: dict[tuple[str, str], tuple[object, tuple[int, int, int, int], int, int, float]] = {}
-        self.glyph_tiles: dict[tuple[str, str], tuple[np.ndarray, int, int, float]] = {}
         self.pixels = np.asarray(self.renderer.buffer_rgba())  # the canvas, rows from the top
+        self.blank = self.pixels.copy()  # the canvas as drawn once: where a new text is drawn alone
+        # The background as palette indices (every pixel a palette colour: its green names it,
+        # see GREEN_TO_INDEX), then the frame and the separators: the separator above band i is
+        # its row 0; the frame is around columns 0 .. PLOT_PX - 1 and rows 0 .. n * band - 1.
+        self.background = np.take(GREEN_TO_INDEX, self.blank[:, :, 1])
+        rows = np.arange(1, n) * band
+        self._fill(self.background, np.full(n - 1, MARGIN_PX - left), np.full(n - 1, PLOT_PX), rows, rows + 1,
+                   SEPARATOR)
+        frame = np.array([[-1, 0, -1, n * band + 1], [PLOT_PX, PLOT_PX + 1, -1, n * band + 1],
+                          [-1, PLOT_PX + 1, -1, 0], [-1, PLOT_PX + 1, n * band, n * band + 1]])
+        self._fill(self.background, *frame.T, AXIS)
+        self.tiles: dict[tuple[str, str], tuple[np.ndarray, int, int, float]] = {}
+        self.glyph_tiles: dict[tuple[str, str], tuple[np.ndarray, int, int, float]] = {}
         _, height, descent = measure.get_text_width_height_descent("Hl0", FontProperties(size=TITLE_PT, weight="bold"), False)
         self.title_baseline = TITLE_TOP_PX + math.ceil(height - descent)
 
-    def _text(self, kind: str, text: str, x: float, y: float) -> float:
-        """Draw ``text`` in the style of ``self.texts[kind]``, anchored at figure pixel (x, y)
-        (y down from the top), and return its width. Copied from the pixels of an earlier
-        drawing of the same text where there is one, else drawn and kept. Texts go on the white
-        margins, at least 2 * TILE_PAD_PX + 1 from other ink, so the pixels kept around a text
-        (its box and TILE_PAD_PX) carry no other ink."""
-        x, y = round(x), round(y)
-        tile = self.tiles.get((kind, text))
-        if tile is not None:
-            region, extents, dx, dy, width = tile
-            self.renderer.restore_region(region, bbox=extents, xy=(x + dx, y + dy))
-            return width
-        artist = self.texts[kind]
+    def _fill(self, index: np.ndarray, x0, x1, y0, y1, colour: int) -> None:
+        """:func:`fill_rects` in the data's pixel units (x from the data area's left edge, y
+        down from its top; integers are pixel edges)."""
+        fill_rects(index, np.asarray(x0) + self.left, np.asarray(x1) + self.left, np.asarray(y0) + TOP_PX,
+                   np.asarray(y1) + TOP_PX, colour)
+
+    def _draw_alone(self, artist, text: str, x: float, y: float):
+        """Draw ``artist`` with ``text`` anchored at figure pixel (x, y) (y down from the top) on
+        the canvas, and return its layout box (y up from the bottom)."""
         artist.set_text(text)
         artist.set_position((x - self.left, y - TOP_PX))
         self.ax.draw_artist(artist)
-        box = artist.get_window_extent(self.renderer)
-        region = self.canvas.copy_from_bbox(box.padded(TILE_PAD_PX))
-        extents = tuple(int(v) for v in region.get_extents())  # x1, y1 (from the top), x2, y2
-        if len(self.tiles) >= MAX_TEXT_TILES:
-            self.tiles.clear()
-        self.tiles[kind, text] = (region, extents, extents[0] - x, extents[1] - y, box.width)
-        return box.width
+        return artist.get_window_extent(self.renderer)
+
+    def _cut(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+        """The canvas's pixels in rows r0 .. r1 - 1 and columns c0 .. c1 - 1 (clipped to it) as
+        palette indices, then the canvas as drawn once again there, in whole rows and
+        GLYPH_PAD_PX more above and below (ink standing outside the box goes too): it is blank
+        for the next text drawn alone."""
+        index = np.take(GREEN_TO_INDEX, self.pixels[max(r0, 0) : r1, max(c0, 0) : c1, 1])
+        wipe = slice(max(r0 - GLYPH_PAD_PX, 0), r1 + GLYPH_PAD_PX)
+        self.pixels[wipe] = self.blank[wipe]
+        return index
+
+    def _text(self, index: np.ndarray, kind: str, text: str, x: float, y: float) -> float:
+        """Lay ``text`` in the style of ``self.texts[kind]`` into ``index``, anchored at figure
+        pixel (x, y) (y down from the top), and return its width. Its ink is laid from the pixels
+        of an earlier drawing of the same text where there is one, else it is drawn alone and
+        kept (its box and TILE_PAD_PX around it). Texts go on the background's white margins,
+        so what is kept is the text's ink on white; a text laid over another's box (the two
+        scale values of a band at MIN_BAND_PX) keeps the other's ink."""
+        x, y = round(x), round(y)
+        tile = self.tiles.get((kind, text))
+        if tile is None:
+            box = self._draw_alone(self.texts[kind], text, x, y)
+            kept = box.padded(TILE_PAD_PX)  # its bounds truncated to integers, as Agg's copy_from_bbox takes them
+            c0, c1, r0, r1 = int(kept.x0), int(kept.x1), self.h_px - int(kept.y1), self.h_px - int(kept.y0)
+            if len(self.tiles) >= MAX_TEXT_TILES:
+                self.tiles.clear()
+            tile = self.tiles[kind, text] = (self._cut(r0, r1, c0, c1), max(c0, 0) - x, max(r0, 0) - y, box.width)
+        pixels, dx, dy, width = tile
+        _lay_ink(index, pixels, y + dy, x + dx)
+        return width
 
     def _glyph(self, kind: str, char: str) -> tuple[np.ndarray, int, int, float]:
-        """``char`` in the style of ``self.texts[kind]``: its pixels, their offset from the pen
-        (on the baseline) and the pen's advance. Drawn once, alone, on the white right end of
-        the title line, copied from there and wiped, then kept."""
+        """``char`` in the style of ``self.texts[kind]``: its pixels (palette indices), their
+        offset from the pen (on the baseline) and the pen's advance. Drawn once, alone, on the
+        white right end of the title line, then kept."""
         glyph = self.glyph_tiles.get((kind, char))
         if glyph is not None:
             return glyph
-        artist, prop = self.texts[kind], self.texts[kind].get_fontproperties()
         x, y = self.w_px - RIGHT_PX - 4 * TITLE_PT, self.title_baseline
-        artist.set_text(char)
-        artist.set_position((x - self.left, y - TOP_PX))
-        self.ax.draw_artist(artist)
         # the layout box, padded: hinted ink may stand a pixel outside it (white, the padding
-        # costs nothing when laid over by the minimum)
-        box = artist.get_window_extent(self.renderer).padded(GLYPH_PAD_PX)  # y up from the bottom
+        # costs nothing: only ink is laid)
+        box = self._draw_alone(self.texts[kind], char, x, y).padded(GLYPH_PAD_PX)  # y up from the bottom
         x0, x1 = math.floor(box.x0), math.ceil(box.x1)
         r0, r1 = self.h_px - math.ceil(box.y1), self.h_px - math.floor(box.y0)
-        pixels = self.pixels[r0:r1, x0:x1].copy()
-        self.pixels[r0:r1, x0:x1] = 255
+        prop = self.texts[kind].get_fontproperties()
         width = self.renderer.get_text_width_height_descent
         advance = width(char * 2, prop, False)[0] - width(char, prop, False)[0]
         if len(self.glyph_tiles) >= MAX_TEXT_TILES:
             self.glyph_tiles.clear()
-        glyph = self.glyph_tiles[kind, char] = (pixels, x0 - x, r0 - y, advance)
+        glyph = self.glyph_tiles[kind, char] = (self._cut(r0, r1, x0, x1), x0 - x, r0 - y, advance)
         return glyph
 
-    def _glyphs(self, kind: str, text: str, x: float, space: float) -> float:
-        """Draw ``text`` from kept glyphs (:meth:`_glyph`; all of them kept before, so none is
-        drawn on the line), left-aligned at ``x`` on the title line's baseline, a space
-        ``space`` wide, and return its width. Dark text on the white margin: each glyph's pixels
-        are laid over what is there by their minimum, so glyphs whose boxes overlap keep each
-        other's ink. A run's name and start time are new text for every run; laying them out and
+    def _glyphs(self, index: np.ndarray, kind: str, text: str, x: float, space: float) -> float:
+        """Lay ``text`` into ``index`` from kept glyphs (:meth:`_glyph`; all of them kept
+        before, so none is drawn on the line), left-aligned at ``x`` on the title line's
+        baseline, a space ``space`` wide, and return its width. Only a glyph's ink is laid (the
+        title's colour, on the white margin), so glyphs whose boxes overlap keep each other's
+        ink. A run's name and start time are new text for every run; laying them out and
         rendering them whole is most of what the texts would cost."""
         baseline = self.title_baseline
         pen = x
@@ -442,9 +454,7 @@ class RunFigure:
                 pen += space
                 continue
             pixels, dx, dy, advance = self._glyph(kind, c)
-            left, top = round(pen) + dx, baseline + dy
-            target = self.pixels[top : top + pixels.shape[0], left : left + pixels.shape[1]]
-            np.minimum(target, pixels[: target.shape[0], : target.shape[1]], out=target)
+            _lay_ink(index, pixels, baseline + dy, round(pen) + dx)
             pen += advance
         return pen - x
 
@@ -454,12 +464,14 @@ class RunFigure:
             raise ValueError(f"run figure: {len(traces.node_ids)} nodes in the traces for {self.n} labels")
         if traces.width > PLOT_PX:
             traces = traces.folded(PLOT_PX)
-        self._draw_data(traces)
-        self._draw_texts(traces, title)
-        # Every pixel is a palette colour: its green value names it (see GREEN_TO_INDEX).
-        return palette_png(np.take(GREEN_TO_INDEX, self.pixels[:, :, 1]))
+        index = self.background.copy()
+        self._draw_data(index, traces)
+        self._draw_texts(index, traces, title)
+        return palette_png(index)
 
-    def _draw_data(self, traces: RunTraces) -> None:
+    def _draw_data(self, index: np.ndarray, traces: RunTraces) -> None:
+        """The data layers, each over the one before: time grid lines, partly missing columns,
+        gaps, raw points, outliers, the cleaned grid, tick marks."""
         n, band, w = self.n, self.band, traces.width
         lo, hi, _ = self.scale = band_scale(traces)
         top = np.arange(n, dtype=np.float64)[:, None] * band
@@ -476,7 +488,14 @@ class RunFigure:
         # (a column without grid rows, where the beat is longer than a column, takes its rows
         # and its gap from the columns around it)
         has_rows = traces.grid_rows > 0
-        g_top, g_bottom = _bridge(has_rows, rows(traces.grid_max), rows(traces.grid_min))
+        # gaps: the band's height in the columns with missing grid rows (all of them, or some),
+        # bridged as the line is (a flag is a value where set, NaN where not), so that a column
+        # halfway between a gap and the line goes with the same neighbour for both: never a hole
+        miss = traces.grid_missing > 0
+        full = miss & (traces.grid_missing == traces.grid_rows)
+        g_top, g_bottom, full, miss = _bridge(has_rows, rows(traces.grid_max), rows(traces.grid_min),
+                                              *(np.where(f, 1.0, np.nan) for f in (full, miss)))
+        full, miss = ~np.isnan(full), ~np.isnan(miss)
         g_top, g_bottom = np.round(g_top) - 1, np.round(g_bottom) + 1
         no_grid = np.isnan(g_top)
         with np.errstate(invalid="ignore"):
@@ -486,7 +505,6 @@ class RunFigure:
             )
         g_top = np.where(no_grid, first, np.maximum(g_top, first))
         g_bottom = np.where(no_grid, first, np.minimum(g_bottom, last))
-        self.grid.set_path(_steps_path(edges, g_top, g_bottom))
         # raw points: 1 px per value, drawn where the line does not cover them
         r_top, r_bottom = np.floor(rows(traces.raw_max)), np.floor(rows(traces.raw_min)) + 1
         has_raw = ~np.isnan(r_top)
@@ -494,58 +512,52 @@ class RunFigure:
         below = has_raw & ~no_grid & (r_bottom > g_bottom)
         band_a, col_a = np.nonzero(above)
         band_b, col_b = np.nonzero(below)
-        self.raw.set_path(_rects_path(
-            np.concatenate([edges[col_a], edges[col_b]]), np.concatenate([edges[col_a + 1], edges[col_b + 1]]),
-            np.concatenate([r_top[band_a, col_a], np.maximum(r_top, g_bottom)[band_b, col_b]]),
-            np.concatenate([np.where(no_grid, r_bottom, np.minimum(r_bottom, g_top))[band_a, col_a], r_bottom[band_b, col_b]]),
-        ))
-        # removed outliers: a square at the column's smallest and largest removed value
-        node, col = np.nonzero(traces.removed_count > 0)
-        centres = (edges[col] + edges[col + 1]) / 2
-        self.outliers.set_data(
-            np.concatenate([centres, centres]),
-            np.floor(np.concatenate([rows(traces.removed_min)[node, col], rows(traces.removed_max)[node, col]])) + 0.5,
-        )
-        # gaps: the band's height in the columns with missing grid rows
-        miss = traces.grid_missing > 0
-        full = miss & (traces.grid_missing == traces.grid_rows)
-        # bridged as the line is (a flag is a value where set, NaN where not), so that a column
-        # halfway between a gap and the line goes with the same neighbour for both: never a hole
-        full, miss = (~np.isnan(flags) for flags in _bridge(has_rows, *(np.where(f, 1.0, np.nan) for f in (full, miss))))
-        for layer, flags in ((self.gaps, full), (self.partial_gaps, miss & ~full)):
-            r, a, b = spans(flags)
-            layer.set_path(_rects_path(edges[a], edges[b], r * band + 1.0, (r + 1) * band + 0.0))
         # time: ticks below the data, light lines across it
         ms, self.unit, self.ticks = time_ticks(traces.span_ms)
         tx = self.tick_x = np.minimum(np.floor(self.ticks * ms / traces.span_ms * PLOT_PX), PLOT_PX - 1)
         inside = tx[(tx > 0) & (tx < PLOT_PX - 1)]  # not on the frame
-        self.time_grid.set_path(_rects_path(inside, inside + 1, np.zeros_like(inside), np.full_like(inside, n * band)))
-        self.tick_marks.set_path(_rects_path(tx, tx + 1, np.full_like(tx, n * band + 1), np.full_like(tx, n * band + 6)))
 
-        self.renderer.restore_region(self.background)
-        for artist in (self.time_grid, self.partial_gaps, self.gaps, self.raw, self.outliers, self.grid, self.tick_marks):
-            self.ax.draw_artist(artist)
+        self._fill(index, inside, inside + 1, np.zeros_like(inside), np.full_like(inside, n * band), TIME_GRID)
+        for colour, flags in ((PARTIAL_GAP, miss & ~full), (GAP, full)):
+            r, a, b = spans(flags)
+            self._fill(index, edges[a], edges[b], r * band + 1, (r + 1) * band, colour)
+        self._fill(
+            index, np.concatenate([edges[col_a], edges[col_b]]), np.concatenate([edges[col_a + 1], edges[col_b + 1]]),
+            np.concatenate([r_top[band_a, col_a], np.maximum(r_top, g_bottom)[band_b, col_b]]),
+            np.concatenate([np.where(no_grid, r_bottom, np.minimum(r_bottom, g_top))[band_a, col_a], r_bottom[band_b, col_b]]),
+            RAW,
+        )
+        # removed outliers: a square at the column's smallest and largest removed value, on the
+        # pixels matplotlib's 3 pt square marker covers at DPI: OUTLIER_PX wide, centred on the
+        # pixel edge nearest the column's centre (halves up), its rows likewise
+        node, col = np.nonzero(traces.removed_count > 0)
+        cx = np.tile(np.floor((edges[col] + edges[col + 1]) / 2 + 0.5), 2)
+        cy = np.floor(np.concatenate([rows(traces.removed_min)[node, col], rows(traces.removed_max)[node, col]])) + 1
+        cx, cy = cx[~np.isnan(cy)], cy[~np.isnan(cy)]
+        half = OUTLIER_PX // 2
+        self._fill(index, cx - half, cx + OUTLIER_PX - half, cy - half, cy + OUTLIER_PX - half, OUTLIER)
+        # the cleaned grid: in column j, rows g_top to g_bottom (none where they are equal)
+        j = np.tile(np.arange(w), n)
+        self._fill(index, edges[j], edges[j + 1], g_top.ravel(), g_bottom.ravel(), GRID)
+        self._fill(index, tx, tx + 1, np.full_like(tx, n * band + 1), np.full_like(tx, n * band + 6), AXIS)
 
-    def _draw_texts(self, traces: RunTraces, title: str) -> None:
+    def _draw_texts(self, index: np.ndarray, traces: RunTraces, title: str) -> None:
         lo, hi, step = self.scale
         bottom = TOP_PX + self.n * self.band
         tick_step = float(self.ticks[1] - self.ticks[0]) if len(self.ticks) > 1 else 1.0
         for t, x in zip(self.ticks, self.tick_x):
-            self._text("tick", fmt(float(t), tick_step), self.left + x + 0.5, bottom + 8)
-        self._text("xlabel", f"time since run start [{self.unit}]", self.left + PLOT_PX / 2, self.h_px - 4)
+            self._text(index, "tick", fmt(float(t), tick_step), self.left + x + 0.5, bottom + 8)
+        self._text(index, "xlabel", f"time since run start [{self.unit}]", self.left + PLOT_PX / 2, self.h_px - 4)
         x = self.left - SCALE_GAP_PX
         for i in range(self.n):
             top = TOP_PX + i * self.band
-            self._text("scale_hi", fmt(float(hi[i]), float(step[i])), x, top + SCALE_EDGE_PX)
-            self._text("scale_lo", fmt(float(lo[i]), float(step[i])), x, top + self.band - SCALE_EDGE_PX)
+            self._text(index, "scale_hi", fmt(float(hi[i]), float(step[i])), x, top + SCALE_EDGE_PX)
+            self._text(index, "scale_lo", fmt(float(lo[i]), float(step[i])), x, top + self.band - SCALE_EDGE_PX)
         # the title line: the run's name, then its start and length
         start = _utc(traces.t0_ms)
         line = f"started {start:%Y-%m-%d %H:%M:%S} UTC, {duration(traces.span_ms)} long"
-        for kind, text in (("title", title), ("time", line)):
-            for c in set(text) - {" "}:
-                self._glyph(kind, c)
-        x = MARGIN_PX + self._glyphs("title", title, MARGIN_PX, self.space["bold"]) + 3 * self.space["bold"]
-        self._glyphs("time", line, x, self.space["normal"])
+        x = MARGIN_PX + self._glyphs(index, "title", title, MARGIN_PX, self.space["bold"]) + 3 * self.space["bold"]
+        self._glyphs(index, "time", line, x, self.space["normal"])
 
 
 _LOCK = threading.Lock()  # the figures are shared by threads
