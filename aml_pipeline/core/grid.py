@@ -200,8 +200,11 @@ def align_batch(
         return out
     if value.ndim != 1 or value.size != ts.size:
         raise ValueError(f"align_batch: value must be 1-D with the same length as ts ({ts.size}), got shape {value.shape}")
-    step_back = np.flatnonzero(np.diff(ts) <= 0)
-    step_back = step_back[~np.isin(step_back + 1, bounds)]  # a series' first point may precede the last one's
+    step_back = np.flatnonzero(ts[1:] <= ts[:-1])
+    if step_back.size:  # a series' first point may precede the last one's
+        # A search of the ascending bounds: np.isin's setup costs more than the few steps back.
+        at = np.minimum(np.searchsorted(bounds, step_back + 1), bounds.size - 1)
+        step_back = step_back[bounds[at] != step_back + 1]
     if step_back.size:
         i = int(step_back[0]) + 1
         raise ValueError(f"align_batch: ts must be strictly increasing within a series (clean duplicates first); "

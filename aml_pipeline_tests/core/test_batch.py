@@ -61,3 +61,19 @@ def test_batch_cleaning_and_alignment_equal_each_series_alone(seed: int, block_c
             column, _ = grid_column(t, v, s, first, beat, rows, p)
             assert got[j].tobytes() == column.tobytes(), (j, p, first)
         assert np.isfinite(got).any() and np.isnan(got).any()
+
+
+def test_align_batch_allows_steps_back_only_between_series() -> None:
+    """Each series starts anew (the next may begin before the last one ended, also after an empty
+    series), but within a series the times must rise strictly."""
+    p = node_params(good_states=(0,), valid_range=(None, None), hampel_k=0, hampel_sigma=3.0, hampel_min_dev=0.0,
+                    interp="hold", max_interp_ms=5000, aggregate="point", causal=False)
+    ts = np.array([1000, 2000, 3000, 1000, 2500, 500, 4000], dtype=np.int64)
+    value = np.arange(ts.size, dtype=np.float64)
+    starts = np.array([0, 3, 3, 5])  # series of 3, 0, 2 and 2 points
+    got = align_batch(ts, value, starts, [p] * 4, 1000, 1000, 3)
+    assert got[0].tolist() == [0.0, 1.0, 2.0] and np.isnan(got[1]).all()
+    for bad, where in (([1000, 2000, 2000, 1000, 2500, 500, 4000], 2), ([1000, 2000, 3000, 1000, 900, 500, 4000], 4),
+                       ([1000, 2000, 3000, 1000, 2500, 500, 400], 6)):
+        with pytest.raises(ValueError, match=rf"ts\[{where - 1}\] = .*, ts\[{where}\] ="):
+            align_batch(np.array(bad, dtype=np.int64), value, starts, [p] * 4, 1000, 1000, 3)
