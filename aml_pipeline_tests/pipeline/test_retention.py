@@ -89,16 +89,21 @@ def test_gc_removes_stages_of_another_spec_version_and_dead_temporaries(make_spe
     assert raw_meta is not None and store.read_meta(run, WINDOWS) is not None
 
 
-def test_gc_removes_a_file_a_current_stage_no_longer_writes(make_spec, plant_url, roots):
-    """A store built before the raw stage stopped storing the TSDB's ingest order holds
-    ``raw.seq.npy`` beside a current raw stage: gc removes it (``--dry-run`` names it first), and
-    the stage's own files stay."""
+def _built_run(make_spec, plant_url, roots, stage):
+    """A spec built once: the spec, its store, the first run with ``stage`` and that run's folder."""
     spec = make_spec()
     with open_tsdb(plant_url) as db:
         build_dataset(spec, db, **roots)
     store = DatasetStore(roots["store_root"], spec)
-    run = stage_runs(store, RAW)[0]
-    run_dir = store.run_dir(run)
+    run = stage_runs(store, stage)[0]
+    return spec, store, run, store.run_dir(run)
+
+
+def test_gc_removes_a_file_a_current_stage_no_longer_writes(make_spec, plant_url, roots):
+    """A store built before the raw stage stopped storing the TSDB's ingest order holds
+    ``raw.seq.npy`` beside a current raw stage: gc removes it (``--dry-run`` names it first), and
+    the stage's own files stay."""
+    spec, store, run, run_dir = _built_run(make_spec, plant_url, roots, RAW)
     (run_dir / "raw.seq.npy").write_bytes(b"\x93NUMPY" + bytes(120))
     before = sorted(p.name for p in run_dir.iterdir())
     dry = collect_garbage(roots["datasets_root"], roots["store_root"], {spec.id: spec}, keep=3, dry_run=True)
@@ -113,12 +118,7 @@ def test_gc_removes_the_model_unit_grid_of_a_store_built_before(make_spec, plant
     """A store built before the windows stage stopped storing the model-unit grid (it is read from
     the grid stage) holds ``windows.model.npy`` beside a current windows stage: the build neither
     writes nor reads it, and gc removes it."""
-    spec = make_spec()
-    with open_tsdb(plant_url) as db:
-        build_dataset(spec, db, **roots)
-    store = DatasetStore(roots["store_root"], spec)
-    run = stage_runs(store, WINDOWS)[0]
-    run_dir = store.run_dir(run)
+    spec, store, run, run_dir = _built_run(make_spec, plant_url, roots, WINDOWS)
     assert sorted(p.name for p in run_dir.glob("windows.*")) == ["windows.json", "windows.starts.npy"]
     (run_dir / "windows.model.npy").write_bytes(b"\x93NUMPY" + bytes(120))
     report = collect_garbage(roots["datasets_root"], roots["store_root"], {spec.id: spec}, keep=3)
