@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -156,6 +157,16 @@ def _created(instance: dg.DagsterInstance, run_id: str) -> datetime:
     return instance.get_run_record_by_id(run_id).create_timestamp
 
 
+def _next_stored_second(instance: dg.DagsterInstance) -> None:
+    """Wait until a run created now is stored at least two seconds after the newest run so far.
+    SQLite storage keeps a run's creation time to the second; without the wait, a fast machine
+    creates the next run in the same (or the next) stored second as the builds before it, and a
+    clock one second short of its retention cannot tell them apart."""
+    newest = max(r.create_timestamp for r in instance.get_run_records())
+    while datetime.now(timezone.utc) < newest + timedelta(seconds=2):
+        time.sleep(0.05)
+
+
 def test_gc_deletes_superseded_runs_and_keeps_every_partitions_latest(tiny_plant, dagster_instance, tmp_path):
     plant, tsdb_url = tiny_plant
     instance, size = dagster_instance
@@ -170,6 +181,7 @@ def test_gc_deletes_superseded_runs_and_keeps_every_partitions_latest(tiny_plant
 
     foreign = _foreign_run(instance)
     week(0)
+    _next_stored_second(instance)
     failed = _failing_run(instance, runs_job_name(spec.id))
     week(2)
     everything = {r.run_id for r in instance.get_runs()}
