@@ -33,6 +33,19 @@ def _params(rng: np.random.Generator):
     )
 
 
+def _assert_cleaned_as_each_series_alone(cleaned, series, params) -> None:
+    lengths = [s[0].size for s in series]
+    starts = np.cumsum([0, *lengths[:-1]])
+    ts = np.concatenate([s[0] for s in series])
+    counts = cleaned.counts(starts)
+    for j, ((t, v, s), p) in enumerate(zip(series, params)):
+        a, b = starts[j], starts[j] + lengths[j]
+        alone = clean_series(t, v, s, p)
+        assert counts[j] == alone.counts and list(counts[j]) == list(alone.counts), j
+        assert np.array_equal(ts[a:b][cleaned.kept[a:b]], alone.ts), j
+        assert np.array_equal(np.sort(ts[a:b][cleaned.judged[a:b] & ~cleaned.kept[a:b]]), alone.outlier_ts), j
+
+
 @pytest.mark.parametrize("block_cells", [None, 7])
 @pytest.mark.parametrize("seed", range(6))
 def test_batch_cleaning_and_alignment_equal_each_series_alone(seed: int, block_cells: int | None, monkeypatch) -> None:
@@ -46,13 +59,7 @@ def test_batch_cleaning_and_alignment_equal_each_series_alone(seed: int, block_c
     starts = np.cumsum([0, *lengths[:-1]])
     ts, value, state = (np.concatenate([s[i] for s in series]) for i in range(3))
     cleaned = clean_batch(ts, value, state, starts, params)
-    counts = cleaned.counts(starts)
-    for j, ((t, v, s), p) in enumerate(zip(series, params)):
-        a, b = starts[j], starts[j] + lengths[j]
-        alone = clean_series(t, v, s, p)
-        assert counts[j] == alone.counts and list(counts[j]) == list(alone.counts), j
-        assert np.array_equal(ts[a:b][cleaned.kept[a:b]], alone.ts), j
-        assert np.array_equal(np.sort(ts[a:b][cleaned.judged[a:b] & ~cleaned.kept[a:b]]), alone.outlier_ts), j
+    _assert_cleaned_as_each_series_alone(cleaned, series, params)
     # A grid from before the series' points, and one beginning among them (points before its first row).
     for first, beat, rows in ((1_700_000_000_000 - 3000, 1000, 400), (1_700_000_000_000 + 40_500, 500, 300)):
         got = align_batch(ts[cleaned.kept], value[cleaned.kept], np.searchsorted(np.flatnonzero(cleaned.kept), starts),
@@ -61,6 +68,28 @@ def test_batch_cleaning_and_alignment_equal_each_series_alone(seed: int, block_c
             column, _ = grid_column(t, v, s, first, beat, rows, p)
             assert got[j].tobytes() == column.tobytes(), (j, p, first)
         assert np.isfinite(got).any() and np.isnan(got).any()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("removals", [True, False])
+def test_batch_cleaning_with_one_rule_for_every_series_equals_each_series_alone(removals: bool, causal: bool) -> None:
+    """A spec's usual case: every node cleaned by the same Hampel rule (all judged points in one
+    call), with and without points the single-point rules remove; duplicate timestamps in both."""
+    rng = np.random.default_rng(11)
+    series = [_series(rng, n, 10.0 * j) for j, n in enumerate([150, 0, 1, 90, 200, 37, 64])]
+    for j in (4, 6):  # a series starting at the timestamp the one before it ends at: not a duplicate
+        t, v, st = series[j]
+        series[j] = (t - t[0] + series[j - 1][0][-1], v, st)
+    if not removals:
+        series = [(t, np.where(np.isfinite(v) & (np.abs(v) < 400.0), v, 1.0), np.zeros_like(s)) for t, v, s in series]
+    params = [node_params(good_states=(0,), valid_range=(-500.0, 500.0), hampel_k=3, hampel_sigma=3.0,
+                          hampel_min_dev=0.0, causal=causal)] * len(series)
+    ts, value, state = (np.concatenate([s[i] for s in series]) for i in range(3))
+    assert np.any(np.diff(ts) == 0)  # duplicates to resolve
+    cleaned = clean_batch(ts, value, state, np.cumsum([0, *[s[0].size for s in series][:-1]]), params)
+    assert removals == bool(np.any(~cleaned.judged & (np.diff(ts, append=ts[-1] + 1) != 0)))
+    assert np.any(cleaned.judged & ~cleaned.kept)  # Hampel flagged some
+    _assert_cleaned_as_each_series_alone(cleaned, series, params)
 
 
 def test_align_batch_allows_steps_back_only_between_series() -> None:
