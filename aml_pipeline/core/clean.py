@@ -294,21 +294,20 @@ def clean_batch(
     for i, p in enumerate(params):
         if p.hampel_k:
             groups.setdefault((p.hampel_k, p.hampel_sigma, p.hampel_min_dev, p.causal), []).append(i)
-    if not groups:
-        return BatchCleaned(judged, kept, *removed)
     # Each series' judged points are a slice of the judged ones, in order.
     judged_bounds = _bounds([np.count_nonzero(last[a:b]) for a, b in zip(cand_bounds[:-1].tolist(), cand_bounds[1:].tolist())])
-    if len(groups) == 1 and len(next(iter(groups.values()))) == len(params):
-        # One rule for every series (a spec's usual case): all judged points at once, in order.
-        (k, sigma, min_dev, causal), = groups
-        flags = hampel_outliers(value[judged], k, sigma, min_dev, trailing=causal, starts=judged_bounds[:-1])
-        kept[judged] = ~flags
-        return BatchCleaned(judged, kept, *removed)
-    judged_idx = np.flatnonzero(judged)
+    judged_idx = None
     for (k, sigma, min_dev, causal), members in groups.items():
+        if len(members) == len(params):
+            # One rule for every series (a spec's usual case): all judged points at once, in order.
+            flags = hampel_outliers(value[judged], k, sigma, min_dev, trailing=causal, starts=judged_bounds[:-1])
+            kept[judged] = ~flags
+            continue
         parts = [(a, b) for a, b in (judged_bounds[i : i + 2].tolist() for i in members) if b > a]
         if not parts:
             continue
+        if judged_idx is None:
+            judged_idx = np.flatnonzero(judged)
         idx = judged_idx[parts[0][0] : parts[0][1]] if len(parts) == 1 else np.concatenate([judged_idx[a:b] for a, b in parts])
         first = np.cumsum([0] + [b - a for a, b in parts[:-1]])
         flags = hampel_outliers(value[idx], k, sigma, min_dev, trailing=causal, starts=first)
@@ -318,4 +317,4 @@ def clean_batch(
 
 def _bounds(counts: Sequence[int]) -> np.ndarray:
     """``[0, c0, c0 + c1, ...]``: where each of consecutive parts of these sizes begins, and the end."""
-    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
