@@ -41,7 +41,7 @@ from bench import (  # noqa: E402
     sources_bench,
     windows_bench,
 )
-from bench.common import remove_tree  # noqa: E402
+from bench.common import fresh_dir, remove_tree  # noqa: E402
 from bench.workload import make_workload, make_workload_in_subprocess  # noqa: E402
 
 
@@ -118,14 +118,16 @@ FULL = dict(runs=32, minutes=120.0, repeat=5, build_repeat=3, pf_runs=8,
             lookup_partitions=(300, 2_000, 20_000), lookup_repeat=20,
             run_figures_partitions=20_000, run_figures_runs=200, run_figures_repeat=2,
             series_plant=series_bench.PLANT_SCALE,
-            growth=dict(builds_per_day=4, days_per_week=7, retention_days=1))
+            growth=dict(builds_per_day=4, days_per_week=7, retention_days=1),
+            url_image=dict(runs=8, minutes=120.0))
 QUICK = dict(runs=4, minutes=10.0, repeat=2, build_repeat=1, pf_runs=2,
              rss_piece_minutes=20.0, rss_pieces=(1, 8),
              orchestration_runs=10, orchestration_minutes=3.0, orchestration_repeat=1,
              lookup_partitions=(10, 300), lookup_repeat=3,
              run_figures_partitions=100, run_figures_runs=10, run_figures_repeat=1,
              series_plant=dict(runs=10, nodes=8, minutes=5.0),
-             growth=dict(builds_per_day=1, days_per_week=2, retention_days=1))
+             growth=dict(builds_per_day=1, days_per_week=2, retention_days=1),
+             url_image=dict(runs=2, minutes=10.0))
 
 
 class Results:
@@ -326,7 +328,7 @@ def _series(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, 
 
 
 def _plots(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
-    from bench import plots_bench
+    from bench import plots_bench, url_image
 
     _log(f"plots: plot_ms_per_run, event_log_kb_per_run (SQLite and PostgreSQL instances), {cfg['repeat']} repetitions")
     try:
@@ -344,6 +346,8 @@ def _plots(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a
     growth = plots_bench.instance_growth(work / "growth", **cfg["growth"])
     out["instance_growth"] = growth
     res.figure("instance_growth_kb_per_hour_after_gc", growth["ratio"])
+    _log("plots: the plot as an image URL instead of base64 (event log; the UI in chromium)")
+    out["url_image"] = url_image.run(workdir=fresh_dir(work / "url_image"), **cfg["url_image"])
 
 
 def _dagster(res: Results, ctx: dict[str, Any], cfg: dict[str, Any], work: Path, a: argparse.Namespace) -> None:
@@ -757,6 +761,19 @@ def render(d: dict[str, Any]) -> str:
                      f"(SQLite: {pl['event_log_kb']['median']:.1f} KB)")
         elif pg:
             L.append(f"  PostgreSQL instance: {pg['reason']}")
+        if "url_image" in pl:
+            u = pl["url_image"]
+            kb = u["event_log_kb_per_run"]
+            md = u["markdown_kb_per_run"]
+            L.append(f"  the plot as an image URL (not built; {u['runs']} runs, SQLite): {kb['url']:.1f} KB a run of event "
+                     f"log against {kb['data_uri']:.1f} KB as base64 (its markdown {md['url']:.2f} KB against "
+                     f"{md['data_uri']:.1f}), the PNGs {u['image_kb_per_run']:.1f} KB a run elsewhere")
+            if "ui" in u:
+                ui = u["ui"]
+                L.append(f"  the UI in chromium: image {'shown' if ui['rendered'] else 'NOT shown'} "
+                         f"({'in the metadata table' if ui['inline'] else 'behind [Show Markdown]'}), "
+                         f"{ui['visible_width']} of its {ui['png_size'][0]} px wide in view on a 1366 px screen; "
+                         f"img-src in the webserver's CSP: {'yes' if ui['csp_has_img_src'] else 'none'}")
     if "sources" in d:
         so = d["sources"]
         lk = so["lake"]
