@@ -20,6 +20,7 @@ from typing import Any
 
 from aml_pipeline import config
 from aml_pipeline.errors import AmlError, cut
+from aml_pipeline.ids import check_spec_id
 from aml_pipeline.progress import progress_bars
 
 
@@ -226,7 +227,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from aml_pipeline.snapshot.export import export_parquet
 
     _check_looks_like_a_snapshot(Path(args.snapshot_dir))
-    _check_export_folder(Path(args.out))
+    _check_export_folder(args.out)
     if args.layout is not None:
         return _export_layout(args)
 
@@ -239,7 +240,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     try:
         snap = open_snapshot(args.snapshot_dir, verify=not args.no_verify)
-        summary = export_parquet(snap, args.out, splits=args.split or ("train", "val", "test"), progress=progress)
+        splits = tuple(dict.fromkeys(args.split)) if args.split else ("train", "val", "test")
+        summary = export_parquet(snap, args.out, splits=splits, progress=progress)
     except SnapshotError as e:
         raise AmlError(str(e), code=e.code) from None
     except FileExistsError as e:
@@ -254,9 +256,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_export_folder(out: Path) -> None:
-    """EXPORT_FAILED naming --out when a folder it goes in is a file: the export would make its
-    parents, and the error would name only the file in the way ("[Errno 17] File exists")."""
+def _check_export_folder(given: str) -> None:
+    """The errors --out can be told before anything is read: an empty path (USAGE); the current
+    directory, which the export's one rename cannot replace, and a folder inside a snapshot,
+    whose hash covers only its own files (EXPORT_FAILED); a folder it goes in that is a file
+    (EXPORT_FAILED: the export would make its parents, and the error would name only the file
+    in the way, "[Errno 17] File exists")."""
+    from aml_pipeline.snapshot.layout import DIGEST_FILE
+
+    if not given.strip():
+        raise AmlError("--out: an empty path; name the folder to create", code="USAGE")
+    out = Path(given)
+    resolved = out.resolve()
+    if resolved == Path.cwd().resolve():
+        raise AmlError(f"--out {given}: the current directory cannot be replaced by the export; "
+                       "name a new folder (or an empty one elsewhere)", code="EXPORT_FAILED")
+    for parent in resolved.parents:
+        if (parent / DIGEST_FILE).is_file():
+            raise AmlError(f"--out {given}: inside the snapshot {parent}; a published snapshot is not written to",
+                           code="EXPORT_FAILED")
     for parent in out.parents:
         if parent.exists():
             if not parent.is_dir():
@@ -272,6 +290,9 @@ def _export_layout(args: argparse.Namespace) -> int:
 
     if args.split:
         raise AmlError("--split selects runs of a Parquet export; --layout writes the whole snapshot", code="USAGE")
+    if args.no_verify:
+        raise AmlError("--no-verify: not with --layout; the snapshot it writes gets a hash of its own, so it is "
+                       "written only from a verified one", code="USAGE")
     try:
         summary = export_windows_layout(open_snapshot(args.snapshot_dir, verify=not args.no_verify), args.out)
     except SnapshotError as e:
@@ -287,6 +308,8 @@ def _export_layout(args: argparse.Namespace) -> int:
 def cmd_datasets(args: argparse.Namespace) -> int:
     from aml_pipeline.pipeline.publish import Catalog
 
+    if args.spec is not None:
+        check_spec_id(args.spec, what="--spec")  # an id no spec can have matches nothing: say so
     root = config.usable_home(Path(args.root), "--root") if args.root else config.datasets_dir()
     entries = Catalog(root).entries(args.spec)
     if args.json:
@@ -315,6 +338,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     home = _home(args)
     root = config.usable_home(Path(args.root).resolve(), "--root") if args.root else config.datasets_dir(home)
     specs_dir = config.specs_dir(home)
+    if specs_dir.exists() and not specs_dir.is_dir():  # a spec file named instead of its folder
+        raise AmlError(f"AML_SPECS {specs_dir}: is a file, not a folder of specs; name the folder that holds them",
+                       code="CONFIG_INVALID")
     specs, errors = discover_specs(specs_dir)
     for path, message in errors:
         if path == specs_dir:  # no spec at all: snapshots are still kept per spec, intermediates all left
@@ -514,10 +540,19 @@ def cmd_inputs(args: argparse.Namespace) -> int:
 
 def _points_file(path: str, run_id: str | None):
     """A points file (the ingest format, docs/ingest.md), only ``run_id``'s points when given."""
+    from aml_pipeline.sources.timecodec import implausible_times
     from aml_pipeline.tsdb.ingest import read_points
     from aml_pipeline.tsdb.port import PointColumns
 
     points = read_points(path)
+    # Epoch milliseconds: a file in seconds (or microseconds) would otherwise read as points of
+    # 1970 (or of a far future), and each node as having no points before the origin.
+    problem = implausible_times(points.ts, "epoch_ms")
+    if problem is not None:
+        from aml_pipeline.errors import IngestError
+
+        fix = "; ts is in epoch milliseconds (docs/ingest.md)"
+        raise IngestError(f"{path}: column ts: {problem.split(': set time_type:')[0]}{fix}")
     if run_id is None:
         return points
     rows = points.run_id == run_id
@@ -671,7 +706,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write the snapshot itself in this layout instead (docs/snapshot.md)")
     x.add_argument("--out", required=True, help="directory to create (must not exist, or be empty)")
     x.add_argument("--split", action="append", choices=("train", "val", "test"), help="only this split (repeatable)")
-    x.add_argument("--no-verify", action="store_true", help="skip the hash check (the export then records verified=false)")
+    x.add_argument("--no-verify", action="store_true",
+                   help="skip the hash check (the export then records verified=false; not with --layout)")
     x.set_defaults(func=cmd_export)
 
     ls = sub.add_parser("datasets", help="list published snapshots")

@@ -36,6 +36,8 @@ POINTS = (
     "publish.renamed",  # the snapshot directory renamed into place; `current` not yet swapped
     "publish.current_swapped",  # `current` points at it; the catalog does not record it yet
     "publish.catalog_recorded",  # the catalog records it; the build has not returned yet
+    # An export (snapshot/export.py, pipeline/layout_export.py).
+    "export.staged",  # every file of the export written beside --out under a hidden name; not yet renamed
     # gc of a snapshot (pipeline/retention.py).
     "gc.catalog_row_removed",  # its catalog row deleted (committed); the directory still there
     "gc.moved_to_trash",  # the directory renamed to a hidden .trash-* name

@@ -387,12 +387,14 @@ def test_datasets_says_which_spec_has_none_and_that_a_root_is_not_there(world, t
 
 
 def test_gc_names_an_aml_specs_that_is_a_file(world, tmp_path):
-    """AML_SPECS naming a spec file instead of its folder: gc says so (it cleans no spec's
-    intermediates then), rather than that the folder does not exist."""
-    done = world.run(["gc", "--dry-run"], world.env(AML_SPECS=str(world.spec)))
-    assert done.returncode == 0, done.stderr
-    assert f"AML_SPECS {world.spec}: is a file, not a folder of specs; no spec's intermediates are cleaned" in done.stderr
-    assert "Traceback" not in done.stderr
+    """AML_SPECS naming a spec file instead of its folder is a setting that cannot work: gc says
+    so in one line and removes nothing, rather than going on without any spec."""
+    before = sorted(p.relative_to(world.home) for p in world.home.rglob("*"))
+    done = world.run(["gc"], world.env(AML_SPECS=str(world.spec)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"CONFIG_INVALID: AML_SPECS {world.spec}: is a file, not a folder of specs; name the folder that holds them")
+    assert sorted(p.relative_to(world.home) for p in world.home.rglob("*")) == before
 
 
 def test_the_table_covers_every_reader_and_the_cases_of_the_issue():

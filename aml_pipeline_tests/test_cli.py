@@ -542,6 +542,16 @@ def test_inputs_prints_and_writes_a_causal_window_s_x_and_refuses_bad_input_in_o
                       "LIVE_TOO_FEW_POINTS", "historySteps")
     expect_user_error(capsys, ["inputs", str(snapshot), "--at", str(origin), "--points", str(points.parent / "runs.csv")],
                       "INGEST_INVALID")
+    # The same points in seconds: named as such, not "no points before the origin" for points of 1970.
+    import pandas as pd
+
+    in_seconds = tmp_path / "points_s.csv"
+    frame = pd.read_csv(points)
+    frame.assign(ts=frame["ts"] // 1000).to_csv(in_seconds, index=False)
+    expect_user_error(capsys, ["inputs", str(snapshot), "--at", str(origin), "--points", str(in_seconds), "--run",
+                               block.run_id, "--run-start", str(run_start)],
+                      "INGEST_INVALID", f"{in_seconds}: column ts: read as epoch_ms (milliseconds) gives 1970-",
+                      "the values look like epoch_s", "ts is in epoch milliseconds")
 
 
 def test_gc_says_whether_it_pruned_the_dagster_instance(tmp_path, monkeypatch, capsys):

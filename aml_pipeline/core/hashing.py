@@ -206,7 +206,11 @@ def verify_snapshot(
         missing = Path(e.filename).relative_to(root).as_posix() if e.filename else "?"
         return Verification(False, expected, None, [missing], f"{missing} is missing")
     except (OSError, ValueError) as e:
-        return Verification(False, expected, None, [MANIFEST_FILE], f"cannot read snapshot: {e}")
+        # A file the system refuses (a directory where it belongs, no permission) is named; else
+        # the manifest, which lists the files, is what could not be read.
+        named = getattr(e, "filename", None)
+        where = Path(named).relative_to(root).as_posix() if named and Path(named).is_relative_to(root) else MANIFEST_FILE
+        return Verification(False, expected, None, [where], f"cannot read snapshot: {e}")
     recorded_files: dict[str, str] = recorded.get("files") or {}
     changed = sorted(
         name

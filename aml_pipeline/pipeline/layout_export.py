@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,11 @@ import numpy as np
 from aml_pipeline.core.hashing import SnapshotDigest
 from aml_pipeline.core.manifest import to_json_bytes, windows_manifest
 from aml_pipeline.errors import disk_full
+from aml_pipeline.faults import crash_point
 from aml_pipeline.fsutil import fsync_dir, remove_tree
 from aml_pipeline.pipeline.snapshot_writer import StagedFiles
-from aml_pipeline.snapshot import Snapshot, open_snapshot
+from aml_pipeline.snapshot import Snapshot, SnapshotError, open_snapshot
+from aml_pipeline.snapshot.export import staging_beside
 from aml_pipeline.snapshot.layout import ARRAYS, DIGEST_FILE, MANIFEST_FILE, SIDECAR_FILE, SPEC_FILE
 
 # Bytes of windows read per block: the export holds a few of these whatever the snapshot's size.
@@ -45,17 +46,22 @@ def _blocks(snap: Snapshot, kind: str) -> Iterator[np.ndarray]:
 
 
 def export_windows_layout(snapshot: Snapshot | str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Write ``snapshot`` (a path is opened and verified first) in the windows layout to
-    ``out_dir``; returns ``{outDir, layout, sha256, verified, files}``.
+    """Write ``snapshot`` (a path is opened and verified first; an open snapshot must have been
+    verified) in the windows layout to ``out_dir``; returns ``{outDir, layout, sha256, verified, files}``.
 
     ``out_dir`` must not exist or be empty (:class:`FileExistsError` otherwise).
     """
     snap = snapshot if isinstance(snapshot, Snapshot) else open_snapshot(snapshot)
+    if not snap.verified:
+        # The result is a snapshot with a hash of its own: written from unchecked bytes, that hash
+        # would vouch for them.
+        raise SnapshotError(f"{snap.root}: opened without verifying; the windows layout is written only from a "
+                            "verified snapshot (its new hash would vouch for bytes nobody checked)")
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty directory; choose another --out or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = staging_beside(out)
     try:
         (tmp / "arrays").mkdir(parents=True)
         spec = {k: v for k, v in snap.spec.items() if k != "layout"}
@@ -82,6 +88,7 @@ def export_windows_layout(snapshot: Snapshot | str | os.PathLike[str], out_dir: 
             os.fsync(f.fileno())
         fsync_dir(tmp / "arrays")
         fsync_dir(tmp)
+        crash_point("export.staged")
         os.rename(tmp, out)  # replaces an empty directory, fails on a non-empty one
         fsync_dir(out.parent)
     except BaseException as e:

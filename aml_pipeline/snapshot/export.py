@@ -29,9 +29,11 @@ by one run's grid. pyarrow is imported when an export runs, not with this packag
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -174,6 +176,30 @@ def _disk_full(err: BaseException, out: Path) -> Exception | None:
     return disk_full(err, out) if isinstance(err, OSError) else None
 
 
+def staging_beside(out: Path) -> Path:
+    """Where an export to ``out`` is written before its one rename: a hidden folder beside it,
+    named for this host and process. What an earlier export to ``out`` on this host left when it
+    was killed (its process gone) is removed first; nothing else would ever remove it."""
+    host = socket.gethostname().replace("-", "_")
+    prefix = f".{out.name}.partial-{host}-"
+    for old in out.parent.glob(glob.escape(prefix) + "*"):
+        pid = old.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return out.parent / f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _process_alive(pid: int) -> bool:
+    # aml_pipeline.fsutil.process_alive's rule; this package imports nothing of the rest.
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def export_parquet(
     snapshot: Snapshot | str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -203,7 +229,7 @@ def export_parquet(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty directory; choose another --out or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = staging_beside(out)
     try:
         tmp.mkdir()
         schema = _schema(snap, pa)

@@ -27,7 +27,7 @@ from pydantic import (
 
 from aml_pipeline.errors import InvalidIdError, SourceError
 from aml_pipeline.ids import check_external_id
-from aml_pipeline.sources.timecodec import TIME_TYPES
+from aml_pipeline.sources.timecodec import TIME_TYPES, zone_problem
 from aml_pipeline.spec import ScalarsAsGiven, read_yaml
 
 Backend = Literal["postgresql", "files", "influxdb", "opcua"]
@@ -393,6 +393,11 @@ class SourceDescription(_M):
     @model_validator(mode="after")
     def _consistent(self) -> SourceDescription:
         p, b = self.points, self.backend
+        # Checked here, before anything connects: a zone the reader cannot use is the file's error.
+        for key, zone in (("points.time_zone", p.time_zone),
+                          ("runs.time_zone", self.runs.time_zone if self.runs.form == "table" else None)):
+            if zone and (problem := zone_problem(zone)):
+                raise _KeyError(key, problem)
         if b != "opcua":
             for key in ("security", "user", "password"):
                 if getattr(self, key) is not None:

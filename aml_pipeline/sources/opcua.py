@@ -47,6 +47,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -114,6 +115,23 @@ def _epoch_ms(stamps: list[dt.datetime]) -> np.ndarray:
     return np.fromiter(((t - _EPOCH) // _MS for t in stamps), dtype=np.int64, count=len(stamps))
 
 
+
+def _endpoint_problem(url: str) -> str | None:
+    """What makes ``url`` unusable as an ``opc.tcp://host:port`` endpoint (None: nothing), checked
+    before connecting: the client would fail on it with a bare ValueError."""
+    if not url.startswith("opc.tcp://"):
+        return "its scheme is not opc.tcp"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsed here: out of range or not a number raises ValueError
+    except ValueError as e:
+        return str(e)
+    if not parts.hostname:
+        return "no host"
+    if parts.port is None:
+        return "no port (a server's is usually 4840)"
+    return None
+
 class _Columns:
     """One node's values as they arrive, page by page, as columns."""
 
@@ -166,8 +184,9 @@ class OpcUaSource(Backend):
         self.loaded = loaded
         self.spec = loaded.spec
         self._url = loaded.connection()
-        if not self._url.startswith("opc.tcp://"):
-            raise loaded.error("connection", f"{redact_url(self._url)!r} is not an OPC UA endpoint (opc.tcp://host:port)")
+        problem = _endpoint_problem(self._url)
+        if problem is not None:
+            raise loaded.error("connection", f"{redact_url(self._url)!r} is not an OPC UA endpoint (opc.tcp://host:port): {problem}")
         self.label = redact_url(self._url)
         self._user = loaded.expand("user", self.spec.user) if self.spec.user else None
         self._password = loaded.expand("password", self.spec.password) if self.spec.password else None

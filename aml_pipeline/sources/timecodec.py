@@ -220,6 +220,17 @@ _FITS = {
 }
 
 
+def zone_problem(zone: str) -> str | None:
+    """Why ``zone`` is not a time zone the reader can use (None: it is)."""
+    import zoneinfo
+
+    try:
+        zoneinfo.ZoneInfo(zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return f"{zone!r} is not a known IANA zone (Europe/Berlin, UTC, ...)"
+    return None
+
+
 def resolve_codec(declared: str | None, zone: str | None, type_name: str, column: str) -> tuple[TimeCodec | None, str]:
     """The codec for a time column of ``type_name`` given what the description declares, or
     (None, why) when it cannot be known or does not fit."""
@@ -243,13 +254,8 @@ def resolve_codec(declared: str | None, zone: str | None, type_name: str, column
         return None, f"time_type {declared} does not fit column {column!r} of type {type_name}"
     if declared == "timestamp" and not zone:
         return None, f"time_type timestamp needs time_zone (the zone column {column!r} is in)"
-    if zone:
-        try:
-            import zoneinfo
-
-            zoneinfo.ZoneInfo(zone)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            return None, f"time_zone {zone!r} is not a known IANA zone (Europe/Berlin, UTC, ...)"
+    if zone and (problem := zone_problem(zone)):
+        return None, f"time_zone {problem}"
     return TimeCodec(declared, zone if declared == "timestamp" else None), ""
 
 

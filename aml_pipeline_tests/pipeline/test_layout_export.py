@@ -170,3 +170,38 @@ def test_export_windows_layout_called_as_a_library_meets_a_full_disk_as_disk_ful
             layout_export.export_windows_layout(series.snapshot_dir, root / "w")
         assert err.value.one_line() == f"DISK_FULL: {root / 'w'}: no space left on the device; free space or point it elsewhere"
         assert [p.name for p in root.iterdir()] == [".ballast"]
+
+
+def test_what_a_killed_export_left_is_removed_by_the_next_export_to_the_same_folder(built, tmp_path):
+    from aml_pipeline_tests.faults import armed, kill_stopped, wait_stopped
+
+    _, windows, series = built
+    out = tmp_path / "w"
+    env = armed("export.staged", tmp_path)
+    proc = subprocess.Popen([*CLI, "export", str(series.snapshot_dir), "--layout", "windows", "--out", str(out)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    kill_stopped(wait_stopped(proc, env), proc)  # every file written beside --out, not yet renamed
+    [left] = [p for p in tmp_path.iterdir() if p.name.startswith(".w.partial-")]
+    assert not out.exists()
+    staged = json.loads((left / "sha256.json").read_text())["sha256"]
+
+    proc = subprocess.run([*CLI, "export", str(series.snapshot_dir), "--layout", "windows", "--out", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert not left.exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".w.")) == []
+    # The same bytes the killed export had staged (v1: the windows build's own hash).
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["sha256"] == staged
+    assert staged == windows.sha256 or built[0].startswith("v2")
+    assert verify_snapshot(out).ok
+
+
+def test_a_snapshot_opened_without_verifying_is_not_rewritten(built, tmp_path):
+    from aml_pipeline.snapshot import SnapshotError
+
+    _, _, series = built
+    with pytest.raises(SnapshotError, match="written only from a verified snapshot"):
+        export_windows_layout(open_snapshot(series.snapshot_dir, verify=False), tmp_path / "w")
+    proc = subprocess.run([*CLI, "export", str(series.snapshot_dir), "--layout", "windows", "--no-verify",
+                           "--out", str(tmp_path / "w")], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("USAGE: --no-verify: not with --layout")
+    assert list(tmp_path.iterdir()) == []

@@ -246,3 +246,47 @@ def test_export_parquet_called_as_a_library_meets_a_full_disk_as_disk_full(v2, t
             export_mod.export_parquet(v2.snapshot_dir, root / "e")
         assert err.value.one_line() == f"DISK_FULL: {root / 'e'}: no space left on the device; free space or point it elsewhere"
         assert [p.name for p in root.iterdir()] == [".ballast"]
+
+
+def test_an_export_removes_what_a_dead_export_left_and_keeps_a_running_one(v2, tmp_path):
+    import os
+    import socket
+
+    from aml_pipeline.snapshot.export import staging_beside
+
+    out = tmp_path / "e"
+    host = socket.gethostname().replace("-", "_")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = tmp_path / f".e.partial-{host}-{int(dead.stdout)}-0123abcd"
+    running = tmp_path / f".e.partial-{host}-{os.getpid()}-4567ef01"
+    other_host = tmp_path / f".e.partial-elsewhere-{int(dead.stdout)}-89abcdef"
+    for d in (gone, running, other_host):
+        (d / "arrays").mkdir(parents=True)
+        (d / "arrays" / "part-00000.parquet").write_bytes(b"x")
+    assert staging_beside(out).name.startswith(f".e.partial-{host}-{os.getpid()}-")
+    assert not gone.exists() and running.exists() and other_host.exists()
+    export_parquet(v2.snapshot_dir, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, other_host.name, "e"])
+
+
+def test_cli_export_refuses_an_out_it_cannot_become(v2, tmp_path):
+    def fails(*args: str, cwd=None) -> str:
+        proc = subprocess.run([*CLI, "export", str(v2.snapshot_dir), *args], capture_output=True, text=True, cwd=cwd)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        return proc.stderr.strip().splitlines()[-1]
+
+    assert fails("--out", "").startswith("USAGE: --out: an empty path")
+    (tmp_path / "here").mkdir()
+    assert fails("--out", ".", cwd=tmp_path / "here").startswith("EXPORT_FAILED: --out .: the current directory")
+    inside = v2.snapshot_dir / "arrays" / "sub"
+    assert fails("--out", str(inside)).startswith(f"EXPORT_FAILED: --out {inside}: inside the snapshot {v2.snapshot_dir}")
+    assert not inside.exists() and list((tmp_path / "here").iterdir()) == []
+
+
+def test_a_split_named_twice_is_exported_once(v2, tmp_path):
+    proc = subprocess.run([*CLI, "export", str(v2.snapshot_dir), "--split", "train", "--split", "train",
+                           "--out", str(tmp_path / "e")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["splits"] == ["train"]
+    assert summary["files"] == sum(1 for b in v2.manifest["split"]["blocks"] if b["split"] == "train")

@@ -109,6 +109,19 @@ def test_missing_files_are_refused(fresh_v2, tmp_path):
         open_snapshot(bare)
 
 
+@pytest.mark.parametrize("name", ["spec.json", "arrays/x.f32"])
+def test_a_directory_where_a_hashed_file_belongs_is_named(fresh_v2, name):
+    root = fresh_v2.snapshot_dir
+    os.chmod(root, 0o755)
+    os.chmod(root / "arrays", 0o755)
+    (root / name).unlink()
+    (root / name).mkdir()
+    result = core_verify(root)
+    assert not result.ok and result.changed == [name], result
+    proc = cli_verify(root)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].endswith(f"changed: {name}"), proc.stderr
+
+
 def test_a_folder_that_is_no_snapshot_is_named_so_not_called_tampered(fresh_v2, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

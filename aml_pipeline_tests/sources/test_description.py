@@ -43,6 +43,13 @@ def error_of(data) -> str:
     (good(points={**NARROW, "quality": {"column": "q", "good": []}}), "points.quality", "at least one good code"),
     (good(points={**NARROW, "time_type": "epoch_min"}), "points.time_type", "Input should be"),
     (good(points={**NARROW, "time_zone": "UTC", "time_type": "epoch_ms"}), "points.time_zone", "only for time_type timestamp"),
+    # A zone the reader cannot use is the file's error, named before anything connects.
+    (good(points={**NARROW, "time_zone": "Mars/Olympus"}), "points.time_zone", "'Mars/Olympus' is not a known IANA zone"),
+    (good(runs={"table": "b", "id": "i", "start": "s", "end": "e", "line": "l", "product": "p", "recipe": "r",
+                "time_zone": "Mars/Olympus"}), "runs.time_zone", "'Mars/Olympus' is not a known IANA zone"),
+    ({"backend": "opcua", "connection": "opc.tcp://historian:4840", "nodes": {"A": {"key": "i=85"}},
+      "runs": {"files": "b.csv", "id": "i", "start": "s", "end": "e", "line": "l", "product": "p", "recipe": "r",
+               "time_zone": "Europe/Nowhere"}}, "runs.time_zone", "'Europe/Nowhere' is not a known IANA zone"),
     (good(points={"table": "t", "time": "ts", "columns": {"TI 101": "a"}}), "points.columns", "not a valid id"),
     (good(points={"query": "SELECT 1", "time": "t", "value": "v"}), "nodes", "needs a node catalog"),
     (good(points={"query": "SELECT t, v FROM x WHERE tag = :node", "time": "t", "value": "v"}, nodes={"A": None}),

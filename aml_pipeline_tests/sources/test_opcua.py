@@ -308,3 +308,20 @@ def test_check_sets_the_servers_engineering_units_and_ranges_beside_the_descript
         with open_source(str(path)) as db:
             listed = {n.node_id: (n.unit, n.range_lo, n.range_hi) for n in db.list_nodes()}
         assert listed["QI"] == ("%", None, None) and listed["XI"] == ("", None, None)
+
+
+@pytest.mark.parametrize("url,problem", [
+    ("opc.tcp://127.0.0.1:99999", "Port out of range"),
+    ("opc.tcp://127.0.0.1:abc", "Port could not be cast"),
+    ("opc.tcp://", "no host"),
+    ("opc.tcp://[::1", "Invalid IPv6 URL"),
+    ("opc.tcp://127.0.0.1", "no port"),
+    ("opc.tcp://127.0.0.1:", "no port"),
+    ("http://127.0.0.1:4840", "its scheme is not opc.tcp"),
+])
+def test_an_endpoint_that_cannot_be_connected_to_is_refused_naming_the_field(tmp_path, url, problem):
+    path = layouts.write_description(tmp_path / "s.yaml", describe(url, {"A": {"key": "i=85"}}))
+    with pytest.raises(SourceError) as e:
+        open_source(str(path))
+    assert f"{path}: connection: " in e.value.message and "is not an OPC UA endpoint" in e.value.message, e.value.message
+    assert problem in e.value.message, e.value.message
