@@ -285,6 +285,24 @@ def ms_text(ms: float) -> str:
     return str(np.datetime64(int(ms), "ms")) + "Z"
 
 
+def times_out_of_range(ms: np.ndarray, kind: str | None, *, now_ms: int | None = None) -> str | None:
+    """Why the times ``ms`` (epoch ms, as read with time type ``kind``) cannot be a plant's by their
+    range alone (before 1990, or more than a year from now), naming the epoch unit that would put
+    them in range; None when they are in range. The first check of :func:`implausible_times`."""
+    ms = np.asarray(ms)
+    if ms.shape[0] == 0:
+        return None
+    lo, hi = float(ms.min()), float(ms.max())
+    until = plausible_until_ms(now_ms)
+    if PLAUSIBLE_FROM_MS <= lo and hi <= until:
+        return None
+    assumed = f"read as {kind} ({_UNIT_WORD[kind]})" if kind in _MS_PER_UNIT else "read"
+    bad = lo if lo < PLAUSIBLE_FROM_MS else hi
+    why = (f"{assumed} gives {ms_text(bad)}, not between {ms_text(PLAUSIBLE_FROM_MS)[:10]} and "
+           f"{ms_text(until)[:10]} (a year from now)")
+    return why + _better_unit(kind, np.array([lo, hi], dtype=np.float64), until)
+
+
 def implausible_times(ms: np.ndarray, kind: str | None, *, now_ms: int | None = None) -> str | None:
     """Why the times ``ms`` (epoch ms, as read with time type ``kind``; None: the source's own
     time) cannot be a plant's, or None: a time before 1990 or more than a year from now, or a
@@ -293,21 +311,18 @@ def implausible_times(ms: np.ndarray, kind: str | None, *, now_ms: int | None = 
     ms = np.asarray(ms)
     if ms.shape[0] == 0:
         return None
-    lo, hi = float(ms.min()), float(ms.max())
+    out_of_range = times_out_of_range(ms, kind, now_ms=now_ms)
+    if out_of_range is not None:
+        return out_of_range
     until = plausible_until_ms(now_ms)
     assumed = f"read as {kind} ({_UNIT_WORD[kind]})" if kind in _MS_PER_UNIT else "read"
-    if lo < PLAUSIBLE_FROM_MS or hi > until:
-        bad = lo if lo < PLAUSIBLE_FROM_MS else hi
-        why = (f"{assumed} gives {ms_text(bad)}, not between {ms_text(PLAUSIBLE_FROM_MS)[:10]} and "
-               f"{ms_text(until)[:10]} (a year from now)")
-        return why + _better_unit(kind, np.array([lo, hi], dtype=np.float64), until)
     if ms.shape[0] >= 3:
         d = np.diff(ms.astype(np.float64))
         d = d[d > 0]
         if d.shape[0] and float(np.median(d)) > PLAUSIBLE_PERIOD_MS:
             period = float(np.median(d))
             why = f"{assumed} gives a median sample period of {period / 86_400_000:,.0f} days"
-            return why + _better_unit(kind, np.array([lo, hi], dtype=np.float64), until, period)
+            return why + _better_unit(kind, np.array([ms.min(), ms.max()], dtype=np.float64), until, period)
     return None
 
 
