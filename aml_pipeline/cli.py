@@ -65,8 +65,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         args.subparser.error("nothing to ingest: give at least one of --points, --runs, --nodes")
     if args.replace_run and not args.points:
         args.subparser.error("--replace-run replaces the points of the runs in --points: give --points")
-    if not (args.lock_timeout_s >= 0 and math.isfinite(args.lock_timeout_s)):
-        raise AmlError(f"--lock-timeout-s {args.lock_timeout_s:g}: must be a number of seconds >= 0", code="USAGE")
+    _check_wait("--lock-timeout-s", args.lock_timeout_s)
     url = _tsdb_url(args)
     with _progress(0, "ingest", "step") as bar:
 
@@ -219,6 +218,16 @@ def cmd_plot(args: argparse.Namespace) -> int:
     atomic_write_bytes(out, png)
     print(out)
     return 0
+
+
+# The longest wait a flag may ask for. A lock's deadline beyond the platform's time_t overflows,
+# and a typo of many zeros would hold a lease (and refuse new readers) for ages.
+MAX_WAIT_S = 86_400.0
+
+
+def _check_wait(flag: str, seconds: float) -> None:
+    if not (0 <= seconds <= MAX_WAIT_S):  # NaN fails every comparison
+        raise AmlError(f"{flag} {seconds:g}: must be a number of seconds from 0 to {MAX_WAIT_S:.0f} (a day)", code="USAGE")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -432,6 +441,10 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     entry = Catalog(snapshot.resolve().parent.parent).find_by_path(snapshot.resolve())
     try:
         snap = ridge_baseline.open_snapshot(snapshot, expected_sha256=entry.sha256 if entry else None)
+        if snap.spec.get("id") != spec.id:
+            # The figures would be reported under this spec while they are another spec's.
+            raise AmlError(f"--snapshot {snapshot}: a snapshot of spec {snap.spec.get('id')!r}, not of {spec.id!r} "
+                           f"({args.spec})", code="USAGE")
         result = ridge_baseline.train_and_evaluate(snap, tuple(args.alphas) if args.alphas else ridge_baseline.DEFAULT_ALPHAS)
     except ridge_baseline.SnapshotError as e:
         raise AmlError(str(e), code=e.code) from None
@@ -587,8 +600,7 @@ def cmd_env_status(args: argparse.Namespace) -> int:
 def cmd_env_rebuild(args: argparse.Namespace) -> int:
     from aml_pipeline.envs import rebuild_shared_env
 
-    if not (args.wait_s >= 0 and math.isfinite(args.wait_s)):
-        raise AmlError(f"--wait-s {args.wait_s:g}: must be a number of seconds >= 0", code="USAGE")
+    _check_wait("--wait-s", args.wait_s)
     build = rebuild_shared_env(
         _env_settings(args),
         holder="aml-pipeline env rebuild",
@@ -835,7 +847,8 @@ def main(argv: list[str] | None = None) -> int:
         print(e.one_line(), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("INTERRUPTED: stopped by Ctrl-C (SIGINT); what was published before stays current, "
+              "and the same command again finishes the work", file=sys.stderr)
         return 130
     except OSError as e:  # a file or directory the command could not use, named
         print(_os_error_line(e), file=sys.stderr)

@@ -280,6 +280,11 @@ CASES: dict[str, Case] = {
                                          ("--lock-timeout-s",)),
     "ingest_lock_timeout_nan": Case(cmd("ingest", "--points", lambda w, s: w.csv["points"], "--lock-timeout-s", "nan"),
                                     ("--lock-timeout-s",)),
+    # A wait so long its deadline would overflow the platform's clock (and hold a lock for ages).
+    "ingest_lock_timeout_huge": Case(cmd("ingest", "--points", lambda w, s: w.csv["points"], "--lock-timeout-s", "1e10"),
+                                     ("USAGE", "--lock-timeout-s 1e+10", "from 0 to 86400 (a day)")),
+    "env_rebuild_wait_huge": Case(cmd("env", "rebuild", "--wait-s", "1e12", "--location", lambda w, s: s / "lease",
+                                      "--venv", lambda w, s: s / "venv"), ("USAGE", "--wait-s 1e+12", "from 0 to 86400")),
     "baseline_alpha_negative": Case(cmd("baseline", spec, "--alphas", "-1"), ("--alphas",)),
     "env_rebuild_wait_negative": Case(cmd("env", "rebuild", "--wait-s", "-1", "--location", lambda w, s: s / "lease",
                                           "--venv", lambda w, s: s / "venv"), ("--wait-s",)),

@@ -267,6 +267,11 @@ def test_baseline_prints_rmse_per_target_next_to_persistence(small_plant, ingest
     for row in report["targets"]:
         assert any(line.split()[:1] == [row["target"]] and f"{row['test_rmse_model']:.4g}" in line for line in text.splitlines())
 
+    # another spec's snapshot is refused, not reported under this spec's name
+    other = write_spec(tmp_path / "other_ds.yaml", small_plant, id="other_ds")
+    expect_user_error(capsys, ["baseline", str(other), "--snapshot", str(snapshot)], "USAGE",
+                      "a snapshot of spec 'cli_ds', not of 'other_ds'")
+
     y = snapshot / "arrays" / "y.f32"
     data = bytearray(y.read_bytes())
     data[0] ^= 1
@@ -599,3 +604,30 @@ def test_gc_reads_the_specs_where_the_demo_puts_its_spec(tmp_path, monkeypatch, 
     # AML_SPECS still wins, in either case.
     monkeypatch.setenv("AML_SPECS", str(tmp_path / "mine"))
     assert config.specs_dir(home) == tmp_path / "mine"
+
+
+def test_ctrl_c_inside_a_build_is_one_line_and_the_same_build_again_finishes(small_plant, ingested, tmp_path, monkeypatch):
+    """SIGINT delivered while the build's run stage reads the TSDB (stopped there first, so the
+    signal lands inside Dagster's step): one line, exit 130, nothing published; the next build works."""
+    import signal
+
+    from aml_pipeline_tests.faults import armed, process_state, wait_stopped
+
+    spec = write_spec(tmp_path / "cli_ds.yaml", small_plant)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    env = armed("fetch.page", tmp_path, {**os.environ, "AML_HOME": str(tmp_path / "home")})
+    proc = subprocess.Popen([*CLI, "build", str(spec), "--tsdb", ingested], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = wait_stopped(proc, env, output=lambda: proc.stderr.read())
+    assert pid == proc.pid and process_state(pid) == "T"
+    os.kill(pid, signal.SIGINT)  # pending while stopped: delivered as it goes on, inside the fetch
+    os.kill(pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=300)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert lines[-1].startswith("INTERRUPTED: stopped by Ctrl-C (SIGINT)"), err
+    assert not (tmp_path / "home" / "datasets" / "cli_ds" / "current").exists()
+
+    again = run_cli("build", str(spec), "--tsdb", ingested, "--json", env={"AML_HOME": str(tmp_path / "home")})
+    assert again.returncode == 0, again.stderr
+    assert run_cli("verify", json.loads(again.stdout.strip().splitlines()[-1])["snapshotDir"]).returncode == 0

@@ -198,6 +198,10 @@ def _execute(job: dg.JobDefinition, instance: dg.DagsterInstance, run_config: di
     tags = {**build_tags(), **kwargs.pop("tags", {})}
     try:
         return job.execute_in_process(run_config=run_config, instance=instance, tags=tags, **kwargs)
+    except dg.DagsterExecutionInterruptedError:
+        # Ctrl-C inside a step: Dagster raises its own interruption (not an Exception); the caller
+        # sees the KeyboardInterrupt it was.
+        raise KeyboardInterrupt from None
     except Exception as e:
         err = user_error(e)
         if err is not None:
