@@ -58,6 +58,7 @@ def _tsdb_url(args: argparse.Namespace) -> str:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    from aml_pipeline.sources import is_source_url, read_only_error
     from aml_pipeline.tsdb.ingest import ingest_into
     from aml_pipeline.tsdb_open import open_tsdb
 
@@ -67,6 +68,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         args.subparser.error("--replace-run replaces the points of the runs in --points: give --points")
     _check_wait("--lock-timeout-s", args.lock_timeout_s)
     url = _tsdb_url(args)
+    if is_source_url(url):  # said first: the files' runs would be checked against it, and named unknown
+        raise read_only_error(url)
     with _progress(0, "ingest", "step") as bar:
 
         def progress(done: int, total: int) -> None:
@@ -592,7 +595,12 @@ def _env_settings(args: argparse.Namespace):
 def cmd_env_status(args: argparse.Namespace) -> int:
     from aml_pipeline.envs import format_status, shared_env_status
 
-    status = shared_env_status(_env_settings(args))
+    settings = _env_settings(args)
+    venv = settings.venv_path
+    if venv.is_file() and not venv.is_symlink():  # "not built" would hide a typo'd --venv
+        raise AmlError(f"the shared environment's path {venv} is a file, not an environment; name its folder (--venv)",
+                       code="ENV_CONFIG_INVALID")
+    status = shared_env_status(settings)
     print(json.dumps(status) if args.json else format_status(status))
     return 0
 

@@ -25,6 +25,12 @@ def is_source_url(url: str) -> bool:
     return "://" not in url and url.lower().endswith(SUFFIXES)
 
 
+def read_only_error(url: str) -> TsdbError:
+    """What an ingest into the source ``url`` names is told: a mapped source is read-only."""
+    return TsdbError(f"{url} is a mapped source (read-only): its data stays where the plant keeps it; "
+                     "ingest files into the embedded TSDB or a PostgreSQL TSDB instead", code="TSDB_READ_ONLY")
+
+
 def source_path(url: str) -> Path:
     """The description file ``url`` names (relative paths from the working directory)."""
     text = url[len(SCHEME):] if url.startswith(SCHEME) else url

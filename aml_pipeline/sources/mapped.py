@@ -38,6 +38,7 @@ import numpy as np
 
 from aml_pipeline.errors import SourceError, TsdbError, UnknownNodeError, UnknownRunError
 from aml_pipeline.ids import EXTERNAL_ID_RE
+from aml_pipeline.sources import read_only_error
 from aml_pipeline.sources.backend import NO_END, Backend, NodeRef, Series, TableRead, Window
 from aml_pipeline.sources.description import LoadedDescription, NodeEntry
 from aml_pipeline.sources.runs import runs_from_rows, runs_from_tag, runs_from_windows, table_columns
@@ -125,11 +126,7 @@ class MappedTsdb(ReadBase):
         return f"MappedTsdb({self.url!r}, {self.spec.backend}, {'closed' if self._backend is None else 'open'})"
 
     def ingest(self, **_: Any) -> int:
-        raise TsdbError(
-            f"{self.url} is a mapped source (read-only): its data stays where the plant keeps it; "
-            "ingest files into the embedded TSDB or a PostgreSQL TSDB instead",
-            code="TSDB_READ_ONLY",
-        )
+        raise read_only_error(self.url)
 
     # ---- nodes -----------------------------------------------------------------------------
     def _node_refs(self) -> dict[str, NodeRef]:

@@ -142,7 +142,9 @@ def _open(path: PathLike) -> _Source:
     path = Path(path)
     kind = _kind(path)
     if not path.is_file():
-        raise IngestError(f"{path}: {'a directory, not a file' if path.is_dir() else 'no such file'}")
+        what = ("a directory, not a file" if path.is_dir() else
+                "not a regular file (a pipe, socket or device): give a file" if path.exists() else "no such file")
+        raise IngestError(f"{path}: {what}")
     try:
         if kind == "parquet":
             table = pq.read_table(path)

@@ -115,7 +115,7 @@ def test_the_command_line_build_through_dagster(plant, reference, tmp_path, monk
 
 
 @pytest.mark.parametrize("url_form", ["path", "scheme"])
-def test_a_description_is_accepted_wherever_a_tsdb_url_is(plant, tmp_path, url_form, monkeypatch):
+def test_a_description_is_accepted_wherever_a_tsdb_url_is(plant, tmp_path, url_form, monkeypatch, capsys):
     desc = layouts.csv_layout(tmp_path / "csv", plant)
     path = layouts.write_description(tmp_path / "csv" / "plant.yml", desc)
     url = str(path) if url_form == "path" else f"source://{path}"
@@ -126,3 +126,12 @@ def test_a_description_is_accepted_wherever_a_tsdb_url_is(plant, tmp_path, url_f
         with pytest.raises(Exception) as e:
             db.ingest(runs=plant.runs)
         assert getattr(e.value, "code", None) == "TSDB_READ_ONLY"
+    # The command line says so before it reads the files (their runs would be checked against it).
+    from aml_pipeline.cli import main
+
+    points = tmp_path / "points.csv"
+    points.write_text("run_id,node_id,ts,value,state\nNOT-A-RUN,TI101,1735718400000,1.0,0\n")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["ingest", "--tsdb", url, "--points", str(points)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"TSDB_READ_ONLY: {url} is a mapped source")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import re
 from pathlib import Path
 
@@ -320,6 +322,9 @@ def test_unsupported_or_unreadable_files(tmp_path):
         read_points(write(tmp_path / "p.json", "{}"))
     with pytest.raises(IngestError, match="no such file"):
         read_points(tmp_path / "nope.csv")
+    os.mkfifo(tmp_path / "pipe.csv")  # exists, but no file to read (opening it would wait for a writer)
+    with pytest.raises(IngestError, match=r"pipe\.csv: not a regular file \(a pipe, socket or device\)"):
+        read_points(tmp_path / "pipe.csv")
     with pytest.raises(IngestError, match="empty file"):
         read_points(write(tmp_path / "empty.csv", ""))
     with pytest.raises(IngestError, match=r"p\.csv: cannot read csv file"):
