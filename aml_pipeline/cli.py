@@ -306,7 +306,7 @@ def _export_layout(args: argparse.Namespace) -> int:
         raise AmlError("--no-verify: not with --layout; the snapshot it writes gets a hash of its own, so it is "
                        "written only from a verified one", code="USAGE")
     try:
-        summary = export_windows_layout(open_snapshot(args.snapshot_dir, verify=not args.no_verify), args.out)
+        summary = export_windows_layout(open_snapshot(args.snapshot_dir), args.out)
     except SnapshotError as e:
         raise AmlError(str(e), code=e.code) from None
     except FileExistsError as e:

@@ -1,11 +1,13 @@
-"""Small helpers shared by the benchmark modules: memory, scratch directories."""
+"""Small helpers shared by the benchmark modules: memory, scratch directories, printing results."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 
 
 def proc_status_kb(field: str, pid: int | str = "self") -> int | None:
@@ -93,3 +95,11 @@ def workload_points(tsdb_url: str, spec):
         np.concatenate([p.state for p in parts])[order].astype(np.int32),
     )
     return runs, nodes, points
+
+
+def print_results(res: Any, json_path: Path | None) -> None:
+    """A benchmark module's results as indented JSON on stdout, and into ``json_path`` if given."""
+    text = json.dumps(res, indent=1)
+    if json_path:
+        json_path.write_text(text + "\n")
+    print(text)

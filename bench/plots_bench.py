@@ -70,7 +70,6 @@ import argparse
 import base64
 import contextlib
 import io
-import json
 import statistics
 import sys
 import tempfile
@@ -87,7 +86,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import pg_bench  # noqa: E402
-from bench.common import dir_bytes, fresh_dir  # noqa: E402
+from bench.common import dir_bytes, fresh_dir, print_results  # noqa: E402
 from bench.workload import HISTORY, HORIZON, N_CONTROLS, N_FEATURES, N_TARGETS, SPEC_ID, make_workload  # noqa: E402
 
 BUDGET_MS, BUDGET_KB, BUDGET_KB_PG = 20.0, 80.0, 45.0
@@ -635,11 +634,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         pg_base_url = stack.enter_context(pg_bench.postgres_server())[0] if a.pg else None
         res = run(a.repeat, runs=a.runs, minutes=a.minutes, pg_base_url=pg_base_url)
-    text = json.dumps(res, indent=1)
-    if a.json:
-        a.json.write_text(text + "\n")
+    print_results(res, a.json)
     ms, kb = res["plot_ms"], res["event_log_kb"]
-    print(text)
     print(
         f"\nplot_ms_per_run      {ms['median']:.1f} ms (min {ms['min']:.1f}, max {ms['max']:.1f}; budget {BUDGET_MS:g}; "
         f"CPU {res['plot_cpu_ms']['median']:.1f} ms; "

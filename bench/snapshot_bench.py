@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import print_results  # noqa: E402
+
 GOALS = {  # key: (target, direction)
     "open_verify_rss_mb": (150.0, "<="),
     "verify_over_sha256sum": (1.2, "<="),
@@ -147,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give a SNAPSHOT_DIR or --workload DIR")
     snapshot = a.snapshot_dir or build_standard_snapshot(a.workload)
     res = run(snapshot, a.repeat)
-    text = json.dumps(res, indent=1)
-    if a.json:
-        a.json.write_text(text + "\n")
-    print(text)
+    print_results(res, a.json)
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -38,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import print_results  # noqa: E402
 from bench.workload import N_CONTROLS, N_FEATURES, N_TARGETS, make_workload  # noqa: E402
 
 FAR = 2**62
@@ -231,10 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     res["fetch"] = bench_fetch(w.tsdb_url, run_ids, node_ids, repeat)
     if a.pg:
         res["ingest_postgres"] = _pg_ingest(plant, repeat)
-    text = json.dumps(res, indent=1)
-    if a.json:
-        a.json.write_text(text + "\n")
-    print(text)
+    print_results(res, a.json)
     if a.workdir is None:
         import shutil
 

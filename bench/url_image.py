@@ -32,7 +32,6 @@ import contextlib
 import functools
 import hashlib
 import http.server
-import json
 import os
 import re
 import shutil
@@ -49,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import dir_bytes, fresh_dir  # noqa: E402
+from bench.common import dir_bytes, fresh_dir, print_results  # noqa: E402
 from bench.workload import make_workload  # noqa: E402
 
 _DATA_URI = re.compile(r"\(data:image/png;base64,([A-Za-z0-9+/=]+)\)")
@@ -249,10 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, help="work here and keep it (default: a temporary folder, removed)")
     a = ap.parse_args(argv)
     res = run(runs=a.runs, minutes=a.minutes, workdir=a.workdir)
-    text = json.dumps(res, indent=1)
-    if a.json:
-        a.json.write_text(text + "\n")
-    print(text)
+    print_results(res, a.json)
     return 0
 
 

@@ -184,13 +184,15 @@ def staging_beside(out: Path) -> Path:
     prefix = f".{out.name}.partial-{host}-"
     for old in out.parent.glob(glob.escape(prefix) + "*"):
         pid = old.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return out.parent / f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _process_alive(pid: int) -> bool:
-    # aml_pipeline.fsutil.process_alive's rule; this package imports nothing of the rest.
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user counts). Defined here,
+    where the snapshot package (which imports nothing of the rest) needs it;
+    ``aml_pipeline.fsutil`` gives it to the rest of the package."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
