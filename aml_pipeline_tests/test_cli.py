@@ -555,8 +555,8 @@ def test_inputs_prints_and_writes_a_causal_window_s_x_and_refuses_bad_input_in_o
     frame.assign(ts=frame["ts"] // 1000).to_csv(in_seconds, index=False)
     expect_user_error(capsys, ["inputs", str(snapshot), "--at", str(origin), "--points", str(in_seconds), "--run",
                                block.run_id, "--run-start", str(run_start)],
-                      "INGEST_INVALID", f"{in_seconds}: column ts: read as epoch_ms (milliseconds) gives 1970-",
-                      "the values look like epoch_s", "ts is in epoch milliseconds")
+                      "INGEST_INVALID", f"{in_seconds}: line 2, column 'ts': 1970-",
+                      "the column looks like epoch seconds", "write epoch milliseconds or ISO-8601")
 
 
 def test_gc_says_whether_it_pruned_the_dagster_instance(tmp_path, monkeypatch, capsys):

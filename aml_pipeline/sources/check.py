@@ -16,7 +16,7 @@ from aml_pipeline.sources import SCHEME
 from aml_pipeline.sources.backend import NO_END
 from aml_pipeline.sources.description import load_description
 from aml_pipeline.sources.mapped import MappedTsdb
-from aml_pipeline.sources.timecodec import ms_text
+from aml_pipeline.plausible_time import ms_text
 from aml_pipeline.tsdb.port import iter_node_pages
 
 # Points counted per node of the sample run at most (a check, not a full read).

@@ -42,7 +42,8 @@ from aml_pipeline.sources import read_only_error
 from aml_pipeline.sources.backend import NO_END, Backend, NodeRef, Series, TableRead, Window
 from aml_pipeline.sources.description import LoadedDescription, NodeEntry
 from aml_pipeline.sources.runs import runs_from_rows, runs_from_tag, runs_from_windows, table_columns
-from aml_pipeline.sources.timecodec import TimesBeyondInt64, implausible_times
+from aml_pipeline.plausible_time import implausible_times
+from aml_pipeline.sources.timecodec import TimesBeyondInt64
 from aml_pipeline.tsdb.columns import clamp_i64
 from aml_pipeline.tsdb.port import Cursor, Node, Page, Run, RunScope
 from aml_pipeline.tsdb.reading import ReadBase, Rows

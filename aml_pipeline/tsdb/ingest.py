@@ -20,7 +20,9 @@ Values
     ``ts``, ``started_at`` and ``ended_at`` are epoch milliseconds (integers) or ISO-8601
     strings. An ISO string with a zone (``Z``, ``+01:00``) is converted to UTC; a naive one is
     taken as UTC. Sub-millisecond digits are floored. Parquet timestamp columns are accepted
-    too (naive ones as UTC). Empty ``ended_at`` means the run is still running.
+    too (naive ones as UTC). Empty ``ended_at`` means the run is still running. A time before
+    1990 or more than a year from now is refused (:mod:`aml_pipeline.plausible_time`): it is
+    what a file in seconds or microseconds reads as.
     ``value`` may be NaN or +-inf (``nan``, ``inf``, ``-inf``; cleaning counts them) and an
     empty ``value`` cell is read as NaN (a missing reading); any other unparseable text is an
     error.
@@ -63,6 +65,7 @@ import pyarrow.parquet as pq
 from aml_pipeline.errors import IngestError, quote
 from aml_pipeline.faults import crash_point
 from aml_pipeline.ids import EXTERNAL_ID_RE
+from aml_pipeline.plausible_time import epoch_ms_column_problem
 from aml_pipeline.tsdb.port import DEFAULT_LOCK_TIMEOUT_S, EVIDENCE_SOURCES, Node, PointColumns, Run, TsdbPort
 
 PathLike = str | os.PathLike[str]
@@ -365,6 +368,17 @@ def _parse_timestamps(src: _Source, name: str, *, nullable: bool) -> tuple[np.nd
     return v, mask
 
 
+def _check_plausible(src: _Source, name: str, ms: np.ndarray, null: np.ndarray | None = None) -> None:
+    """Refuse a time column a plant cannot have written (before 1990 or more than a year ahead):
+    a file in seconds would otherwise be stored as points of 1970, outside every run, where no
+    build reads them. The error names the row and the unit the column looks like."""
+    rows = np.arange(len(ms)) if null is None else np.flatnonzero(~null)
+    found = epoch_ms_column_problem(ms[rows])
+    if found is not None:
+        k, why = found
+        raise src.error(int(rows[k]), name, why)
+
+
 def _opt_text(src: _Source, name: str) -> list[str | None]:
     if not src.has(name):
         return [None] * len(src)
@@ -425,6 +439,7 @@ def read_points(
     run_id = _parse_ids(src, "run_id")
     node_id = _parse_ids(src, "node_id")
     ts, _ = _parse_timestamps(src, "ts", nullable=False)
+    _check_plausible(src, "ts", ts)
     value = _parse_float(src, "value", null_as_nan=True)
     state, _ = _parse_int(src, "state", _I32_MIN, _I32_MAX)
     for column, ids, known, what in (("run_id", run_id, known_runs, "run"), ("node_id", node_id, known_nodes, "node")):
@@ -450,6 +465,8 @@ def read_runs(path: PathLike) -> list[Run]:
     recipe = _required_text(src, "recipe_id")
     started, _ = _parse_timestamps(src, "started_at", nullable=False)
     ended, ended_null = _parse_timestamps(src, "ended_at", nullable=True)
+    _check_plausible(src, "started_at", started)
+    _check_plausible(src, "ended_at", ended, ended_null)
     if src.has("recipe_version"):
         version, version_null = _parse_int(src, "recipe_version", _I32_MIN, _I32_MAX, nullable=True)
     else:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from aml_pipeline.cli import main
-from aml_pipeline.sources.timecodec import PLAUSIBLE_FROM_MS, implausible_times
+from aml_pipeline.plausible_time import PLAUSIBLE_FROM_MS, implausible_times
 from aml_pipeline_tests.sources import layouts
 from aml_pipeline_tests.sources.support import plant_spec
 

@@ -54,6 +54,9 @@ def small_filesystem(size: str, *, uid: int = 0, gid: int = 0) -> Iterator[Path]
             where.rmdir()
 
 
+T0 = 1_735_718_400_000  # 2025-01-01T08:00:00Z: a file ingested through the CLI holds a plant's times
+
+
 def noisy_points(run_id: str, node_ids: list[str], n: int, seed: int) -> PointColumns:
     """Random values compress badly: ``n`` points take about 16 bytes each on disk."""
     rng = np.random.default_rng(seed)
@@ -120,11 +123,11 @@ def test_duckdb_file_and_wal_filling_up_is_one_line_and_writes_nothing(tmp_path)
 def test_cli_ingest_into_a_new_file_on_a_full_disk_leaves_nothing(tmp_path):
     points = noisy_points("R0", ["A", "B"], 1_000_000, 5)
     pq.write_table(
-        pa.table({"run_id": points.run_id.astype(str), "node_id": points.node_id.astype(str), "ts": points.ts,
+        pa.table({"run_id": points.run_id.astype(str), "node_id": points.node_id.astype(str), "ts": T0 + points.ts,
                   "value": points.value, "state": points.state}),
         tmp_path / "points.parquet",
     )  # fmt: skip
-    (tmp_path / "runs.csv").write_text("run_id,line_id,product_id,recipe_id,started_at,ended_at\nR0,L1,P1,RC,0,1000000000\n")
+    (tmp_path / "runs.csv").write_text(f"run_id,line_id,product_id,recipe_id,started_at,ended_at\nR0,L1,P1,RC,{T0},{T0 + 10**9}\n")
     (tmp_path / "nodes.csv").write_text("node_id\nA\nB\n")
     with small_filesystem("4m") as fs:
         target = fs / "plant" / "tsdb.duckdb"

@@ -109,10 +109,10 @@ def test_camel_case_and_odd_header_spelling(tmp_path):
         tmp_path / "runs.csv",
         """
 runId,lineId,productId,recipeId,startedAt,endedAt,evidenceSource,contextConfirmed,recipeVersion,recipeContentHash
-B1,L1,P1,R1,0,10,unassessed,yes,7,h
+B1,L1,P1,R1,1735718400000,1735718400010,unassessed,yes,7,h
 """,
     )
-    assert read_runs(runs) == [Run("B1", "L1", "P1", "R1", 7, "h", 0, 10, "unassessed", True)]
+    assert read_runs(runs) == [Run("B1", "L1", "P1", "R1", 7, "h", T0, T0 + 10, "unassessed", True)]
     nodes = write(tmp_path / "nodes.csv", "NodeId , Unit,rangeLo,RANGE_HI\nA,bar,-1,1\n")
     assert read_nodes(nodes) == [Node("A", "bar", -1.0, 1.0)]
     assert normalise_column_name("recipeContentHash") == "recipe_content_hash"
@@ -120,20 +120,20 @@ B1,L1,P1,R1,0,10,unassessed,yes,7,h
 
 
 def test_optional_run_columns_default(tmp_path):
-    runs = write(tmp_path / "runs.csv", "run_id,line_id,product_id,recipe_id,started_at,ended_at\nB1,L,P,R,5,\n")
-    assert read_runs(runs) == [Run("B1", "L", "P", "R", None, None, 5, None, "unassessed", False)]
+    runs = write(tmp_path / "runs.csv", "run_id,line_id,product_id,recipe_id,started_at,ended_at\nB1,L,P,R,1735718400005,\n")
+    assert read_runs(runs) == [Run("B1", "L", "P", "R", None, None, T0 + 5, None, "unassessed", False)]
     nodes = write(tmp_path / "nodes.csv", "node_id\nA\n")
     assert read_nodes(nodes) == [Node("A", "", None, None)]
 
 
 def test_blanks_around_numbers_are_tolerated(tmp_path):
-    p = read_points(write(tmp_path / "p.csv", "run_id,node_id,ts,value,state\nB,N, 7 , 2.5 , 1 \nB,N,8,  ,0\n"))
-    assert p.ts.tolist() == [7, 8] and p.state.tolist() == [1, 0]
+    p = read_points(write(tmp_path / "p.csv", "run_id,node_id,ts,value,state\nB,N, 1735718400007 , 2.5 , 1 \nB,N,1735718400008,  ,0\n"))
+    assert p.ts.tolist() == [T0 + 7, T0 + 8] and p.state.tolist() == [1, 0]
     np.testing.assert_array_equal(p.value, [2.5, np.nan])
 
 
 def test_extra_columns_are_ignored_and_header_only_file_is_empty(tmp_path):
-    p = read_points(write(tmp_path / "p.csv", "run_id,node_id,ts,value,state,comment\nB,N,1,2,0,hello\n"))
+    p = read_points(write(tmp_path / "p.csv", "run_id,node_id,ts,value,state,comment\nB,N,1735718400001,2,0,hello\n"))
     assert len(p) == 1 and p.run_id.tolist() == ["B"]
     empty = read_points(write(tmp_path / "e.csv", "run_id,node_id,ts,value,state\n"))
     assert len(empty) == 0
@@ -203,7 +203,7 @@ def test_simulated_plant_files_round_trip(tmp_path, db, fmt):
 
 # ---- errors ---------------------------------------------------------------------------------
 
-GOOD_POINTS = "run_id,node_id,ts,value,state\nB1,TI101,1,1.0,0\nB1,TI101,2,2.0,0\n"
+GOOD_POINTS = "run_id,node_id,ts,value,state\nB1,TI101,1735718400001,1.0,0\nB1,TI101,1735718400002,2.0,0\n"
 
 
 def bad_points(row: str) -> str:
@@ -214,18 +214,18 @@ def bad_points(row: str) -> str:
 @pytest.mark.parametrize(
     ("text", "column", "problem"),
     [
-        (bad_points("B1,TI101,3,abc,0"), "value", "not a number: 'abc'"),
-        (bad_points("B1,TI101,3,1.0.0,0"), "value", "not a number"),
+        (bad_points("B1,TI101,1735718400003,abc,0"), "value", "not a number: 'abc'"),
+        (bad_points("B1,TI101,1735718400003,1.0.0,0"), "value", "not a number"),
         (bad_points("B1,TI101,yesterday,1,0"), "ts", "unparseable timestamp 'yesterday'"),
         (bad_points("B1,TI101,2025-13-01T00:00:00Z,1,0"), "ts", "unparseable timestamp"),
         (bad_points("B1,TI101,,1,0"), "ts", "empty value"),
         (bad_points("B1,TI101,99999999999999999999,1,0"), "ts", "out of range"),
-        (bad_points("B1,TI101,3,1,"), "state", "empty value"),
-        (bad_points("B1,TI101,3,1,1.5"), "state", "not an integer: '1.5'"),
-        (bad_points("B1,TI101,3,1,3000000000"), "state", "out of range"),
-        (bad_points("B1,TI 101,3,1,0"), "node_id", "invalid id 'TI 101'"),
-        (bad_points("../etc,TI101,3,1,0"), "run_id", "invalid id '../etc'"),
-        (bad_points(",TI101,3,1,0"), "run_id", "missing run_id"),
+        (bad_points("B1,TI101,1735718400003,1,"), "state", "empty value"),
+        (bad_points("B1,TI101,1735718400003,1,1.5"), "state", "not an integer: '1.5'"),
+        (bad_points("B1,TI101,1735718400003,1,3000000000"), "state", "out of range"),
+        (bad_points("B1,TI 101,1735718400003,1,0"), "node_id", "invalid id 'TI 101'"),
+        (bad_points("../etc,TI101,1735718400003,1,0"), "run_id", "invalid id '../etc'"),
+        (bad_points(",TI101,1735718400003,1,0"), "run_id", "missing run_id"),
     ],
 )
 def test_points_errors_name_file_line_and_column(tmp_path, text, column, problem):
@@ -240,7 +240,7 @@ def test_points_errors_name_file_line_and_column(tmp_path, text, column, problem
 
 def test_first_bad_row_is_found_in_a_large_file(tmp_path):
     n = 200_000
-    ts = np.arange(n).astype(str).astype(object)
+    ts = (T0 + np.arange(n)).astype(str).astype(object)
     ts[150_123] = "12:00"
     ts[180_000] = "also bad"
     table = pa.table({"run_id": ["B"] * n, "node_id": ["N"] * n, "ts": pa.array(ts, pa.string()), "value": np.ones(n), "state": np.zeros(n, np.int32)})
@@ -249,7 +249,7 @@ def test_first_bad_row_is_found_in_a_large_file(tmp_path):
         read_points(tmp_path / "big.parquet")
     values = np.full(n, "1.5", dtype=object)
     values[123_456] = "1,5"
-    table = table.set_column(2, "ts", pa.array(np.arange(n))).set_column(3, "value", pa.array(values, pa.string()))
+    table = table.set_column(2, "ts", pa.array(T0 + np.arange(n))).set_column(3, "value", pa.array(values, pa.string()))
     pq.write_table(table, tmp_path / "big2.parquet")
     with pytest.raises(IngestError, match=r"big2\.parquet: row 123457, column 'value': not a number: '1,5'"):
         read_points(tmp_path / "big2.parquet")
@@ -270,15 +270,15 @@ RUNS_HEADER = "run_id,line_id,product_id,recipe_id,recipe_version,started_at,end
 @pytest.mark.parametrize(
     ("rows", "line", "column", "problem"),
     [
-        ("B1,L,P,R,1,0,10,simulation,true\nB1,L,P,R,1,20,30,simulation,true", 3, "run_id", "duplicate run_id 'B1' (first at line 2)"),
-        ("B1,L,P,R,1,100,50,simulation,true", 2, "ended_at", "ended_at 50 is before started_at 100"),
-        ("B1,L,P,R,1,0,10,measured,true", 2, "evidence_source", "unknown evidence_source 'measured'"),
-        ("B1,L,P,R,v3,0,10,real,true", 2, "recipe_version", "not an integer: 'v3'"),
-        ("B1,L,P,R,1,0,10,real,maybe", 2, "context_confirmed", "not a boolean: 'maybe'"),
-        ("B1,L,P,R,1,,10,real,true", 2, "started_at", "empty value"),
-        ("B1,L,P,R,1,0,soon,real,true", 2, "ended_at", "unparseable timestamp 'soon'"),
-        ("B1,,P,R,1,0,10,real,true", 2, "line_id", "missing line_id"),
-        ("B/1,L,P,R,1,0,10,real,true", 2, "run_id", "invalid id 'B/1'"),
+        ("B1,L,P,R,1,1735718400000,1735718400010,simulation,true\nB1,L,P,R,1,1735718400020,1735718400030,simulation,true", 3, "run_id", "duplicate run_id 'B1' (first at line 2)"),
+        ("B1,L,P,R,1,1735718400100,1735718400050,simulation,true", 2, "ended_at", "ended_at 1735718400050 is before started_at 1735718400100"),
+        ("B1,L,P,R,1,1735718400000,1735718400010,measured,true", 2, "evidence_source", "unknown evidence_source 'measured'"),
+        ("B1,L,P,R,v3,1735718400000,1735718400010,real,true", 2, "recipe_version", "not an integer: 'v3'"),
+        ("B1,L,P,R,1,1735718400000,1735718400010,real,maybe", 2, "context_confirmed", "not a boolean: 'maybe'"),
+        ("B1,L,P,R,1,,1735718400010,real,true", 2, "started_at", "empty value"),
+        ("B1,L,P,R,1,1735718400000,soon,real,true", 2, "ended_at", "unparseable timestamp 'soon'"),
+        ("B1,,P,R,1,1735718400000,1735718400010,real,true", 2, "line_id", "missing line_id"),
+        ("B/1,L,P,R,1,1735718400000,1735718400010,real,true", 2, "run_id", "invalid id 'B/1'"),
     ],
 )
 def test_runs_errors(tmp_path, rows, line, column, problem):
@@ -334,21 +334,21 @@ def test_unsupported_or_unreadable_files(tmp_path):
 
 
 def test_points_must_reference_known_runs_and_nodes_nothing_half_ingested(tmp_path, db, files):
-    points = write(tmp_path / "points2.csv", POINTS_CSV + "B9,TI101,1,1,0\n")
+    points = write(tmp_path / "points2.csv", POINTS_CSV + "B9,TI101,1735718400001,1,0\n")
     with pytest.raises(IngestError) as info:
         ingest_files(db, points=points, runs=files["runs"], nodes=files["nodes"])
     assert info.value.message.startswith(f"{points}: line 8, column 'run_id': run 'B9'")
     assert db.list_runs(finished_only=False) == [] and db.list_nodes() == []
 
     # a later file in the same call fails: the earlier (valid) files are not written either
-    bad = write(tmp_path / "points3.csv", "run_id,node_id,ts,value,state\nB1,TI101,1,oops,0\n")
+    bad = write(tmp_path / "points3.csv", "run_id,node_id,ts,value,state\nB1,TI101,1735718400001,oops,0\n")
     with pytest.raises(IngestError, match=r"points3\.csv: line 2, column 'value'"):
         ingest_files(db, points=[files["points"], bad], runs=files["runs"], nodes=files["nodes"])
     assert db.list_runs(finished_only=False) == [] and db.availability_watermark() is None
 
     # runs and nodes already in the database count as known
     ingest_files(db, runs=files["runs"], nodes=files["nodes"])
-    unknown_node = write(tmp_path / "points4.csv", "run_id,node_id,ts,value,state\nB1,TI101,1,1,0\nB1,XX9,1,1,0\n")
+    unknown_node = write(tmp_path / "points4.csv", "run_id,node_id,ts,value,state\nB1,TI101,1735718400001,1,0\nB1,XX9,1735718400001,1,0\n")
     with pytest.raises(IngestError, match=r"points4\.csv: line 3, column 'node_id': node 'XX9'"):
         ingest_files(db, points=unknown_node)
     assert ingest_files(db, points=files["points"]) == {"runs": 0, "nodes": 0, "points": 6, "skipped": 0}
@@ -358,3 +358,35 @@ def test_the_same_run_in_two_runs_files_is_refused(tmp_path, db, files):
     other = write(tmp_path / "runs2.csv", RUNS_CSV)
     with pytest.raises(IngestError, match=re.escape(f"{other}: run_id 'B1' is also in {files['runs']}")):
         ingest_files(db, runs=[files["runs"], other])
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "column", "unit"),
+    [
+        ("points", "run_id,node_id,ts,value,state\nB1,N,1735718400,1,0\nB1,N,1735718401,1,0\n", "ts", "epoch seconds"),
+        ("points", "run_id,node_id,ts,value,state\nB1,N,1735718400000,1,0\nB1,N,1735718401000000,1,0\n", "ts", None),
+        ("points", "run_id,node_id,ts,value,state\nB1,N,1735718400000000,1,0\n", "ts", "epoch microseconds"),
+        ("points", "run_id,node_id,ts,value,state\nB1,N,1985-06-01T00:00:00Z,1,0\n", "ts", None),
+        ("runs", RUNS_HEADER + "B1,L,P,R,1,1735718400,1735722000,real,true\n", "started_at", "epoch seconds"),
+        ("runs", RUNS_HEADER + "B1,L,P,R,1,1735718400000,1735722000,real,true\n", "ended_at", "epoch seconds"),
+    ],
+)
+def test_times_no_plant_wrote_are_refused_naming_the_unit_they_look_like(tmp_path, db, kind, text, column, unit):
+    """A file in seconds would be stored as points (or runs) of 1970, outside every run, where no
+    build reads them: refused, with the row, the column and the unit the values look like."""
+    path = write(tmp_path / f"{kind}.csv", text)
+    with pytest.raises(IngestError) as info:
+        ingest_files(db, **{kind: path}) if kind == "runs" else read_points(path)
+    msg = info.value.message
+    assert msg.startswith(f"{path}: line ") and f"column '{column}': " in msg, msg
+    assert "is not between 1990-01-01 and" in msg and "write epoch milliseconds or ISO-8601" in msg
+    assert (f"the column looks like {unit}" in msg) if unit else ("looks like" not in msg), msg
+    assert db.list_runs(finished_only=False) == []
+
+
+def test_a_running_run_and_times_near_now_are_plausible(tmp_path):
+    now = int(np.datetime64("now", "ms").astype(np.int64))
+    runs = write(tmp_path / "runs.csv", f"run_id,line_id,product_id,recipe_id,started_at,ended_at\nB1,L,P,R,{now},\n")
+    assert read_runs(runs)[0].ended_at is None
+    points = write(tmp_path / "p.csv", f"run_id,node_id,ts,value,state\nB1,N,1990-01-01T00:00:00Z,1,0\nB1,N,{now + 86_400_000},1,0\n")
+    assert read_points(points).ts.tolist() == [631_152_000_000, now + 86_400_000]

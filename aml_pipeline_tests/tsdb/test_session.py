@@ -29,9 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 FAR = 2**62
 NODES = ["N0", "N1", "N2", "N3"]
 POINTS_PER_NODE = 20_000
+T0 = 1_735_718_400_000  # 2025-01-01T08:00:00Z: an ingested file must hold times a plant wrote
 
 
-def plant_points(run_id: str, n: int, t0: int = 0, seed: int = 0) -> PointColumns:
+def plant_points(run_id: str, n: int, t0: int = T0, seed: int = 0) -> PointColumns:
     rng = np.random.default_rng(seed)
     return PointColumns(
         np.full(n * len(NODES), run_id, dtype=object),
@@ -47,7 +48,7 @@ def url(tmp_path) -> str:
     url = f"duckdb://{tmp_path / 'tsdb.duckdb'}"
     with DuckDBTsdb(url, read_only=False) as db:
         db.ingest(
-            runs=[Run("R0", "L1", "P1", "RC", 1, "h", 0, 10**9, "simulation", True)],
+            runs=[Run("R0", "L1", "P1", "RC", 1, "h", T0, T0 + 10**9, "simulation", True)],
             nodes=[Node(n) for n in NODES],
             points=plant_points("R0", POINTS_PER_NODE),
         )
@@ -105,7 +106,7 @@ def test_an_ingest_gets_the_file_between_two_chunks_of_long_readers(url, tmp_pat
     import pyarrow.parquet as pq
 
     base = len(NODES) * POINTS_PER_NODE
-    late = plant_points("R0", 500, t0=10**8, seed=1)
+    late = plant_points("R0", 500, t0=T0 + 10**8, seed=1)
     pq.write_table(
         pa.table({"run_id": late.run_id.astype(str), "node_id": late.node_id.astype(str), "ts": late.ts,
                   "value": late.value, "state": late.state}),
@@ -192,7 +193,7 @@ def test_a_killed_writer_leaves_nothing_to_clean_up(url):
     with DuckDBTsdb(url, lock_timeout_s=2.0) as db:
         assert len(fetch_node_series(db, "N0", "R0", -FAR, FAR)) == POINTS_PER_NODE
     with DuckDBTsdb(url, read_only=False, lock_timeout_s=2.0) as db:
-        assert db.ingest(points=plant_points("R0", 10, t0=10**8)) == 10 * len(NODES)
+        assert db.ingest(points=plant_points("R0", 10, t0=T0 + 10**8)) == 10 * len(NODES)
 
 
 # ---- the session API, both adapters ---------------------------------------------------------
@@ -210,7 +211,7 @@ def any_url(request, tmp_path):
     from aml_pipeline.tsdb_open import open_tsdb
 
     with open_tsdb(url, read_only=False) as db:
-        db.ingest(runs=[Run("R0", "L1", "P1", "RC", 1, "h", 0, 10**9)], nodes=[Node(n) for n in NODES],
+        db.ingest(runs=[Run("R0", "L1", "P1", "RC", 1, "h", T0, T0 + 10**9)], nodes=[Node(n) for n in NODES],
                   points=plant_points("R0", 50))  # fmt: skip
     try:
         yield url
@@ -234,7 +235,7 @@ def test_a_session_holds_a_handle_per_chunk_and_sees_new_data_in_the_next(any_ur
         assert session.opens == (3 if embedded else 1)
         # between chunks a writer gets in at once (no waiting: a zero lock timeout)
         with open_tsdb(any_url, read_only=False, lock_timeout_s=0) as writer:
-            assert writer.ingest(points=plant_points("R0", 5, t0=10**8)) == 5 * len(NODES)
+            assert writer.ingest(points=plant_points("R0", 5, t0=T0 + 10**8)) == 5 * len(NODES)
         with held(session) as db:
             assert len(fetch_node_series(db, "N0", "R0", -FAR, FAR)) == 55
         with pytest.raises(RuntimeError), held(session):
@@ -284,7 +285,7 @@ def test_a_brief_handle_lets_an_ingest_in_while_a_long_fetch_runs(url, tmp_path)
 
     from aml_pipeline.tsdb.session import BriefHandle
 
-    late = plant_points("R0", 300, t0=10**8, seed=2)
+    late = plant_points("R0", 300, t0=T0 + 10**8, seed=2)
     pq.write_table(
         pa.table({"run_id": late.run_id.astype(str), "node_id": late.node_id.astype(str), "ts": late.ts,
                   "value": late.value, "state": late.state}),
