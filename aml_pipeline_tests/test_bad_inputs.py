@@ -182,7 +182,7 @@ def missing_file(name: str) -> Callable[[Path], None]:
 
 def ingest_case(kind: str, how: str, make_file: Callable[[World, Path], Path]) -> Case:
     return Case(cmd("ingest", "--tsdb", lambda w, s: f"duckdb://{s / 'fresh.duckdb'}", f"--{kind}", make_file),
-                ("INGEST_INVALID", f"{kind}.", *(["directory"] if how == "directory" else [])))
+                ("FILE_ERROR", f"{kind}.", "directory") if how == "directory" else ("INGEST_INVALID", f"{kind}."))
 
 
 CASES: dict[str, Case] = {

@@ -29,7 +29,7 @@ Values
 
 Errors
     An :class:`IngestError` whose one-line message names the file, the row (``line N`` for CSV,
-    counting the header as line 1 and assuming no blank lines; ``row N``, 1-based, for
+    the line of the file the record starts on, the header being line 1; ``row N``, 1-based, for
     Parquet), the column and the problem. :func:`ingest_files` parses and validates every file
     before one ``tsdb.ingest`` call, which is all-or-nothing: nothing is ever half-ingested.
     :func:`ingest_into` (the CLI's ``ingest``) also removes an embedded TSDB file that it created
@@ -50,7 +50,7 @@ import csv
 import io
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,9 +98,11 @@ class _Source:
     original: dict[str, str]  # normalised name -> name in the file
 
     def where(self, row: int) -> str:
-        """``file: line N`` / ``file: row N`` for the 0-based data row ``row``."""
+        """``file: line N`` / ``file: row N`` for the 0-based data row ``row``. A CSV's line is the
+        one the record starts on in the file as a text editor shows it: blank lines (which the
+        reader skips) and values quoted across lines are counted."""
         if self.kind == "csv":
-            return f"{self.path}: line {row + 2}"
+            return f"{self.path}: line {_csv_line_of(self.path, row)}"
         return f"{self.path}: row {row + 1}"
 
     def error(self, row: int, column: str, problem: str) -> IngestError:
@@ -144,10 +146,16 @@ def _kind(path: Path) -> str:
 def _open(path: PathLike) -> _Source:
     path = Path(path)
     kind = _kind(path)
+    if path.is_dir():  # what the system refuses is FILE_ERROR, as for every command (docs/cli.md)
+        raise IngestError(f"{path}: a directory, not a file", code="FILE_ERROR")
     if not path.is_file():
-        what = ("a directory, not a file" if path.is_dir() else
-                "not a regular file (a pipe, socket or device): give a file" if path.exists() else "no such file")
+        what = "not a regular file (a pipe, socket or device): give a file" if path.exists() else "no such file"
         raise IngestError(f"{path}: {what}")
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError as e:
+        raise IngestError(f"{path}: {e.strerror or 'permission denied'}", code="FILE_ERROR") from None
     try:
         if kind == "parquet":
             table = pq.read_table(path)
@@ -165,6 +173,9 @@ def _open(path: PathLike) -> _Source:
     except IngestError:
         raise
     except (pa.ArrowException, OSError, ValueError, UnicodeDecodeError) as e:
+        placed = _csv_read_problem(path, e) if kind == "csv" else None
+        if placed is not None:
+            raise IngestError(f"{path}: {placed}") from None
         raise IngestError(f"{path}: cannot read {kind} file ({' '.join(str(e).split())})") from None
     original: dict[str, str] = {}
     names = []
@@ -178,6 +189,56 @@ def _open(path: PathLike) -> _Source:
         names.append(norm)
     table = table.rename_columns(names)
     return _Source(path, kind, table, original)
+
+
+def _csv_records(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """``(line, fields)`` of each record of a CSV file, the header first, ``line`` being the file
+    line it starts on; blank lines are skipped, as the Arrow reader skips them. For errors only:
+    Python's csv module, one record at a time."""
+    with pa.input_stream(str(path), compression="detect") as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+        reader = csv.reader(text)
+        start = 1
+        for fields in reader:
+            if fields:
+                yield start, fields
+            start = reader.line_num + 1
+
+
+def _csv_line_of(path: Path, row: int) -> int:
+    """The file line data row ``row`` (0-based, after the header) starts on."""
+    try:
+        for k, (line, _) in enumerate(_csv_records(path)):
+            if k == row + 1:
+                return line
+    except (OSError, csv.Error, pa.ArrowException):
+        pass
+    return row + 2  # the file changed or cannot be re-read: the line without blank lines
+
+
+def _csv_read_problem(path: Path, e: Exception) -> str | None:
+    """Where the Arrow reader's parse error is, for the two errors it does not place: a record
+    with another number of fields than the header, and bytes that are not UTF-8 text."""
+    text = str(e)
+    try:
+        if "Expected" in text and "columns, got" in text:
+            expected = None
+            for line, fields in _csv_records(path):
+                if expected is None:
+                    expected = len(fields)
+                elif len(fields) != expected:
+                    return f"line {line}: {len(fields)} fields where the header has {expected}"
+        elif "UTF8" in text or "UTF-8" in text:
+            with pa.input_stream(str(path), compression="detect") as raw:
+                for line, data in enumerate(io.BufferedReader(raw), start=1):
+                    try:
+                        data.decode("utf-8")
+                    except UnicodeDecodeError as bad:
+                        return (f"line {line}: byte 0x{data[bad.start]:02x} (byte {bad.start + 1} of the line) is not UTF-8 "
+                                "text (save the file as UTF-8)")
+    except (OSError, csv.Error, pa.ArrowException):
+        return None
+    return None
 
 
 def _csv_header(path: Path) -> list[str]:

@@ -327,7 +327,7 @@ def test_unsupported_or_unreadable_files(tmp_path):
         read_points(tmp_path / "pipe.csv")
     with pytest.raises(IngestError, match="empty file"):
         read_points(write(tmp_path / "empty.csv", ""))
-    with pytest.raises(IngestError, match=r"p\.csv: cannot read csv file"):
+    with pytest.raises(IngestError, match=r"p\.csv: line 2: 7 fields where the header has 5$"):
         read_points(write(tmp_path / "p.csv", "run_id,node_id,ts,value,state\nB,N,1,2,0,9,9\n"))
     with pytest.raises(IngestError, match="both mean 'run_id'"):
         read_points(write(tmp_path / "dup.csv", "run_id,runId,node_id,ts,value,state\nB,B,N,1,2,0\n"))
@@ -390,3 +390,49 @@ def test_a_running_run_and_times_near_now_are_plausible(tmp_path):
     assert read_runs(runs)[0].ended_at is None
     points = write(tmp_path / "p.csv", f"run_id,node_id,ts,value,state\nB1,N,1990-01-01T00:00:00Z,1,0\nB1,N,{now + 86_400_000},1,0\n")
     assert read_points(points).ts.tolist() == [631_152_000_000, now + 86_400_000]
+
+
+def test_csv_errors_name_the_line_a_text_editor_shows(tmp_path):
+    """Blank lines (which the reader skips) and a value quoted across two lines are counted; a
+    record with too many fields and bytes that are not UTF-8 are placed too, compressed or not."""
+    import gzip
+
+    header = "run_id,node_id,ts,value,state\n"
+    cases = {
+        "blank": (f"{header}\nB,N,{T0},1,0\n\n\nB,N,{T0 + 1},x,0\n".encode(), r"line 6, column 'value': not a number: 'x'"),
+        "quoted": (f'{header}B,"a note\nacross lines",{T0},1,0\nB,N,{T0 + 1},y,0\n'.encode(), r"line 2, column 'node_id'"),
+        "fields": (f"{header}B,N,{T0},1,0\n\nB,N,{T0 + 1},1,0,extra\n".encode(), r"line 4: 6 fields where the header has 5$"),
+        "bytes": (f"{header}B,N,{T0},1,0\n".encode() + b"B,N\xe9,1,1,0\n", r"line 3: byte 0xe9 \(byte 4 of the line\) is not UTF-8"),
+    }
+    for name, (data, where) in cases.items():
+        plain = tmp_path / f"{name}.csv"
+        plain.write_bytes(data)
+        packed = tmp_path / f"{name}.csv.gz"
+        packed.write_bytes(gzip.compress(data))
+        for path in (plain, packed):
+            with pytest.raises(IngestError, match=re.escape(f"{path}: ") + where):
+                read_points(path)
+    # a record after a value quoted across lines 3 and 4 starts on line 5
+    with pytest.raises(IngestError, match=r"quoted2\.csv: line 5, column 'value': not a number: 'y'"):
+        read_points(write(tmp_path / "quoted2.csv", f'{header}B,N,{T0},1,0\nB,N,{T0},"2\n",0\nB,N,{T0 + 1},y,0\n'))
+
+
+def test_a_file_the_system_refuses_is_a_file_error(tmp_path, monkeypatch):
+    """A directory where a file belongs, or a file without read permission: FILE_ERROR, as every
+    command says it (docs/cli.md), still an IngestError for callers of the Python API."""
+    (tmp_path / "dir.csv").mkdir()
+    with pytest.raises(IngestError) as info:
+        read_points(tmp_path / "dir.csv")
+    assert info.value.one_line() == f"FILE_ERROR: {tmp_path / 'dir.csv'}: a directory, not a file"
+    locked = write(tmp_path / "locked.csv", "run_id,node_id,ts,value,state\n")
+    real_open = open
+
+    def refuse(path, *args, **kwargs):  # the tests run as root, whom a chmod does not stop
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", refuse)
+    with pytest.raises(IngestError) as info:
+        read_points(locked)
+    assert info.value.one_line() == f"FILE_ERROR: {locked}: Permission denied"
