@@ -380,6 +380,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"{verb} {path}")
     for why in report.skipped:
         print(f"skipped {why}")
+    if not root.exists():  # a mistyped --root would otherwise read as "nothing to clean"
+        print(f"no snapshots under {root} (no such folder)")
     print(f"{'would free' if args.dry_run else 'freed'} {report.freed_bytes / 1e6:.1f} MB")
     if pruned is None:
         print("Dagster instance: not pruned (no DAGSTER_HOME, and not run in the repository with its default AML_HOME)")

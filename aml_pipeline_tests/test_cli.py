@@ -575,6 +575,18 @@ def test_gc_says_whether_it_pruned_the_dagster_instance(tmp_path, monkeypatch, c
     assert instance == {"dryRun": True, "retentionDays": 7, "deletedRuns": [], "keptOldRuns": 0, "freedBytes": 0}
 
 
+def test_gc_names_a_root_that_does_not_exist(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AML_HOME", str(tmp_path / "aml"))
+    monkeypatch.setenv("AML_SPECS", str(tmp_path / "specs"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    (tmp_path / "datasets").mkdir()
+    assert main(["gc", "--root", str(tmp_path / "datasets")]) == 0
+    assert "no such folder" not in capsys.readouterr().out
+    assert main(["gc", "--root", str(tmp_path / "dataset")]) == 0  # a typo
+    assert f"no snapshots under {tmp_path / 'dataset'} (no such folder)" in capsys.readouterr().out.splitlines()
+    assert not (tmp_path / "dataset").exists()
+
+
 @pytest.mark.parametrize("installed", [False, True], ids=["checkout", "installed"])
 def test_gc_reads_the_specs_where_the_demo_puts_its_spec(tmp_path, monkeypatch, capsys, installed):
     """Without AML_SPECS, gc's specs are the folder the demo's spec is in: the repository's
