@@ -17,6 +17,7 @@ Order
 from __future__ import annotations
 
 import glob as _glob
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,45 @@ from aml_pipeline.sources.sqlbuild import Q, check_columns, join, quote_ident, s
 from aml_pipeline.sources.timecodec import TimeCodec, resolve_codec, type_class
 
 _TIE = ("aml_file", "aml_row")  # the file order columns the relation adds
+
+
+def file_problem(e: duckdb.Error, fmt: str) -> tuple[str, str]:
+    """``(code, text)`` for a DuckDB error about the lake's files, in the description's terms:
+    without the SQL DuckDB quotes after it and without its advice, which names DuckDB's own
+    options (``types=``, ``sample_size=``) and not the description's keys."""
+    text = str(e).split("\nLINE ")[0]
+    csv = re.match(r".*?CSV Error on Line: (\d+)\s*\nOriginal Line: (.*?)\n(.*?)(?:\n\n|$)", text, re.S)
+    if csv is not None:
+        line, original, problem = csv.groups()
+        file = re.search(r"^\s*file = (.+)$", text, re.M)
+        where = f"{file.group(1).strip()}: line {line}" if file else f"line {line}"
+        return "SOURCE_INVALID", f"{where}: {' '.join(problem.split())} (the line: {original.strip()[:200]})"
+    sniff = re.search(r'Error when sniffing file "([^"]+)"', text)
+    if sniff is not None:
+        return "SOURCE_INVALID", (f"{sniff.group(1)}: not readable as CSV: a row has another number of fields than "
+                                  "the header, or the separator is not , ; | or a tab")
+    text = " ".join(re.split(r"\nPossible (?:solutions|fixes):", text)[0].split())
+    name = re.search(r"file '([^']+)'|File '([^']+)' too small", text)
+    if fmt == "parquet" and ("magic bytes" in text or "too small to be a Parquet file" in text):
+        file = next(g for g in name.groups() if g) if name else "a file"
+        return "SOURCE_INVALID", f"{file} is not a Parquet file; if the files hold CSV, set format: csv"
+    return "", text
+
+
+def _one_column_csv(types: dict[str, str], fmt: str, key: str, glob: str, where: str) -> None:
+    """A CSV whose rows do not have the header's number of fields is read by DuckDB's detection as
+    one column named by the whole header line, or as headerless columns ``column0``, ``column1``
+    ...: say so, not that the mapping's columns are missing."""
+    if fmt != "csv":
+        return
+    names = list(types)
+    one = len(names) == 1 and re.search(r"[,;\t|]", names[0])
+    headerless = all(re.fullmatch(r"column\d+", n) for n in names)
+    if one or headerless:
+        read = f"as one column {names[0]!r}" if one else f"without a header ({', '.join(names[:3])}, ...)"
+        raise SourceError(f"{where}: {key}: the files {glob} read {read}: a row has another number of fields "
+                          "than the header, the first line is not a header, or the separator is not , ; | or a tab",
+                          code="SOURCE_INVALID")
 
 
 class _ReadAhead(NamedTuple):
@@ -194,7 +234,8 @@ class LakeSource(Backend):
                 # A file listed by the glob went away (a lake being rewritten): try again later.
                 raise TsdbUnavailableError(f"{self.label}: {what}: {' '.join(str(e).split())}") from None
             except duckdb.Error as e:
-                raise SourceError(f"{self.loaded.path}: {what}: {' '.join(str(e).split())}", code="SOURCE_QUERY") from None
+                code, text = file_problem(e, self._files.format)
+                raise SourceError(f"{self.loaded.path}: {what}: {text}", code=code or "SOURCE_QUERY") from None
 
     def _describe(self, rel: Q, key: str) -> dict[str, str]:
         text, params = (Q("DESCRIBE SELECT * FROM ") + rel).render("qmark")
@@ -202,8 +243,11 @@ class LakeSource(Backend):
             try:
                 rows = self._c.execute(text, params).fetchall()
             except duckdb.Error as e:
-                raise SourceError(f"{self.loaded.path}: {key}: {' '.join(str(e).split())}", code="SOURCE_NOT_FOUND") from None
-        return {r[0]: r[1] for r in rows}
+                code, text = file_problem(e, self._files.format)
+                raise SourceError(f"{self.loaded.path}: {key}: {text}", code=code or "SOURCE_NOT_FOUND") from None
+        types = {r[0]: r[1] for r in rows}
+        _one_column_csv(types, self._files.format, key, self._files.glob, str(self.loaded.path))
+        return types
 
     # ---- expressions -------------------------------------------------------------------------
     def _raw_time(self, expr: str) -> str:
@@ -630,6 +674,7 @@ def read_file_table(loaded: LoadedDescription, read: TableRead, lake: LakeSource
     try:
         text, params = (Q("DESCRIBE SELECT * FROM ") + files.relation()).render("qmark")
         types = {r[0]: r[1] for r in con.execute(text, params).fetchall()}
+        _one_column_csv(types, files.format, f"{read.key}.files", files.glob, where)
         check_columns(types, [(f"{read.key}.{f}", c) for f, c in read.columns.items()]
                       + [(f"{read.key}.where", c) for c in rel.where], f"the files {files.glob}", where)
         codec = None
@@ -656,9 +701,11 @@ def read_file_table(loaded: LoadedDescription, read: TableRead, lake: LakeSource
         try:
             rows = con.execute(text, params).fetchall()
         except duckdb.Error as e:
-            raise SourceError(f"{where}: {read.key}: {' '.join(str(e).split())}", code="SOURCE_QUERY") from None
+            code, text = file_problem(e, files.format)
+            raise SourceError(f"{where}: {read.key}: {text}", code=code or "SOURCE_QUERY") from None
     except duckdb.Error as e:
-        raise SourceError(f"{where}: {read.key}: {' '.join(str(e).split())}", code="SOURCE_NOT_FOUND") from None
+        code, text = file_problem(e, files.format)
+        raise SourceError(f"{where}: {read.key}: {text}", code=code or "SOURCE_NOT_FOUND") from None
     finally:
         if lake is None:
             con.close()

@@ -223,3 +223,49 @@ def test_a_tag_tables_range_is_read_as_numbers_and_one_that_holds_none_is_named(
     con.execute(f"UPDATE {schema}.tags SET hi = 'n/a' WHERE name = %s", [node])
     err = one_error(capsys, path)
     assert f"node_table: node {node!r} (column hi): high 'n/a' is not a number" in err
+
+
+def test_lake_files_that_cannot_be_read_are_named_in_the_descriptions_terms(plant, tmp_path, capsys):
+    """No SQL and no DuckDB advice (``types=``, ``sample_size=``, options of DuckDB's, not keys of
+    the description): the file, the line and what to change."""
+    desc = layouts.csv_layout(tmp_path / "csv", plant)
+    exports = sorted((tmp_path / "csv").glob("export-*.csv"))
+    # CSV files declared as Parquet
+    err = one_error(capsys, layouts.write_description(
+        tmp_path / "csv" / "a.yaml", {**desc, "points": {**desc["points"], "format": "parquet"}}))
+    assert err == (f"SOURCE_INVALID: {tmp_path / 'csv' / 'a.yaml'}: points.files: {exports[0]} is not a Parquet "
+                   "file; if the files hold CSV, set format: csv"), err
+    # a value that is not a number far into a file (after the rows DuckDB samples for its types)
+    t0 = 1_735_718_400_000
+    rows = [f"TI101,{(t0 + 1000 * i) / 1000:.3f},{0.1 * i:.1f},192" for i in range(30_000)]
+    rows[25_000] = rows[25_000].replace(",2500.0,", ",oops,")
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "p.csv").write_text("tag,t,value,quality\n" + "\n".join(rows) + "\n")
+    (big / "b.csv").write_text(f"batch,started,finished,line,product,recipe\nB1,{t0},{t0 + 3_600_000},L1,P1,R1\n")
+    big_desc = {"backend": "files",
+                "points": {"files": "p.csv", "node": "tag", "time": "t", "time_type": "epoch_s_float", "value": "value",
+                           "quality": {"column": "quality", "good": [192], "other": 2}},
+                "runs": {"files": "b.csv", "id": "batch", "start": "started", "end": "finished", "time_type": "epoch_ms",
+                         "line": "line", "product": "product", "recipe": "recipe"},
+                "nodes": {"TI101": {"unit": "degC", "low": 0, "high": 150}}}
+    err = one_error(capsys, layouts.write_description(big / "b.yaml", big_desc))
+    assert err.startswith(f"SOURCE_INVALID: {big / 'b.yaml'}: "), err
+    assert f"{big / 'p.csv'}: line 25002: " in err and '"oops"' in err and f"(the line: {rows[25_000]})" in err, err
+    assert "Possible solutions" not in err and "sample_size" not in err and "LINE 1" not in err, err
+    # a row with more fields than the header: DuckDB's detection no longer finds the header
+    lines = exports[-1].read_text().splitlines()
+    lines[-1] += ",7,8"
+    exports[-1].write_text("\n".join(lines) + "\n")
+    err = one_error(capsys, layouts.write_description(tmp_path / "csv" / "c.yaml", desc))
+    assert err.startswith(f"SOURCE_INVALID: {tmp_path / 'csv' / 'c.yaml'}: points.files: {exports[-1]}: not readable "
+                          "as CSV: "), err
+    assert "a row has another number of fields than the header" in err, err
+    # small files DuckDB's detection reads otherwise: as one column, or as columns without a header
+    for name, text in {"one": "tag,t,value,quality\nTI101,1735718400,1,192\nTI101,1735718401,2,192,7,8\nTI101,1735718402,2,192\n",
+                       "headerless": "tag,t,value,quality\nTI101,1735718400,1,192\nTI101,1735718401,2,192,7,8\n"}.items():
+        (big / "p.csv").write_text(text)
+        err = one_error(capsys, layouts.write_description(big / f"{name}.yaml", big_desc))
+        assert err.startswith(f"SOURCE_INVALID: {big / f'{name}.yaml'}: points.files: the files {big / 'p.csv'} read "
+                              + ("as one column 'tag,t,value,quality'" if name == "one" else "without a header")), err
+        assert "a row has another number of fields than the header" in err, err
