@@ -847,8 +847,9 @@ def main(argv: list[str] | None = None) -> int:
         print(e.one_line(), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("INTERRUPTED: stopped by Ctrl-C (SIGINT); what was published before stays current, "
-              "and the same command again finishes the work", file=sys.stderr)
+        print("INTERRUPTED: stopped by Ctrl-C (SIGINT); a snapshot is published whole or not at all "
+              "(`aml-pipeline datasets` lists what is current), and the same command again finishes the work",
+              file=sys.stderr)
         return 130
     except OSError as e:  # a file or directory the command could not use, named
         print(_os_error_line(e), file=sys.stderr)

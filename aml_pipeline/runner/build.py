@@ -28,6 +28,7 @@ from aml_pipeline.errors import AmlError, BuildError
 from aml_pipeline.pipeline.plan import BuildPlan, run_batches
 from aml_pipeline.pipeline.registry import DATASET_ASSETS, MANIFEST, RUN_ASSETS, RUN_STAGES, StageVersions
 from aml_pipeline.pipeline.stages.base import Stage
+from aml_pipeline.runner.interrupts import interrupts_not_lost
 from aml_pipeline.runner.instance import build_tags, fail_abandoned_runs, failure_description, instance_failures, user_error
 from aml_pipeline.runner.jobs import dataset_job_definitions
 from aml_pipeline.runner.parallel import execute_parallel, parallel_workers, start_step_server
@@ -197,7 +198,8 @@ def _execute(job: dg.JobDefinition, instance: dg.DagsterInstance, run_config: di
     it was (one line, no traceback)."""
     tags = {**build_tags(), **kwargs.pop("tags", {})}
     try:
-        return job.execute_in_process(run_config=run_config, instance=instance, tags=tags, **kwargs)
+        with interrupts_not_lost():  # a Ctrl-C Dagster captured and then forgot stops the build here
+            return job.execute_in_process(run_config=run_config, instance=instance, tags=tags, **kwargs)
     except dg.DagsterExecutionInterruptedError:
         # Ctrl-C inside a step: Dagster raises its own interruption (not an Exception); the caller
         # sees the KeyboardInterrupt it was.
