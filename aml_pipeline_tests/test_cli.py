@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -643,3 +645,44 @@ def test_ctrl_c_inside_a_build_is_one_line_and_the_same_build_again_finishes(sma
     again = run_cli("build", str(spec), "--tsdb", ingested, "--json", env={"AML_HOME": str(tmp_path / "home")})
     assert again.returncode == 0, again.stderr
     assert run_cli("verify", json.loads(again.stdout.strip().splitlines()[-1])["snapshotDir"]).returncode == 0
+
+
+def test_ctrl_c_in_a_build_with_workers_is_one_line_without_tracebacks(small_plant, ingested, tmp_path, monkeypatch):
+    """Ctrl-C reaches the whole process group, as a terminal sends it: the CLI and the step
+    processes of --workers (one of them stopped first inside its TSDB read). One INTERRUPTED line,
+    exit 130, no traceback from a step process, the step server or a helper of Dagster's."""
+    import signal
+
+    from aml_pipeline_tests.faults import armed, process_state, wait_stopped
+
+    spec = write_spec(tmp_path / "cli_ds.yaml", small_plant)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    env = armed("fetch.page", tmp_path, {**os.environ, "AML_HOME": str(tmp_path / "home"), "AML_PARALLEL_MIN_CELLS": "0"})
+    proc = subprocess.Popen([*CLI, "build", str(spec), "--tsdb", ingested, "--workers", "2"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pid = wait_stopped(proc, env, output=lambda: proc.stderr.read())
+        assert pid != proc.pid and process_state(pid) == "T"  # a step process, inside its read
+        os.killpg(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + 300
+        while True:
+            # The other step process may stop at its own read, now or later (the crash point
+            # stops each process at its first hit): keep continuing the group until the CLI ends.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT)
+            try:
+                out, err = proc.communicate(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                assert time.monotonic() < deadline, "the interrupted build did not end"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # the step server and its children go too
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [ln for ln in err.splitlines() if ln.strip() and "STEP_WORKER_STARTED" not in ln]
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert lines[-1].startswith("INTERRUPTED: stopped by Ctrl-C (SIGINT)"), err
+    assert not (tmp_path / "home" / "datasets" / "cli_ds" / "current").exists()

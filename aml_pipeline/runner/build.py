@@ -37,6 +37,12 @@ from aml_pipeline.tsdb_open import retrying_tsdb
 
 log = logging.getLogger("aml_pipeline")
 
+# The instance a --workers build without DAGSTER_HOME runs in, removed after it: nobody reads its
+# compute logs, so its step processes capture none (Dagster's default starts a `tail` and an
+# orphan watcher per step process, which also print tracebacks of their own on Ctrl-C).
+SCRATCH_INSTANCE = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
+                                     "class": "NoOpComputeLogManager"}}
+
 
 def sync_run_partitions(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids: list[str]) -> list[str]:
     """Make the spec's run partitions exactly ``run_ids`` (the runs in scope now)."""
@@ -121,7 +127,7 @@ def materialize_dataset(
             if own:
                 if used > 1:  # multiprocess execution needs an instance on disk
                     scratch = tempfile.TemporaryDirectory(prefix="aml-instance-")
-                    instance = dg.DagsterInstance.local_temp(scratch.name)
+                    instance = dg.DagsterInstance.local_temp(scratch.name, overrides=SCRATCH_INSTANCE)
                 else:
                     instance = dg.DagsterInstance.ephemeral()
                 keys = sync_run_partitions(instance, spec, plan.run_ids)

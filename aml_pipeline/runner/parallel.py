@@ -7,6 +7,8 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import re
+import signal
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from functools import lru_cache
@@ -100,7 +102,17 @@ def start_step_server() -> None:
     running is kept.
     """
     multiprocessing.get_context("forkserver").set_forkserver_preload(STEP_PRELOAD_MODULES)
-    multiprocessing.forkserver.ensure_running()
+    if threading.current_thread() is not threading.main_thread():
+        multiprocessing.forkserver.ensure_running()
+        return
+    # Started with Ctrl-C ignored, which the server keeps while it imports (a Ctrl-C there printed
+    # its import's traceback); its step processes still stop on Ctrl-C: Dagster's step installs
+    # its own handler.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @lru_cache(maxsize=4)
