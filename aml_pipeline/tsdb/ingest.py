@@ -24,8 +24,8 @@ Values
     1990 or more than a year from now is refused (:mod:`aml_pipeline.plausible_time`): it is
     what a file in seconds or microseconds reads as.
     ``value`` may be NaN or +-inf (``nan``, ``inf``, ``-inf``; cleaning counts them) and an
-    empty ``value`` cell is read as NaN (a missing reading); any other unparseable text is an
-    error.
+    empty ``value`` cell is read as NaN (a missing reading); any other unparseable text, and a
+    number beyond a 64-bit float (``1e400``), is an error.
 
 Errors
     An :class:`IngestError` whose one-line message names the file, the row (``line N`` for CSV,
@@ -326,14 +326,23 @@ def _trimmed(arr: pa.Array) -> pa.Array:
     return pc.if_else(pc.equal(trimmed, ""), pa.scalar(None, arr.type), trimmed)
 
 
+_INF_RE = r"^[+-]?inf(inity)?$"
+
+
 def _parse_float(src: _Source, name: str, *, null_as_nan: bool) -> np.ndarray:
     """Float column; NaN/inf allowed. Empty cells -> NaN (``null_as_nan``) or an error."""
     arr = _combined(src.column(name))
     if _is_text(arr):
-        arr = _trimmed(arr)
+        text = _trimmed(arr)
         arr = _cast_or_locate(
-            src, arr, name, pa.float64(), lambda v: f"not a number: {quote(v)}"
+            src, text, name, pa.float64(), lambda v: f"not a number: {quote(v)}"
         )
+        # A number too large for float64 (1e400) reads as inf: refused, unlike the text inf itself.
+        huge = pc.and_(pc.is_inf(arr), pc.invert(pc.match_substring_regex(text, _INF_RE, ignore_case=True)))
+        huge = np.asarray(pc.fill_null(huge, False).to_numpy(zero_copy_only=False), dtype=bool)
+        if huge.any():
+            i = int(np.argmax(huge))
+            raise src.error(i, name, f"{quote(text[i].as_py())} is beyond the range of a 64-bit float")
     elif not (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type) or pa.types.is_null(arr.type)):
         raise src.error(0, name, f"expected numbers, the column has type {arr.type}")
     if not null_as_nan:

@@ -216,6 +216,8 @@ def bad_points(row: str) -> str:
     [
         (bad_points("B1,TI101,1735718400003,abc,0"), "value", "not a number: 'abc'"),
         (bad_points("B1,TI101,1735718400003,1.0.0,0"), "value", "not a number"),
+        (bad_points("B1,TI101,1735718400003,1e400,0"), "value", "'1e400' is beyond the range of a 64-bit float"),
+        (bad_points("B1,TI101,1735718400003,-1E999,0"), "value", "'-1E999' is beyond the range of a 64-bit float"),
         (bad_points("B1,TI101,yesterday,1,0"), "ts", "unparseable timestamp 'yesterday'"),
         (bad_points("B1,TI101,2025-13-01T00:00:00Z,1,0"), "ts", "unparseable timestamp"),
         (bad_points("B1,TI101,,1,0"), "ts", "empty value"),
