@@ -30,6 +30,7 @@ from aml_pipeline.pipeline.registry import (
     DATASET_STAGES, GRID, MANIFEST, NORM, RAW, RUN_STAGES, SPLIT, STAGES, WINDOWS, StageVersions,
 )
 from aml_pipeline.pipeline.stages.base import Stage
+from aml_pipeline.pipeline.stages.grid import fast_nodes
 from aml_pipeline.pipeline.stages.manifest import publish_dataset
 from aml_pipeline.pipeline.stages.norm import fit_or_reuse_normalization, load_norm, norm_figures, norm_line
 from aml_pipeline.pipeline.stages.split import empty_splits, load_plan, plan_dataset, save_plan, split_figures
@@ -121,8 +122,8 @@ def run_stage_assets(spec: DatasetSpec, versions: StageVersions) -> dg.AssetsDef
                     context.log.error(f"run {outcome.run_id} ({i}/{len(run_ids)}) failed: {_describe(outcome.error)}")
                 elif progress_line_due(i, len(run_ids)):
                     context.log.info(f"run {outcome.run_id} ({i}/{len(run_ids)}): {outcome.line()}")
-            fast = [(o.run_id, o.figures[GRID]["sampled_faster_than_beat"]) for o in outcomes
-                    if "sampled_faster_than_beat" in o.figures.get(GRID, {})]
+            # (the figure is always there: "none" for a run without such nodes)
+            fast = [(o.run_id, nodes) for o in outcomes if (nodes := fast_nodes(o.figures.get(GRID, {}))) is not None]
             if fast:
                 context.log.warning(
                     f"{len(fast)} of {len(outcomes)} runs have nodes sampled faster than twice the beat that take the "

@@ -146,6 +146,30 @@ def test_single_run_backfill_keeps_per_run_metadata(dagster_spec, dagster_plant,
     assert len(set(points.values())) > 1
     assert all("runs" not in m for m in figures.values())
     assert instance.get_materialized_partitions(dg.AssetKey([dagster_spec.id, "run_windows"])) == set(runs)
+    # The step warns about nodes sampled faster than the beat only when a run has some (every
+    # partition carries the figure, "none" for a run without; the warning once counted those too).
+    fast = {r: run_figures(instance, dg.AssetKey([dagster_spec.id, "cleaned_grid"]), r)["sampled_faster_than_beat"].value
+            for r in runs}
+    with_fast = [r for r, v in fast.items() if v != "none"]
+    warned = [e.user_message for e in instance.all_logs(result.run_id)
+              if e.level == logging.WARNING and "sampled faster than twice the beat" in e.user_message]
+    if with_fast:
+        [line] = warned
+        assert line.startswith(f"{len(with_fast)} of {len(runs)} runs have nodes sampled faster") and ": none" not in line
+    else:
+        assert warned == [], warned
+
+
+def test_no_warning_about_fast_nodes_when_no_run_has_them(dagster_spec, dagster_plant, instance, resources):
+    """With a beat of half the fastest node's period no node is sampled faster than twice the beat."""
+    slow = dagster_spec.model_copy(update={"beat_ms": 250})
+    runs = finished_runs(dagster_plant)
+    keys_ = sync_run_partitions(instance, slow, runs)
+    result = materialize(slow, instance, resources, RUN_ASSETS, tags={RANGE_START_TAG: keys_[0], RANGE_END_TAG: keys_[-1]})
+    assert result.success
+    assert {run_figures(instance, dg.AssetKey([slow.id, "cleaned_grid"]), r)["sampled_faster_than_beat"].value
+            for r in runs} == {"none"}
+    assert not [e for e in instance.all_logs(result.run_id) if "sampled faster than twice the beat" in e.user_message]
 
 
 def test_a_run_that_fails_in_a_chunk_loses_none_of_the_others(dagster_spec, dagster_plant, instance, resources):

@@ -118,6 +118,16 @@ def _covers(spec: DatasetSpec, j: Mapping[str, Any]) -> dict[str, Any]:
 
 log = logging.getLogger("aml_pipeline")
 
+# The ``sampled_faster_than_beat`` figure of a run whose nodes are all sampled at most twice a beat.
+NO_FAST_NODES = "none"
+
+
+def fast_nodes(figures: Mapping[str, Any]) -> str | None:
+    """The ``sampled_faster_than_beat`` figure of a run's grid figures when it names nodes, else None."""
+    value = figures.get("sampled_faster_than_beat", NO_FAST_NODES)
+    return None if value == NO_FAST_NODES else value
+
+
 GRID = Stage(
     name="grid",
     asset="cleaned_grid",
@@ -194,7 +204,7 @@ class GridSummary:
         }
         # Always present (the partitions of an asset show the same keys): "none", or the nodes.
         figures["sampled_faster_than_beat"] = "; ".join(
-            f"{n}: median sample period {p:g} ms, beat {spec.beat_ms} ms" for n, p in self.fast.items()) or "none"
+            f"{n}: median sample period {p:g} ms, beat {spec.beat_ms} ms" for n, p in self.fast.items()) or NO_FAST_NODES
         if plot and self.traces is not None:
             from aml_pipeline.pipeline.plots import (
                 run_traces_markdown,  # matplotlib, only when drawing
