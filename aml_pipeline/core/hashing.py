@@ -176,50 +176,64 @@ def verify_snapshot(
 ) -> Verification:
     """Check every hashed byte of a snapshot against its recorded digest.
 
-    ``expected_sha256`` (e.g. from the catalog) takes precedence over the digest file, so a
-    snapshot whose files and digest file were both rewritten still fails against the catalog.
-    ``expected_files`` (per-file digests, e.g. the writer's, before the digest file exists)
-    likewise replaces the digest file's ``files`` when naming what changed.
+    The hash must match ``expected_sha256`` (e.g. from the catalog) and the digest file's, as
+    the reader checks them (:mod:`aml_pipeline.snapshot.verify`): a snapshot whose files and
+    digest file were both rewritten fails against the catalog, and a digest file edited alone
+    fails too. ``expected_files`` (per-file digests, e.g. the writer's, before the digest file
+    exists) replaces the digest file's ``files`` when naming what changed.
     """
     root = Path(snapshot_dir)
-    recorded: dict[str, Any] = {}
+    recorded: Any = {}
+    present = True
     try:
         recorded = json.loads((root / DIGEST_FILE).read_bytes())
     except FileNotFoundError:
+        present = False
         if expected_sha256 is None:
             return Verification(False, None, None, [], f"{root / DIGEST_FILE} is missing")
     except (OSError, ValueError) as e:
         if expected_sha256 is None or expected_files is None:
             return Verification(False, expected_sha256, None, [DIGEST_FILE], f"{DIGEST_FILE} unreadable: {e}")
+        present, recorded = False, {}
+    if not isinstance(recorded, dict):
+        if expected_sha256 is None or expected_files is None:
+            return Verification(False, expected_sha256, None, [DIGEST_FILE], f"{DIGEST_FILE} is not a JSON object")
+        present, recorded = False, {}
+    recorded_sha = recorded.get("sha256") if isinstance(recorded.get("sha256"), str) else None
+    if present and recorded_sha is None:
+        return Verification(False, expected_sha256, None, [DIGEST_FILE], f"{DIGEST_FILE} records no sha256")
     if expected_files is not None:
         recorded = {**recorded, "files": dict(expected_files)}
-    expected = expected_sha256 or recorded.get("sha256")
+    expected = [e for e in (expected_sha256, recorded_sha) if e is not None]
     try:
         # One pass for the common case (intact); per-file digests, which name what changed,
         # only when the hash does not match.
-        if expected is not None:
-            total = snapshot_sha256(root)
-            if hmac.compare_digest(expected, total):
-                return Verification(True, expected, total, [])
+        total = snapshot_sha256(root)
+        if all(hmac.compare_digest(e, total) for e in expected):
+            return Verification(True, expected[0], total, [])
         actual = digest_snapshot(root)
     except FileNotFoundError as e:
         missing = Path(e.filename).relative_to(root).as_posix() if e.filename else "?"
-        return Verification(False, expected, None, [missing], f"{missing} is missing")
+        return Verification(False, expected[0], None, [missing], f"{missing} is missing")
     except (OSError, ValueError) as e:
         # A file the system refuses (a directory where it belongs, no permission) is named; else
         # the manifest, which lists the files, is what could not be read.
         named = getattr(e, "filename", None)
         where = Path(named).relative_to(root).as_posix() if named and Path(named).is_relative_to(root) else MANIFEST_FILE
-        return Verification(False, expected, None, [where], f"cannot read snapshot: {e}")
-    recorded_files: dict[str, str] = recorded.get("files") or {}
+        return Verification(False, expected[0], None, [where], f"cannot read snapshot: {e}")
+    wrong = next(e for e in expected if not hmac.compare_digest(e, actual.sha256))
+    recorded_files = recorded.get("files") if isinstance(recorded.get("files"), dict) else {}
     changed = sorted(
         name
         for name in set(actual.files) | set(recorded_files)
         if actual.files.get(name) != recorded_files.get(name)
     )
-    ok = expected is not None and hmac.compare_digest(expected, actual.sha256)
-    if ok:
-        return Verification(True, expected, actual.sha256, [])
-    if not changed:
-        changed = ["(the digest file itself)"]
-    return Verification(False, expected, actual.sha256, changed, "hash mismatch")
+    # As the reader says it: without per-file digests nothing can be named; with them all
+    # matching, the hash that differs is the digest file's own (its sha256 edited) or, against
+    # the catalog, the digest file was rewritten to match the files.
+    if not recorded_files:
+        changed = [f"unknown: no per-file digests in {DIGEST_FILE}"]
+    elif not changed:
+        changed = ([f"(the recorded digest in {DIGEST_FILE} itself)"] if wrong == recorded_sha
+                   else [f"unknown: {DIGEST_FILE} was rewritten to match the files"])
+    return Verification(False, wrong, actual.sha256, changed, "hash mismatch")

@@ -12,13 +12,15 @@ the way streaming loaders (tf.data, WebDataset) shuffle data too large to permut
 
 So a batch draws from about ``buffer_windows / block_windows`` (by default ~256) places spread
 over the split, every window of the split is served exactly once per epoch, and the sequence is
-a function of ``(seed, epoch)`` alone. Memory: the buffer plus the batch being built (each yielded
+a function of ``(seed, epoch)`` (and of ``buffer_bytes`` and ``block_windows`` when given), the
+same whichever ``fields`` are read. Memory: the buffer plus the batch being built (each yielded
 array is a new array the caller owns, never a view into the buffer or the maps).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -33,10 +35,33 @@ DEFAULT_BUFFER_BYTES = 64 << 20
 DEFAULT_BLOCK_BYTES = 256 << 10
 
 
+def whole_number(name: str, value: object, minimum: int = 0) -> int:
+    """``value`` as an int if it is an integer (a Python or numpy integer, a 0-d integer tensor)
+    of at least ``minimum``: a float, a bool or text is refused naming ``name``, never rounded."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {number}")
+    return number
+
+
 def _check_positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
+    try:
+        return whole_number(name, value, 1)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
+
+
+def field_names(fields: str | Sequence[str]) -> tuple[str, ...]:
+    """The array names a reader is asked for: one name (``"x"``) or a sequence of them."""
+    names = (fields,) if isinstance(fields, str) else tuple(fields)
+    if not names:
+        raise ValueError("fields must name at least one array")
+    return names
 
 
 def window_bytes(snapshot: Snapshot, fields: Sequence[str]) -> int:
@@ -66,9 +91,8 @@ def iter_batches(
     (at least ``batch_size`` + one block of windows is always held).
     """
     batch_size = _check_positive("batch_size", batch_size)
-    fields = tuple(fields)
-    if not fields:
-        raise ValueError("fields must name at least one array")
+    seed, epoch = whole_number("seed", seed), whole_number("epoch", epoch)
+    fields = field_names(fields)
     for f in fields:
         snapshot.array(f)  # KeyError naming what exists
     windows = snapshot.split_range(split)
@@ -94,7 +118,10 @@ def _shuffled(snapshot: Snapshot, windows: range, batch_size: int, seed: int, ep
     n = len(windows)
     if n == 0:
         return
-    per_window = max(1, window_bytes(snapshot, fields))
+    # Blocks and buffer are sized by a window of every array the snapshot has, whichever fields
+    # are read: the order is then the same for any fields (x and y read in two passes with one
+    # seed stay paired), and the buffer stays within its bytes for any of them.
+    per_window = max(1, window_bytes(snapshot, snapshot.array_names))
     if block_windows is None:
         block_windows = max(1, DEFAULT_BLOCK_BYTES // per_window)
     block_windows = min(_check_positive("block_windows", block_windows), n)
@@ -102,7 +129,7 @@ def _shuffled(snapshot: Snapshot, windows: range, batch_size: int, seed: int, ep
     # Leftovers (< batch_size) plus one more block must always fit, or the buffer could stall.
     capacity = min(n, max(budget // per_window, batch_size + block_windows))
 
-    rng = np.random.default_rng([int(seed), int(epoch)])
+    rng = np.random.default_rng([seed, epoch])
     starts = np.arange(windows.start, windows.stop, block_windows, dtype=np.int64)[rng.permutation(-(-n // block_windows))]
     buf = {f: np.empty((capacity, *snapshot.array(f).shape[1:]), dtype=snapshot.array(f).dtype) for f in fields}
     index = np.empty(capacity, dtype=np.int64)

@@ -97,18 +97,20 @@ class SnapshotError(Exception):
 def hashed_files(manifest: Mapping[str, Any]) -> list[str]:
     """Relative names hashed after ``spec.json``, in hash order: v1 the manifest and the three
     arrays, v2 also every other artifact the manifest lists. A series snapshot lists every file
-    it hashes after the manifest in ``artifacts`` (it has no ``x.f32``, ``u.f32``, ``y.f32``)."""
-    if manifest_layout(manifest) == SERIES_LAYOUT:
-        files = [MANIFEST_FILE]
-        for name in (manifest.get("artifacts") or {}).values():
+    it hashes after the manifest in ``artifacts`` (it has no ``x.f32``, ``u.f32``, ``y.f32``).
+    A manifest of another shape (not an object, ``artifacts`` not an object of file names) is a
+    ``ValueError`` naming it: no snapshot this project wrote has one."""
+    if not isinstance(manifest, Mapping):
+        raise ValueError(f"{MANIFEST_FILE} is not a JSON object")
+    artifacts = manifest.get("artifacts") or {}
+    if not isinstance(artifacts, Mapping) or not all(isinstance(n, str) and n for n in artifacts.values()):
+        raise ValueError(f"{MANIFEST_FILE}: artifacts is not an object of file names")
+    series = manifest_layout(manifest) == SERIES_LAYOUT
+    files = [MANIFEST_FILE] if series else list(V1_FILES)
+    if series or manifest.get("version") == 2:
+        for name in artifacts.values():
             if name not in files:
-                files.append(str(name))
-        return files
-    files = list(V1_FILES)
-    if manifest.get("version") == 2:
-        for name in (manifest.get("artifacts") or {}).values():
-            if name not in files:
-                files.append(str(name))
+                files.append(name)
     return files
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .batches import iter_batches
+from .batches import iter_batches, whole_number
 from .layout import (
     ARRAYS,
     LAYOUTS,
@@ -323,6 +323,8 @@ class Snapshot:
 
     def runs(self, split: str | None = None) -> list[Block]:
         """The blocks (one per run) of ``split``, or all, in snapshot order."""
+        if split is not None:
+            self.split_range(split)  # a name that is no split is refused, not an empty list
         return [b for b in self.blocks if split in (None, "all", b.split)]
 
     def columns(self, group: str) -> list[str]:
@@ -331,6 +333,11 @@ class Snapshot:
 
     def to_model_units(self, group: str, values: np.ndarray) -> np.ndarray:
         """Stored values of ``x``/``u``/``y`` (or a model's output shaped like them) -> model units."""
+        values = np.asarray(values)
+        columns = self.columns(group)
+        if values.ndim == 0 or values.shape[-1] != len(columns):
+            raise ValueError(f"{group} values must have {len(columns)} columns ({', '.join(columns)}) on their last "
+                             f"axis, got shape {values.shape}")
         return self.norm[group].denormalize(values)
 
     def to_engineering_units(self, group: str, values: np.ndarray) -> np.ndarray:
@@ -368,13 +375,16 @@ class Snapshot:
         """Windows ``start:stop`` of one array, read from its file into ``out`` (or a new array),
         not through the map: a bounded copy that leaves nothing mapped behind."""
         arr = self.array(key)
+        start, stop = whole_number("start", start, -(1 << 63)), whole_number("stop", stop, -(1 << 63))
         if not 0 <= start <= stop <= arr.shape[0]:
             raise IndexError(f"windows {start}:{stop} out of range for {key} with {arr.shape[0]} windows")
         shape = (stop - start, *arr.shape[1:])
         if out is None:
             out = np.empty(shape, dtype=arr.dtype)
-        elif out.shape != shape or out.dtype != arr.dtype or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a C-contiguous {arr.dtype} array of shape {shape} for windows {start}:{stop} of {key}")
+        elif (not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != arr.dtype
+              or not out.flags.c_contiguous or not out.flags.writeable):
+            raise ValueError(f"out must be a writable C-contiguous {arr.dtype} numpy array of shape {shape} for "
+                             f"windows {start}:{stop} of {key}")
         if out.size == 0:
             return out
         if isinstance(arr, WindowArray):

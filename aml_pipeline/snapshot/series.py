@@ -203,20 +203,23 @@ class WindowArray:
         return self.shape[0]
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        rest: tuple = ()
-        if isinstance(key, tuple):
-            if not key:
-                return self._cut(np.arange(len(self), dtype=np.int64))
-            key, rest = key[0], key[1:]
-        if key is Ellipsis:
-            return self._cut(np.arange(len(self), dtype=np.int64))[(Ellipsis, *rest)]
-        windows, shape = self._windows(key)
+        """numpy's indexing of the windows layout's array, whatever the key: the windows the
+        first index names are cut (each once, in order), and the whole key, its first index
+        rewritten to address those windows, is applied to them, so advanced indices on later
+        axes broadcast with the first as numpy broadcasts them."""
+        key = key if isinstance(key, tuple) else (key,)
+        if not key or key[0] is Ellipsis:  # the windows axis is not the first one named: all of it
+            return self._cut(np.arange(len(self), dtype=np.int64))[key]
+        first, rest = key[0], key[1:]
+        windows, shape = self._windows(first)
         cut = self._cut(windows.reshape(-1))
-        if shape is None:  # one window
-            cut = cut[0]
-            return cut[rest] if rest else cut
-        cut = cut.reshape(*shape, *self.shape[1:])
-        return cut[(slice(None),) * len(shape) + rest] if rest else cut
+        if shape is None:  # an integer: numpy's scalar index into the one window cut
+            return cut[(0, *rest)]
+        if isinstance(first, slice):
+            at: Any = slice(None)
+        else:  # an index array (booleans: the positions they select, as numpy reads them)
+            at = np.arange(cut.shape[0], dtype=np.int64).reshape(shape)
+        return cut[(at, *rest)]
 
     def _windows(self, key: Any) -> tuple[np.ndarray, tuple[int, ...] | None]:
         n = len(self)
@@ -236,7 +239,8 @@ class WindowArray:
                 raise IndexError(f"boolean index of shape {arr.shape} does not match the {n} windows")
             found = np.flatnonzero(arr).astype(np.int64)
             return found, (found.size,)
-        if arr.size == 0:
+        # numpy takes an empty list (read as float) but no other array of non-integers
+        if arr.size == 0 and not isinstance(key, np.ndarray):
             return np.empty(0, dtype=np.int64), arr.shape
         if arr.dtype.kind not in "iu":
             raise IndexError(f"{self.name}: windows are indexed by integers, slices or booleans, got {arr.dtype}")

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .batches import field_names, whole_number
 from .reader import Snapshot, open_snapshot
 
 Sample = dict[str, Any]
@@ -47,7 +48,7 @@ class SnapshotDataset(Dataset):
         transform: Callable[[Sample], Any] | None = None,
     ) -> None:
         snap = snapshot if isinstance(snapshot, Snapshot) else open_snapshot(snapshot, verify, expected_sha256=expected_sha256)
-        self.fields = tuple(fields)
+        self.fields = field_names(fields)
         for f in self.fields:
             snap.array(f)  # KeyError naming what the snapshot has
         self.split = split
@@ -70,14 +71,15 @@ class SnapshotDataset(Dataset):
     def __len__(self) -> int:
         return len(self.windows)
 
-    def _window(self, i: int) -> int:
+    def _window(self, i: Any) -> int:
+        i = whole_number("SnapshotDataset index", i, -(1 << 63))  # never a float rounded down
         try:
             return self.windows[i]
         except IndexError:
             raise IndexError(f"index {i} out of range for the {len(self)} {self.split} windows") from None
 
     def __getitem__(self, i: int) -> Any:
-        w = self._window(int(i))
+        w = self._window(i)
         snap = self.snapshot()
         sample: Sample = {f: torch.from_numpy(np.array(snap.array(f)[w])) for f in self.fields}
         sample["index"] = w
@@ -85,7 +87,7 @@ class SnapshotDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A DataLoader batch in one read per array (windows sorted, so the map is read forwards)."""
-        windows = np.fromiter((self._window(int(i)) for i in indices), dtype=np.int64, count=len(indices))
+        windows = np.fromiter((self._window(i) for i in indices), dtype=np.int64, count=len(indices))
         order = np.argsort(windows, kind="stable")
         snap = self.snapshot()
         gathered = {}

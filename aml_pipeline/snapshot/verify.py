@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ from .layout import (
 
 _CHUNK = 1 << 20  # the hash runs at memory speed from 256 KiB up; RSS stays flat
 _SMALL_FILE = 64 << 20  # JSON artifacts up to this size are kept (parsed from the hashed bytes)
+
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 FileId = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 
@@ -156,6 +159,8 @@ def open_files(root: str | os.PathLike[str], *, verify: bool = True, expected_sh
     ``expected_sha256`` (e.g. from a catalog on another machine) is checked in addition to
     ``sha256.json``; with ``use_catalog`` the datasets root's catalog is consulted too.
     """
+    if expected_sha256 and not (isinstance(expected_sha256, str) and _HEX64.fullmatch(expected_sha256)):
+        raise ValueError(f"expected_sha256 must be a sha256 as 64 hex digits, got {expected_sha256!r}")
     root = Path(root)
     if not root.is_dir():
         raise SnapshotError(f"{root}: not a snapshot directory", code="SNAPSHOT_INVALID")
@@ -195,12 +200,16 @@ def open_files(root: str | os.PathLike[str], *, verify: bool = True, expected_sh
         if catalog:
             expected.append(("the catalog", catalog))
         if expected_sha256:
-            expected.append(("expected_sha256", expected_sha256))
+            expected.append(("expected_sha256", expected_sha256.lower()))
         if not expected:
             raise SnapshotError(f"{root}: {DIGEST_FILE} is missing; refusing an unverifiable snapshot",
                                 code="SNAPSHOT_TAMPERED", changed=[DIGEST_FILE])
 
-    names = hashed_files(manifest)
+    try:
+        names = hashed_files(manifest)
+    except ValueError as e:
+        raise SnapshotError(f"{root}: {e}", code="SNAPSHOT_TAMPERED" if verify else "SNAPSHOT_INVALID",
+                            changed=[MANIFEST_FILE]) from None
     recorded_sha = recorded.get("sha256") if isinstance(recorded.get("sha256"), str) else None
     opened = OpenedSnapshot(root, spec_bytes, manifest_bytes, manifest, recorded, recorded_sha, False)
     try:
@@ -211,6 +220,9 @@ def open_files(root: str | os.PathLike[str], *, verify: bool = True, expected_sh
                 f = open(inside(root, name), "rb", buffering=0)  # noqa: SIM115 - kept open, closed by the reader
             except FileNotFoundError:
                 raise SnapshotError(f"{root}: {name} is missing", code="SNAPSHOT_TAMPERED", changed=[name]) from None
+            except IsADirectoryError:
+                raise SnapshotError(f"{root}: {name} is a directory, not the file it should be",
+                                    code="SNAPSHOT_TAMPERED", changed=[name]) from None
             opened.files[name] = f
             opened.identity[name] = file_id(f)
             if name.endswith(".json") and opened.identity[name][2] <= _SMALL_FILE:
@@ -235,7 +247,8 @@ def _check(opened: OpenedSnapshot, names: list[str], expected: list[tuple[str, A
             continue
         # The one pass did not match: a second one with per-file digests names what changed.
         _, per_file = _digests(opened, names, buf)
-        rec_files = opened.recorded.get("files") or {}
+        rec_files = opened.recorded.get("files")
+        rec_files = rec_files if isinstance(rec_files, dict) else {}
         changed = sorted(n for n in set(per_file) | set(rec_files) if per_file.get(n) != rec_files.get(n))
         if not rec_files:
             changed, what = [], f"unknown: no per-file digests in {DIGEST_FILE}"

@@ -81,7 +81,10 @@ def test_indexing_is_the_memory_maps(pair):
     keys = [0, -1, n - 1, np.int64(n // 2), slice(None), slice(3, 40), slice(None, None, 7), slice(None, 10, -3),
             slice(5, 5), rng.integers(0, n, 50), rng.integers(-n, n, (4, 6)), [2, 2, 1], np.array([], dtype=np.int64),
             rng.random(n) < 0.1, (slice(2, 30), -1), (rng.integers(0, n, 9), slice(1, 4)), (7, slice(None), 0),
-            (Ellipsis, 0), (slice(None, 20), Ellipsis, -1)]
+            (Ellipsis, 0), (slice(None, 20), Ellipsis, -1),
+            # index arrays on later axes broadcast with the first, as numpy's do
+            ([0, 1], [0, 1]), ([0, 1], slice(None), [0, 1]), ([0, 1], [[0], [1]]), (rng.integers(0, n, 3), 0, [0, 1, 0]),
+            (3, [1, 0]), (slice(4, 9), [0, 2]), (np.array([5]), None), [], (0, 10**6)]
     for name in w.array_names:
         a, b = w.array(name), s.array(name)
         for key in keys:
@@ -96,7 +99,7 @@ def test_indexing_is_the_memory_maps(pair):
             got = b[key]
             assert isinstance(got, np.ndarray) and got.dtype == expected.dtype, (name, key)
             assert got.shape == expected.shape and np.array_equal(got, expected), (name, key)
-        for bad in (n, -n - 1, [0, n]):
+        for bad in (n, -n - 1, [0, n], np.array([], dtype=np.float64), 1.5, "0"):
             with pytest.raises(IndexError):
                 b[bad]
         with pytest.raises(IndexError):

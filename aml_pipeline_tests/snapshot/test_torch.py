@@ -48,6 +48,15 @@ def test_items_match_the_snapshot_and_a_pickled_dataset_carries_no_arrays(which,
         np.testing.assert_array_equal(s["u"].numpy(), snap.u[s["index"]])
     with pytest.raises(IndexError, match="out of range"):
         ds[len(ds)]
+    assert ds[torch.tensor(2)]["index"] == ds[np.int64(2)]["index"] == val.start + 2
+    for bad in (1.5, np.float64(2.9), torch.tensor(2.5), True, "5", None):  # never rounded to a window
+        with pytest.raises(TypeError, match="SnapshotDataset index must be an integer"):
+            ds[bad]
+    with pytest.raises(TypeError, match="SnapshotDataset index must be an integer"):
+        ds.__getitems__([0, 1.7])
+    assert SnapshotDataset(snap, split="val", fields="y")[0].keys() == {"y", "index"}
+    with pytest.raises(ValueError, match="fields must name at least one array"):
+        SnapshotDataset(snap, split="val", fields=())
     data = pickle.dumps(ds)
     assert len(data) < 4096 < snap.x.nbytes
     if snap.layout == "series":  # the same items as the windows layout's dataset of the same data

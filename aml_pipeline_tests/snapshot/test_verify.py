@@ -120,6 +120,53 @@ def test_a_directory_where_a_hashed_file_belongs_is_named(fresh_v2, name):
     assert not result.ok and result.changed == [name], result
     proc = cli_verify(root)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].endswith(f"changed: {name}"), proc.stderr
+    if name != "spec.json":  # the reader names it too (spec.json is read before any file is opened)
+        with pytest.raises(SnapshotError, match=f"{name} is a directory, not the file it should be") as err:
+            open_snapshot(root)
+        assert err.value.code == "SNAPSHOT_TAMPERED" and err.value.changed == [name]
+
+
+@pytest.mark.parametrize(("name", "text", "named"), [
+    ("sha256.json", "[]", "sha256.json"),
+    ("sha256.json", '{"sha256": 5}', "sha256.json"),
+    ("sha256.json", '{"sha256": "%s", "files": 3}', "unknown: no per-file digests in sha256.json"),
+    ("manifest.json", "[1, 2]", "manifest.json"),
+    ("manifest.json", '{"version": 2, "artifacts": ["a"]}', "manifest.json"),
+])
+def test_digest_and_manifest_files_of_another_shape_are_tampering_not_a_crash(fresh_v2, name, text, named):
+    root = fresh_v2.snapshot_dir
+    os.chmod(root, 0o755)
+    os.chmod(root / name, 0o644)
+    (root / name).write_text(text % ("0" * 64) if "%s" in text else text)
+    with pytest.raises(SnapshotError) as err:
+        open_snapshot(root, use_catalog=False)
+    assert err.value.code == "SNAPSHOT_TAMPERED", err.value
+    result = core_verify(root)
+    assert not result.ok and named in result.changed[0], result
+    proc = cli_verify(root)
+    assert proc.returncode == 1 and "SNAPSHOT_TAMPERED" in proc.stderr and "UNEXPECTED" not in proc.stderr, proc.stderr
+
+
+def test_the_rewritten_digest_file_and_the_missing_per_file_digests_are_said_as_such(fresh_v2, tmp_path):
+    root = copy_root(fresh_v2, tmp_path)
+    with open(root / "arrays" / "y.f32", "r+b") as f:
+        f.write(b"\0" * 64)
+    rehash(root)  # consistent with itself, not with the catalog
+    proc = cli_verify(root)
+    assert proc.returncode == 1 and "changed: unknown: sha256.json was rewritten to match the files" in proc.stderr, proc.stderr
+    recorded = json.loads((root / "sha256.json").read_text())
+    (root / "sha256.json").write_text(json.dumps({"sha256": "0" * 64}))  # no per-file digests: nothing to name
+    assert core_verify(root).changed == ["unknown: no per-file digests in sha256.json"]
+    assert recorded["files"]
+
+
+def test_expected_sha256_in_capitals_is_the_same_hash_and_other_text_is_refused(tmp_path):
+    root = write_snapshot(tmp_path / "s")
+    good = open_snapshot(root).sha256
+    assert open_snapshot(root, expected_sha256=good.upper()).verified
+    for bad in (good.encode(), good[:-1], "z" * 64):
+        with pytest.raises(ValueError, match="expected_sha256 must be a sha256 as 64 hex digits"):
+            open_snapshot(root, expected_sha256=bad)
 
 
 def test_a_folder_that_is_no_snapshot_is_named_so_not_called_tampered(fresh_v2, tmp_path):
