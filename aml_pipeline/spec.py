@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -26,6 +27,18 @@ from aml_pipeline.ids import check_external_id, check_spec_id
 
 Role = Literal["feature", "control", "target"]
 Aggregate = Literal["point", "mean"]
+
+# Bounds that keep every number of a spec inside what the build computes with (int64 epoch ms,
+# Python datetimes, float64 products): beyond them a value is a typo, and would fail later as an
+# overflow instead of naming its field.
+MAX_DURATION_MS = 366 * 86_400_000  # a beat, an interpolation gap, a delay: at most a year
+MIN_TIME_MS = -62_135_596_800_000  # 0001-01-01, the first day a datetime holds
+MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31, its last
+MAX_HAMPEL_K = 100_000  # samples each side of a point
+MAX_HAMPEL_SIGMA = 1e6
+MAX_VERSION = 2**31 - 1  # recipe versions are int32 in the TSDB
+MAX_NOTE_CHARS = 10_000
+CRON_ALIASES = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually", "@midnight")
 
 
 class ScalarsAsGiven(BaseModel):
@@ -75,7 +88,12 @@ def _loose_scalar(v: Any, types: set[Any]) -> str | None:
         if isinstance(v, bool):
             return f"{str(v).lower()} is not a number"
         if isinstance(v, str):
-            return f"{quote(v)} is text, not a number (write it without quotes)"
+            try:
+                float(v)
+            except ValueError:
+                return f"{quote(v)} is text, not a number"
+            # Quoted, or an exponent without a dot, which YAML 1.1 reads as text (1e3, not 1.0e3).
+            return f"{quote(v)} is text, not a number (write it without quotes, and an exponent with a dot: 1.0e3)"
     return None
 
 
@@ -90,9 +108,9 @@ class NodeSpec(_Model):
         WithJsonSchema({"anyOf": [{"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
                                   {"type": "null"}]}),
     ] = None
-    hampel_k: int | None = Field(default=None, ge=0)
-    hampel_min_dev: float | None = Field(default=None, ge=0)
-    max_interp_ms: int | None = Field(default=None, ge=0)
+    hampel_k: int | None = Field(default=None, ge=0, le=MAX_HAMPEL_K)
+    hampel_min_dev: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    max_interp_ms: int | None = Field(default=None, ge=0, le=MAX_DURATION_MS)
     # Written to spec.json only when set (DatasetSpec.to_json_dict), like every key added after
     # datasets existed: specs without it keep their bytes and hash.
     aggregate: Aggregate | None = None
@@ -120,8 +138,8 @@ class NodeSpec(_Model):
 
 
 class CleaningSpec(_Model):
-    hampel_k: int = Field(default=5, ge=0)
-    hampel_sigma: float = Field(default=3.0, gt=0, allow_inf_nan=False)
+    hampel_k: int = Field(default=5, ge=0, le=MAX_HAMPEL_K)
+    hampel_sigma: float = Field(default=3.0, gt=0, le=MAX_HAMPEL_SIGMA, allow_inf_nan=False)
     hampel_min_dev: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     good_states: tuple[int, ...] = (0,)
 
@@ -153,27 +171,46 @@ class SplitSpec(_Model):
 class VariableSpec(_Model):
     id: str
     node_id: str
-    role: str = ""
+    role: Role | Literal[""] = ""  # "": the node's role
     unit: str = ""
     model_unit: str | None = None
     # No defaults that could pass as a transform: a missing scale/offset is a contract error.
-    scale: float | None = None
-    offset: float | None = None
-    delay_ms: int = 0
+    # Bounded so that a value times its scale stays a float64 (1e308 would make every point inf).
+    scale: float | None = Field(default=None, ge=-1e12, le=1e12, allow_inf_nan=False)
+    offset: float | None = Field(default=None, ge=-1e12, le=1e12, allow_inf_nan=False)
+    delay_ms: int = Field(default=0, ge=0, le=MAX_DURATION_MS)
+
+    @field_validator("id")
+    @classmethod
+    def _variable_id(cls, v: str) -> str:
+        try:
+            return check_external_id(v, what="variable id")
+        except InvalidIdError as e:
+            raise ValueError(e.message) from None
 
 
 class ExtrasSpec(_Model):
     """The seed's ProcessDatasetExtras: present -> manifest v2."""
 
     spec_ref: str = ""
-    spec_version: int = 0
+    spec_version: int = Field(default=0, ge=0, le=MAX_VERSION)
     trainer_ref: str = ""
     condition_id: str = ""
-    recipe_version: int
+    recipe_version: int = Field(ge=0, le=MAX_VERSION)
     recipe_content_hash: str
     evidence_source: Literal["simulation", "real", "unassessed"] = "unassessed"
-    availability_watermark: int | None = None
+    availability_watermark: int | None = Field(default=None, ge=0, le=MAX_TIME_MS)
     variables: tuple[VariableSpec, ...] = ()
+
+    @field_validator("variables")
+    @classmethod
+    def _unique_variables(cls, v: tuple[VariableSpec, ...]) -> tuple[VariableSpec, ...]:
+        seen: set[str] = set()
+        for i, var in enumerate(v):
+            if var.id in seen:
+                raise ValueError(f"[{i}].id: variable id {var.id!r} is given twice")
+            seen.add(var.id)
+        return v
 
 
 class DatasetSpec(_Model):
@@ -181,10 +218,10 @@ class DatasetSpec(_Model):
     line_id: str
     product_id: str
     recipe_id: str
-    from_ms: int | None = None
-    to_ms: int | None = None
-    beat_ms: int = Field(default=1000, ge=1)
-    max_interp_ms: int = Field(default=5000, ge=0)
+    from_ms: int | None = Field(default=None, ge=MIN_TIME_MS, le=MAX_TIME_MS)
+    to_ms: int | None = Field(default=None, ge=MIN_TIME_MS, le=MAX_TIME_MS)
+    beat_ms: int = Field(default=1000, ge=1, le=MAX_DURATION_MS)
+    max_interp_ms: int = Field(default=5000, ge=0, le=MAX_DURATION_MS)
     aggregate: Aggregate | None = None  # every node's, unless it sets its own; None = point values
     history_steps: int = Field(default=60, ge=1)
     horizon_steps: int = Field(default=30, ge=1)
@@ -193,7 +230,7 @@ class DatasetSpec(_Model):
     nodes: tuple[NodeSpec, ...] = Field(min_length=1)
     cleaning: CleaningSpec = CleaningSpec()
     split: SplitSpec = SplitSpec()
-    note: str = ""
+    note: str = Field(default="", max_length=MAX_NOTE_CHARS)
     extras: ExtrasSpec | None = None
     # How the snapshot stores its windows (docs/snapshot.md): "windows" (the predecessor's
     # x/u/y arrays) or "series" (each grid row once, windows cut on read). The default is left
@@ -210,16 +247,31 @@ class DatasetSpec(_Model):
         except InvalidIdError as e:
             raise ValueError(e.message) from None
 
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        # Dagster checks the text only when the definitions load, where a bad one stopped every
+        # dataset; here it names the file and the field.
+        if v is not None and (why := cron_problem(v)):
+            raise ValueError(f"{quote(v)} is not a cron schedule: {why} (e.g. '15 * * * *': minute 15 of every hour)")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> DatasetSpec:
-        ids = [n.node_id for n in self.nodes]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
+        # Messages start with the field they are about: parse_spec shows them without a field.
+        counts = Counter(n.node_id for n in self.nodes)
+        dup = sorted(i for i, c in counts.items() if c > 1)
         if dup:
-            raise ValueError(f"nodes list {', '.join(dup)} more than once")
+            raise ValueError(f"nodes: {cut(', '.join(dup))} listed more than once")
         if not any(n.role == "target" for n in self.nodes):
-            raise ValueError("nodes need at least one role: target")
+            raise ValueError("nodes: at least one needs role: target")
         if self.from_ms is not None and self.to_ms is not None and self.from_ms > self.to_ms:
             raise ValueError(f"fromMs ({self.from_ms}) is after toMs ({self.to_ms})")
+        roles = {n.node_id: n.role for n in self.nodes}
+        for i, var in enumerate(self.extras.variables if self.extras else ()):
+            if var.role and var.node_id in roles and var.role != roles[var.node_id]:
+                raise ValueError(f"extras.variables[{i}].role: {var.role} for node {var.node_id}, whose role in nodes "
+                                 f"is {roles[var.node_id]}")
         return self
 
     # ---- derived views -------------------------------------------------------------------
@@ -274,6 +326,36 @@ class DatasetSpec(_Model):
         return hashlib.sha256(self.to_json_bytes()).hexdigest()[:16]
 
 
+_CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
+_CRON_NAMES = {3: ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"),
+               4: ("sun", "mon", "tue", "wed", "thu", "fri", "sat")}
+
+
+def cron_problem(text: str) -> str | None:
+    """Why ``text`` is not a five-field cron schedule (or one of Dagster's ``@daily``-style
+    names), or None."""
+    text = text.strip()
+    if text.lower() in CRON_ALIASES:
+        return None
+    fields = text.split()
+    if len(fields) != 5:
+        return f"{len(fields)} fields where cron has 5 (minute hour day-of-month month day-of-week)"
+    for k, (field, (name, lo, hi)) in enumerate(zip(fields, _CRON_FIELDS)):
+        names = _CRON_NAMES.get(k, ())
+        for item in field.split(","):
+            base, _, step = item.partition("/")
+            if step and not (step.isdigit() and int(step) >= 1):
+                return f"the {name} step {quote(step)} is not a whole number >= 1"
+            if base == "*":
+                continue
+            for bound in base.split("-", 1):
+                value = names.index(bound.lower()) + (1 if k == 3 else 0) if bound.lower() in names else (
+                    int(bound) if bound.isdigit() else None)
+                if value is None or not lo <= value <= hi:
+                    return f"the {name} {quote(bound)} is not between {lo} and {hi}"
+    return None
+
+
 def _field_path(loc: tuple[Any, ...]) -> str:
     parts: list[str] = []
     for item in loc:
@@ -304,6 +386,8 @@ def _unknown_key(loc: tuple[Any, ...]) -> str:
     """What to say of an unknown key: the nearest valid key of the same mapping, if one is near."""
     given = str(loc[-1])
     fields = _model_at(loc[:-1]).model_fields
+    if given in fields and to_camel(given) != given:  # taken as given twice: the other spelling won
+        return f"{given} and {to_camel(given)} are one key, given twice; give it once (docs/spec.md)"
     names = {to_camel(name): to_camel(name) for name in fields} | {name: to_camel(name) for name in fields}
     near = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
     valid = ", ".join(sorted({to_camel(name) for name in fields}))
@@ -318,6 +402,8 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
         raise SpecError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
     try:
         spec = DatasetSpec.model_validate(dict(data))
+    except RecursionError:
+        raise SpecError(f"{source}: lists or mappings nested deeper than a reader follows") from None
     except ValidationError as e:
         first = e.errors()[0]
         msg = first["msg"].removeprefix("Value error, ")
@@ -326,6 +412,8 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
             msg = _unknown_key(first["loc"])
             field = ".".join(p for p in (_field_path(first["loc"][:-1]).removesuffix("<root>"), str(first["loc"][-1])) if p)
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        if field == "<root>":  # a check across fields: its message starts with the field it is about
+            raise SpecError(f"{source}: {msg}{more}") from None
         raise SpecError(f"{source}: field {field}: {msg}{more}") from None
     try:
         spec.unit_transforms()
@@ -335,13 +423,35 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
 
 
 class _DuplicateKey(Exception):
-    pass
+    """A document the spec's loader refuses, with the line (a key twice, a number YAML 1.1
+    reads other than it looks)."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a key twice in one mapping: plain YAML keeps the last and
     drops the first without a word, so a field given twice (a pasted line) would silently
-    change the build."""
+    change the build. It also refuses the YAML 1.1 numbers that do not read as they look
+    (``01000`` is octal 512, ``1:30`` base-60 90) and ``!!binary`` values."""
+
+    def construct_yaml_int(self, node):
+        text = str(node.value).replace("_", "")
+        line = node.start_mark.line + 1
+        if re.fullmatch(r"[-+]?0[0-7]+", text):
+            raise _DuplicateKey(f"line {line}: {node.value} reads in YAML as an octal number "
+                                f"({super().construct_yaml_int(node)}); write it without the leading 0")
+        if ":" in text:
+            raise _DuplicateKey(f"line {line}: {node.value} reads in YAML as a base-60 number "
+                                f"({super().construct_yaml_int(node)}); write the number itself")
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node):
+        if ":" in str(node.value):
+            raise _DuplicateKey(f"line {node.start_mark.line + 1}: {node.value} reads in YAML as a base-60 number; "
+                                "write the number itself")
+        return super().construct_yaml_float(node)
+
+    def construct_yaml_binary(self, node):
+        raise _DuplicateKey(f"line {node.start_mark.line + 1}: a !!binary value is not text; write the text itself")
 
     def construct_mapping(self, node, deep=False):
         lines: dict[Any, int] = {}
@@ -357,6 +467,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: the safe loader's own error names it
                 continue
         return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _UniqueKeyLoader.construct_yaml_float)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:binary", _UniqueKeyLoader.construct_yaml_binary)
 
 
 def read_yaml(path: Path, *, what: str, error: type[AmlError]) -> Any:
@@ -376,6 +491,8 @@ def read_yaml(path: Path, *, what: str, error: type[AmlError]) -> Any:
         raise error(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise error(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    except RecursionError:
+        raise error(f"{path}: cannot read {what}: lists or mappings nested deeper than a reader follows") from None
 
 
 def _not_utf8(data: bytes, e: UnicodeDecodeError) -> str:

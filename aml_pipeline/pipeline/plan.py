@@ -31,11 +31,14 @@ def run_scope(spec: DatasetSpec) -> RunScope:
 
 def check_nodes_known(spec: DatasetSpec, catalog: Iterable[Node]) -> dict[str, Node]:
     by_id = {n.node_id: n for n in catalog}
-    missing = [n for n in spec.node_ids if n not in by_id]
+    missing = [(i, n) for i, n in enumerate(spec.node_ids) if n not in by_id]
     if missing:
+        i, first = missing[0]
+        others = [n for _, n in missing[1:]]
+        shown = ", ".join(others[:10]) + (f" and {len(others) - 10} more" if len(others) > 10 else "")
         raise UnknownNodeError(
-            f"spec {spec.id!r}: node {missing[0]!r} is not in the TSDB node catalog"
-            + (f" (nor are {', '.join(missing[1:])})" if len(missing) > 1 else "")
+            f"spec {spec.id!r}: nodes[{i}]: node {first!r} is not in the TSDB node catalog"
+            + (f" (nor are {shown})" if others else "")
         )
     return by_id
 

@@ -277,7 +277,7 @@ def test_code_versions_are_scoped_to_each_stage(dagster_spec):
     nodes = [dict(n) for n in j["nodes"]]
     nodes[0]["hampelK"] = 2
     assert changed(nodes=nodes) == stages_after("cleaned_grid")
-    assert changed(toMs=10**15) == stages_after("raw_node_series")
+    assert changed(toMs=253_402_300_799_999) == stages_after("raw_node_series")  # 9999-12-31, the latest
 
 
 def _tick(sensor, instance, resources, cursor=None):

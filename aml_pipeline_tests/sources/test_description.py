@@ -63,7 +63,7 @@ def error_of(data) -> str:
     (good(nodes={"TI101": {"low": float("inf")}}), "nodes.TI101", "low: inf; leave it out for an unknown or open bound"),
     (good(nodes={"TI101": {"high": float("-inf")}}), "nodes.TI101", "high: -inf; leave it out"),
     # Text or true/false where a number belongs, and a number or text where true/false does, as in a spec.
-    (good(nodes={"TI101": {"low": "0"}}), "nodes.TI101.low", "'0' is text, not a number (write it without quotes)"),
+    (good(nodes={"TI101": {"low": "0"}}), "nodes.TI101.low", "'0' is text, not a number (write it without quotes"),
     (good(nodes={"TI101": {"high": True}}), "nodes.TI101.high", "true is not a number"),
     (good(runs={"windows": {**WINDOWS["windows"], "confirmed": "yes"}}), "runs.windows.confirmed",
      "'yes' is text, not true or false"),
