@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from aml_pipeline.plausible_time import epoch_ms_column_problem
 from aml_pipeline.errors import AmlError, cut
 
 
@@ -134,7 +135,13 @@ def _ms_array(ts: Any, where: str) -> np.ndarray:
 def node_points(ts: Any, value: Any, state: Any = None, *, where: str = "points") -> NodePoints:
     """One node's columns checked and put in time order (a stable sort: ties keep their order)."""
     t = _ms_array(ts, where)
-    v = np.asarray(value, dtype=np.float64)
+    # Times in seconds would be points of 1970, all before the run, and the node said to have none.
+    if (found := epoch_ms_column_problem(t)) is not None:
+        raise LiveInputError(f"{where}: ts at row {found[0]}: {found[1].replace('ISO-8601 (docs/ingest.md)', 'datetime64')}")
+    try:
+        v = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise LiveInputError(f"{where}: value must be numbers ({e})") from None
     s = np.zeros(t.size, dtype=np.int32) if state is None else np.asarray(state)
     if v.ndim != 1 or s.ndim != 1 or not (t.size == v.size == s.size):
         raise LiveInputError(f"{where}: ts, value and state must be 1-D of one length, got {t.size}, {v.size}, {s.size}")

@@ -227,6 +227,11 @@ def test_bad_live_input_is_one_clear_error_naming_the_node_and_the_time(built, p
     assert e.code == "LIVE_INPUT_INVALID" and "integer epoch milliseconds" in e.message
     e = error(pts, controls="realised")
     assert e.code == "LIVE_INPUT_INVALID" and "tsdb" in e.message
+    # Points in seconds: named as such, not "no points before the origin" for points of 1970.
+    e = error({n: (p[0] // 1000, p[1], p[2]) for n, p in pts.items()})
+    assert e.code == "LIVE_INPUT_INVALID" and "ts at row 0" in e.message and "looks like epoch seconds" in e.message, e.message
+    e = error({**pts, "TI101": (pts["TI101"][0], ["bad"] * pts["TI101"][0].size, pts["TI101"][2])})
+    assert e.code == "LIVE_INPUT_INVALID" and "TI101" in e.message and "value must be numbers" in e.message, e.message
     # Planned controls without a point after the origin: the plan is named, not a gap in the history.
     for planned in ({}, before(run_points[run_id], origin)):
         e = error(pts, controls=planned)
