@@ -274,7 +274,7 @@ def _check_export_folder(given: str) -> None:
     whose hash covers only its own files (EXPORT_FAILED); a folder it goes in that is a file
     (EXPORT_FAILED: the export would make its parents, and the error would name only the file
     in the way, "[Errno 17] File exists")."""
-    from aml_pipeline.snapshot.layout import DIGEST_FILE
+    from aml_pipeline.snapshot.export import snapshot_containing
 
     if not given.strip():
         raise AmlError("--out: an empty path; name the folder to create", code="USAGE")
@@ -283,10 +283,9 @@ def _check_export_folder(given: str) -> None:
     if resolved == Path.cwd().resolve():
         raise AmlError(f"--out {given}: the current directory cannot be replaced by the export; "
                        "name a new folder (or an empty one elsewhere)", code="EXPORT_FAILED")
-    for parent in resolved.parents:
-        if (parent / DIGEST_FILE).is_file():
-            raise AmlError(f"--out {given}: inside the snapshot {parent}; a published snapshot is not written to",
-                           code="EXPORT_FAILED")
+    if (inside := snapshot_containing(out)) is not None:
+        raise AmlError(f"--out {given}: inside the snapshot {inside}; a published snapshot is not written to",
+                       code="EXPORT_FAILED")
     for parent in out.parents:
         if parent.exists():
             if not parent.is_dir():

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .layout import SPLITS, SnapshotError
+from .layout import DIGEST_FILE, SPLITS, SnapshotError
 from .reader import Block, Snapshot, open_snapshot
 
 EXPORT_FILE = "_export.json"
@@ -202,6 +202,15 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def snapshot_containing(path: str | os.PathLike[str]) -> Path | None:
+    """The snapshot folder ``path`` would be inside (one of its parents holds a digest file),
+    or None: an export written there would sit among files the snapshot's hash does not cover."""
+    for parent in Path(path).resolve().parents:
+        if (parent / DIGEST_FILE).is_file():
+            return parent
+    return None
+
+
 def export_parquet(
     snapshot: Snapshot | str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -228,6 +237,8 @@ def export_parquet(
         raise SnapshotError(f"{snap.root}: manifest split.blocks is missing; windows cannot be assigned to runs")
     _require_timestamps(snap)
     out = Path(out_dir)
+    if (inside := snapshot_containing(out)) is not None:
+        raise ValueError(f"{out} is inside the snapshot {inside}; a published snapshot is not written to")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty directory; choose another --out or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)

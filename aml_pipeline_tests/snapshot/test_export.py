@@ -115,6 +115,13 @@ def test_splits_can_be_chosen(v2, tmp_path):
     assert set(df.split) == {"val", "test"} and summary["splits"] == ["val", "test"]
 
 
+def test_an_export_into_the_snapshot_itself_is_refused(v2):
+    inside = v2.snapshot_dir / "out"
+    with pytest.raises(ValueError, match=f"is inside the snapshot {v2.snapshot_dir.resolve()}"):
+        export_parquet(v2.snapshot_dir, inside)
+    assert not inside.exists() and not list(v2.snapshot_dir.glob(".out.partial-*"))
+
+
 def test_a_v1_snapshot_has_no_timestamps_to_place_rows(v1, tmp_path):
     with pytest.raises(SnapshotError, match="v1 snapshot has no window timestamps") as err:
         export_parquet(v1.snapshot_dir, tmp_path / "e")
