@@ -65,6 +65,15 @@ class ScalarsAsGiven(BaseModel):
         return v
 
 
+def _valid_id(value: str, what: str) -> str:
+    """An id that becomes a path or a key (:func:`aml_pipeline.ids.check_external_id`), as a
+    validation error of the field it is in."""
+    try:
+        return check_external_id(value, what=what)
+    except InvalidIdError as e:
+        raise ValueError(e.message) from None
+
+
 class _Model(ScalarsAsGiven):
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -118,10 +127,7 @@ class NodeSpec(_Model):
     @field_validator("node_id")
     @classmethod
     def _node_id(cls, v: str) -> str:
-        try:
-            return check_external_id(v, what="nodeId")
-        except InvalidIdError as e:
-            raise ValueError(e.message) from None
+        return _valid_id(v, "nodeId")
 
     @field_validator("range")
     @classmethod
@@ -183,10 +189,7 @@ class VariableSpec(_Model):
     @field_validator("id")
     @classmethod
     def _variable_id(cls, v: str) -> str:
-        try:
-            return check_external_id(v, what="variable id")
-        except InvalidIdError as e:
-            raise ValueError(e.message) from None
+        return _valid_id(v, "variable id")
 
 
 class ExtrasSpec(_Model):
