@@ -177,7 +177,7 @@ class SplitSpec(_Model):
 class VariableSpec(_Model):
     id: str
     node_id: str
-    role: Role | Literal[""] = ""  # "": the node's role
+    role: str = ""  # free text, as the predecessor's sidecar records it
     unit: str = ""
     model_unit: str | None = None
     # No defaults that could pass as a transform: a missing scale/offset is a contract error.
@@ -270,11 +270,6 @@ class DatasetSpec(_Model):
             raise ValueError("nodes: at least one needs role: target")
         if self.from_ms is not None and self.to_ms is not None and self.from_ms > self.to_ms:
             raise ValueError(f"fromMs ({self.from_ms}) is after toMs ({self.to_ms})")
-        roles = {n.node_id: n.role for n in self.nodes}
-        for i, var in enumerate(self.extras.variables if self.extras else ()):
-            if var.role and var.node_id in roles and var.role != roles[var.node_id]:
-                raise ValueError(f"extras.variables[{i}].role: {var.role} for node {var.node_id}, whose role in nodes "
-                                 f"is {roles[var.node_id]}")
         return self
 
     # ---- derived views -------------------------------------------------------------------
