@@ -106,11 +106,15 @@ def _better_unit(kind: str | None, ms: np.ndarray, until: int, period: float | N
     return f"; the values look like {other} ({_UNIT_WORD[other]}: {ms_text(last)}): set time_type: {other}"
 
 
-def epoch_ms_column_problem(ms: np.ndarray, *, now_ms: int | None = None) -> tuple[int, str] | None:
+FILE_TIMES = "epoch milliseconds or ISO-8601 (docs/ingest.md)"
+
+
+def epoch_ms_column_problem(ms: np.ndarray, *, now_ms: int | None = None,
+                            written_as: str = FILE_TIMES) -> tuple[int, str] | None:
     """For a column of epoch milliseconds from a file (an ingest's ``ts``, ``started_at``,
-    ``ended_at``): the index of its first time outside the plausible range and why, naming the
-    epoch unit the column looks like when one puts it in range; None when every time is in range.
-    A file's unit is fixed (milliseconds, or ISO-8601 text), so the advice is to write that."""
+    ``ended_at``) or a caller: the index of its first time outside the plausible range and why,
+    naming the epoch unit the column looks like when one puts it in range; None when every time
+    is in range. Its unit is fixed, so the advice is to write the times as ``written_as``."""
     ms = np.asarray(ms, dtype=np.int64)
     if ms.shape[0] == 0:
         return None
@@ -125,4 +129,4 @@ def epoch_ms_column_problem(ms: np.ndarray, *, now_ms: int | None = None) -> tup
     if fit is not None:
         other, last = fit
         why += f"; the column looks like epoch {_UNIT_WORD[other]} (its last time would be {ms_text(last)})"
-    return i, why + "; write epoch milliseconds or ISO-8601 (docs/ingest.md)"
+    return i, f"{why}; write {written_as}"

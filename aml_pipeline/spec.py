@@ -420,7 +420,7 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> DatasetSpec:
     return spec
 
 
-class _DuplicateKey(Exception):
+class _RefusedYaml(Exception):
     """A document the spec's loader refuses, with the line (a key twice, a number YAML 1.1
     reads other than it looks)."""
 
@@ -435,21 +435,21 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         text = str(node.value).replace("_", "")
         line = node.start_mark.line + 1
         if re.fullmatch(r"[-+]?0[0-7]+", text):
-            raise _DuplicateKey(f"line {line}: {node.value} reads in YAML as an octal number "
+            raise _RefusedYaml(f"line {line}: {node.value} reads in YAML as an octal number "
                                 f"({super().construct_yaml_int(node)}); write it without the leading 0")
         if ":" in text:
-            raise _DuplicateKey(f"line {line}: {node.value} reads in YAML as a base-60 number "
+            raise _RefusedYaml(f"line {line}: {node.value} reads in YAML as a base-60 number "
                                 f"({super().construct_yaml_int(node)}); write the number itself")
         return super().construct_yaml_int(node)
 
     def construct_yaml_float(self, node):
         if ":" in str(node.value):
-            raise _DuplicateKey(f"line {node.start_mark.line + 1}: {node.value} reads in YAML as a base-60 number; "
+            raise _RefusedYaml(f"line {node.start_mark.line + 1}: {node.value} reads in YAML as a base-60 number; "
                                 "write the number itself")
         return super().construct_yaml_float(node)
 
     def construct_yaml_binary(self, node):
-        raise _DuplicateKey(f"line {node.start_mark.line + 1}: a !!binary value is not text; write the text itself")
+        raise _RefusedYaml(f"line {node.start_mark.line + 1}: a !!binary value is not text; write the text itself")
 
     def construct_mapping(self, node, deep=False):
         lines: dict[Any, int] = {}
@@ -459,7 +459,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             try:
                 if key in lines:
-                    raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key {quote(key)} is given twice "
+                    raise _RefusedYaml(f"line {key_node.start_mark.line + 1}: key {quote(key)} is given twice "
                                         f"(first at line {lines[key]}); give it once")
                 lines[key] = key_node.start_mark.line + 1
             except TypeError:  # an unhashable key: the safe loader's own error names it
@@ -485,7 +485,7 @@ def read_yaml(path: Path, *, what: str, error: type[AmlError]) -> Any:
         raise error(f"{path}: cannot read {what}: {_not_utf8(data, e)}") from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
-    except _DuplicateKey as e:
+    except _RefusedYaml as e:
         raise error(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise error(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None

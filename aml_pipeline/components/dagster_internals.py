@@ -77,6 +77,23 @@ def beta_api() -> Iterator[None]:
         yield
 
 
+# ---- a class named in instance configuration -----------------------------------------------------
+
+# The compute logs of the instance a --workers build without DAGSTER_HOME runs in: a temporary
+# instance on disk (multiprocess execution needs one), removed after the build, whose compute logs
+# nobody reads. Dagster's default manager starts a `tail` and a Python orphan watcher per step
+# process, and those print KeyboardInterrupt tracebacks of their own on Ctrl-C. Dagster exports
+# no name for its no-op manager; instance configuration names a class by its module path, as
+# dagster.yaml does (the repository's names LocalComputeLogManager the same way).
+NO_COMPUTE_LOGS = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
+                                    "class": "NoOpComputeLogManager"}}
+
+
+def scratch_instance(directory: str) -> dg.DagsterInstance:
+    """A temporary instance in ``directory`` that captures no compute logs."""
+    return dg.DagsterInstance.local_temp(directory, overrides=NO_COMPUTE_LOGS)
+
+
 # ---- instance methods without the public mark --------------------------------------------------
 
 

@@ -136,8 +136,8 @@ def node_points(ts: Any, value: Any, state: Any = None, *, where: str = "points"
     """One node's columns checked and put in time order (a stable sort: ties keep their order)."""
     t = _ms_array(ts, where)
     # Times in seconds would be points of 1970, all before the run, and the node said to have none.
-    if (found := epoch_ms_column_problem(t)) is not None:
-        raise LiveInputError(f"{where}: ts at row {found[0]}: {found[1].replace('ISO-8601 (docs/ingest.md)', 'datetime64')}")
+    if (found := epoch_ms_column_problem(t, written_as="integer epoch milliseconds or datetime64")) is not None:
+        raise LiveInputError(f"{where}: ts at row {found[0]}: {found[1]}")
     try:
         v = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as e:

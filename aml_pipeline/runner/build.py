@@ -20,7 +20,8 @@ from typing import Any
 import dagster as dg
 
 from aml_pipeline import config
-from aml_pipeline.components.dagster_internals import build_event_settings, materialized_partitions, step_end_times
+from aml_pipeline.components.dagster_internals import (build_event_settings, materialized_partitions, scratch_instance,
+                                                          step_end_times)
 from aml_pipeline.components.partitions import range_tags, run_partitions
 from aml_pipeline.components.resources import StoreResource, TsdbResource
 from aml_pipeline.components.schedules import build_job_name, rebuild_job_name, runs_job_name
@@ -37,11 +38,6 @@ from aml_pipeline.tsdb_open import retrying_tsdb
 
 log = logging.getLogger("aml_pipeline")
 
-# The instance a --workers build without DAGSTER_HOME runs in, removed after it: nobody reads its
-# compute logs, so its step processes capture none (Dagster's default starts a `tail` and an
-# orphan watcher per step process, which also print tracebacks of their own on Ctrl-C).
-SCRATCH_INSTANCE = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
-                                     "class": "NoOpComputeLogManager"}}
 
 
 def sync_run_partitions(instance: dg.DagsterInstance, spec: DatasetSpec, run_ids: list[str]) -> list[str]:
@@ -127,7 +123,7 @@ def materialize_dataset(
             if own:
                 if used > 1:  # multiprocess execution needs an instance on disk
                     scratch = tempfile.TemporaryDirectory(prefix="aml-instance-")
-                    instance = dg.DagsterInstance.local_temp(scratch.name, overrides=SCRATCH_INSTANCE)
+                    instance = scratch_instance(scratch.name)  # one that captures no compute logs
                 else:
                     instance = dg.DagsterInstance.ephemeral()
                 keys = sync_run_partitions(instance, spec, plan.run_ids)

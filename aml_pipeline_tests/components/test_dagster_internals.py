@@ -283,3 +283,28 @@ def test_delete_check_executions_deletes_a_deleted_runs_rows_never_a_checks_late
         assert internals.check_execution_runs(instance, keys[0]) == [runs[2]]
         assert internals.check_execution_runs(instance, keys[1]) == runs[:0:-1]
         assert instance.get_latest_asset_check_evaluation_record(keys[0]).run_id == runs[2]
+
+
+# ---- a class named in instance configuration -----------------------------------------------------
+
+
+def test_the_scratch_instance_captures_no_compute_logs(tmp_path, monkeypatch) -> None:
+    """The class the configuration names still exists there and still captures nothing: a step's
+    output is neither written to a file nor tailed by a helper process."""
+    import subprocess
+
+    started: list[object] = []
+    real = subprocess.Popen.__init__
+
+    def record(self, args, *a, **kw):  # noqa: ANN001 - Popen's own signature
+        started.append(args)
+        real(self, args, *a, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", record)
+    with internals.scratch_instance(str(tmp_path)) as instance:
+        manager = instance.compute_log_manager
+        assert type(manager).__name__ == "NoOpComputeLogManager"
+        with manager.capture_logs(["run", "step"]):
+            print("a step's output")
+    assert started == []
+    assert not [p for p in tmp_path.rglob("*") if p.suffix in (".out", ".err", ".complete")]
